@@ -1,0 +1,50 @@
+"""The recording API: everything a collector may know of the session.
+
+Collectors import this module and nothing else from neuron_prof (DESIGN.md: a collector never
+imports the viewer, an exporter or another collector). The session implements it.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+Frame = tuple[str, str, int]
+"""(file, function, line): the line that executed, not the function's ``def`` line."""
+
+
+class Recorder(Protocol):
+    """Where collectors put what they captured. Ids it hands out are valid for this rank's run."""
+
+    def intern(self, s: str) -> int:
+        """Id of ``s`` in the rank's ``strings`` table (0 is the empty string)."""
+
+    def intern_stack(self, frames: Sequence[Frame]) -> int:
+        """Id of a Python stack (innermost frame first) in the ``stacks`` table (0 = no stack)."""
+
+    def append(self, table: str, columns: Mapping[str, np.ndarray | Sequence]) -> None:
+        """Buffer rows for ``table``; the session writes them at the next flush."""
+
+    def dropped(self, table: str, n: int) -> None:
+        """Count ``n`` events of ``table`` lost to the buffer cap (shown as capture health)."""
+
+    def failure(self, collector: str, exc: BaseException) -> None:
+        """Record that a collector failed; logs once per collector, never raises."""
+
+
+class Collector(Protocol):
+    """One event source. Lifecycle: install → (window on/off, flush)* → uninstall."""
+
+    name: str
+
+    def install(self, rec: Recorder) -> None:
+        """Hook into torch; capture stays off until ``window(True)``."""
+
+    def window(self, on: bool) -> None:
+        """Switch detailed capture on (warmup/active steps) or off (wait steps, between windows)."""
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        """Hand buffered events to ``rec.append`` (``keep=False``: warmup data, discard it)."""
+
+    def uninstall(self) -> None:
+        """Remove every hook; the process must be as if the collector never ran."""
