@@ -1,0 +1,120 @@
+"""Reading the run store: commit-aware, so a killed capture reads up to its last completed step.
+
+Everything that can be wrong with a run on disk becomes a NeuronProfError that names the file and
+says what to do; nothing here unpickles or evaluates anything from the run.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.schema import MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES
+
+RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
+
+
+@dataclass
+class RankData:
+    """One rank's committed tables plus what the manifest says about the capture's health."""
+
+    rank: int
+    dir: Path
+    meta: dict[str, Any]
+    tables: dict[str, pa.Table]
+    last_commit: dict[str, Any]
+    closed: bool
+    ignored_bytes: dict[str, int] = field(default_factory=dict)
+
+    def table(self, name: str) -> pa.Table:
+        t = self.tables.get(name)
+        return t if t is not None else TABLES[name].empty_table()
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NeuronProfError(f"{path}: missing {what}; this folder is damaged: re-record the run") from None
+    except (OSError, ValueError) as exc:
+        raise NeuronProfError(f"{path}: unreadable {what} ({exc}); re-record the run or restore the file") from None
+    if not isinstance(data, dict):
+        raise NeuronProfError(f"{path}: {what} is not a JSON object; re-record the run or restore the file")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise NeuronProfError(f"{path}: written by a newer neuron_prof (schema {version}, this one reads "
+                              f"{SCHEMA_VERSION}); upgrade neuron_prof")
+    return data
+
+
+def _last_commit(path: Path) -> dict[str, Any]:
+    """The last complete manifest line; a torn final line (killed mid-write) is ignored."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return {}
+    for raw in reversed(lines):
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("sizes"), dict):
+            return line
+    return {}
+
+
+def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; the rank "
+                              "folder is damaged: re-record the run (or delete this rank folder)") from None
+    if len(data) < committed:
+        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); the rank folder "
+                              "is damaged: re-record the run (or delete this rank folder)")
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data[:committed])).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise NeuronProfError(f"{path}: corrupt table ({exc}); re-record the run (or delete this rank folder)") from None
+    return table, len(data) - committed
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_META
+    return _read_json(path, "run metadata") if path.exists() else {}
+
+
+def rank_dirs(run_dir: Path) -> list[Path]:
+    """The rank folders of a run; a missing, empty or foreign folder is a NeuronProfError."""
+    if not run_dir.exists():
+        raise NeuronProfError(f"{run_dir}: no such run directory; {RECORD_HINT.replace('RUN', str(run_dir))}")
+    if not run_dir.is_dir():
+        raise NeuronProfError(f"{run_dir}: not a directory; pass the run directory that holds run.json")
+    dirs = sorted(p for p in run_dir.glob("rank-*") if p.is_dir() and p.name[5:].isdigit())
+    if not dirs:
+        raise NeuronProfError(f"{run_dir}: not a neuron_prof run (no rank-NNNNN/ folders); "
+                              f"{RECORD_HINT.replace('RUN', str(run_dir))}")
+    return dirs
+
+
+def read_rank(rank_dir: Path) -> RankData:
+    meta = _read_json(rank_dir / RANK_META, "rank metadata")
+    commit = _last_commit(rank_dir / MANIFEST)
+    tables: dict[str, pa.Table] = {}
+    ignored: dict[str, int] = {}
+    for name, size in commit.get("sizes", {}).items():
+        if name not in TABLES:
+            continue  # a table from a newer collector: readers of this version skip it
+        tables[name], extra = _read_table(rank_dir / f"{name}{TABLE_SUFFIX}", int(size))
+        if extra:
+            ignored[name] = extra
+    for path in rank_dir.glob(f"*{TABLE_SUFFIX}"):  # written but never committed: killed in step 0
+        name = path.name[: -len(TABLE_SUFFIX)]
+        if name in TABLES and name not in tables and path.stat().st_size:
+            ignored[name] = path.stat().st_size
+    return RankData(rank=int(meta.get("rank", rank_dir.name[5:])), dir=rank_dir, meta=meta, tables=tables,
+                    last_commit=commit, closed=bool(commit.get("closed")), ignored_bytes=ignored)

@@ -1,0 +1,165 @@
+"""``neuron_prof.load(path) -> Run``: a captured run as pandas DataFrames, all ranks together.
+
+Interned ids are resolved here (strings to pandas categoricals, stacks to ``source`` =
+``file:line`` of the innermost user frame), so analyses work on plain columns.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.reader import RankData, read_rank, read_run_meta, rank_dirs
+
+_STRING_COLUMNS = {
+    "ops": ("name", "module", "shapes", "dtypes", "devices"),
+    "marks": ("name",),
+    "threads": ("name",),
+}
+
+
+class _RankStrings:
+    """Per-rank lookups: string ids to values, stack ids to their innermost frame."""
+
+    def __init__(self, rd: RankData, cwd: str | None) -> None:
+        strings = rd.table("strings")
+        ids = strings.column("id").to_numpy()
+        self.values = np.empty(int(ids.max()) + 1 if len(ids) else 1, dtype=object)
+        self.values[:] = ""
+        self.values[ids] = np.array(strings.column("value").to_pylist(), dtype=object)
+        frames = rd.table("frames").to_pandas()
+        self.frame_file = dict(zip(frames["id"], self.values[frames["file"].to_numpy()])) if len(frames) else {}
+        self.frame_func = dict(zip(frames["id"], self.values[frames["func"].to_numpy()])) if len(frames) else {}
+        self.frame_line = dict(zip(frames["id"], frames["line"])) if len(frames) else {}
+        stacks = rd.table("stacks")
+        self.stack_frames: dict[int, list[int]] = dict(zip(stacks.column("id").to_pylist(),
+                                                           stacks.column("frames").to_pylist()))
+        self.cwd = cwd
+
+    def short(self, path: str) -> str:
+        if self.cwd and path.startswith(self.cwd + os.sep):
+            return os.path.relpath(path, self.cwd)
+        return path
+
+    def categorical(self, ids: np.ndarray) -> pd.Categorical:
+        uniq, codes = np.unique(ids, return_inverse=True)
+        return pd.Categorical.from_codes(codes.astype(np.int32), categories=pd.Index(self.values[uniq]))
+
+    def sources(self, stack_ids: np.ndarray) -> pd.Categorical:
+        uniq, codes = np.unique(stack_ids, return_inverse=True)
+        labels = []
+        for sid in uniq:
+            frames = self.stack_frames.get(int(sid)) or []
+            labels.append(f"{self.short(self.frame_file[frames[0]])}:{self.frame_line[frames[0]]}" if frames else "")
+        cats, inverse = np.unique(np.array(labels, dtype=object), return_inverse=True)
+        return pd.Categorical.from_codes(inverse[codes].astype(np.int32), categories=pd.Index(cats))
+
+
+class Run:
+    """A run directory, read once. Tables are built on first access and cached."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        dirs = rank_dirs(self.path)
+        self.meta: dict[str, Any] = read_run_meta(self.path)
+        self.rank_data: list[RankData] = [read_rank(d) for d in dirs]
+        if not self.meta and self.rank_data:  # rank 0 died before writing run.json
+            self.meta = dict(self.rank_data[0].meta)
+        cwd = self.meta.get("cwd")
+        self._strings = {rd.rank: _RankStrings(rd, cwd) for rd in self.rank_data}
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, ranks={self.ranks}, steps={len(self.steps)}, ops={len(self.ops)})"
+
+    @property
+    def ranks(self) -> list[int]:
+        return [rd.rank for rd in self.rank_data]
+
+    def _table(self, name: str) -> pd.DataFrame:
+        parts = []
+        for rd in self.rank_data:
+            df = rd.table(name).to_pandas()
+            strings = self._strings[rd.rank]
+            for col in _STRING_COLUMNS.get(name, ()):
+                df[col] = strings.categorical(df[col].to_numpy())
+            if "stack" in df.columns:
+                df.insert(df.columns.get_loc("stack"), "source", strings.sources(df["stack"].to_numpy()))
+            df.insert(0, "rank", np.int32(rd.rank))
+            parts.append(df)
+        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+        for col in _STRING_COLUMNS.get(name, ()) + (("source",) if "source" in df.columns else ()):
+            if df[col].dtype != "category":
+                df[col] = df[col].astype("category")
+        return df
+
+    def _with_step(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Tag events with the step they started in (-1: before the first step began)."""
+        step = np.full(len(df), -1, dtype=np.int32)
+        steps = self.steps
+        for rank, idx in df.groupby("rank", observed=True).indices.items():
+            s = steps[steps["rank"] == rank].sort_values("ts")
+            if len(s):
+                pos = np.searchsorted(s["ts"].to_numpy(), df["ts"].to_numpy()[idx], side="right") - 1
+                step[idx] = np.where(pos >= 0, s["step"].to_numpy()[np.maximum(pos, 0)], -1)
+        df["step"] = step
+        return df
+
+    @functools.cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step and rank: step, ts, dur, active (captured in detail), complete."""
+        return self._table("steps").sort_values(["rank", "step"], ignore_index=True)
+
+    @functools.cached_property
+    def ops(self) -> pd.DataFrame:
+        """One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step."""
+        ops = self._table("ops")
+        threads = self.threads
+        names = dict(zip(zip(threads["rank"], threads["tid"]), threads["name"].astype(str)))
+        keys = list(zip(ops["rank"], ops["tid"]))
+        ops.insert(ops.columns.get_loc("tid") + 1, "thread",
+                   pd.Categorical([names.get(k, str(k[1])) for k in keys]) if len(ops) else pd.Categorical([]))
+        return self._with_step(ops)
+
+    @functools.cached_property
+    def marks(self) -> pd.DataFrame:
+        """User ranges from ``neuron_prof.mark``."""
+        return self._with_step(self._table("marks"))
+
+    @functools.cached_property
+    def threads(self) -> pd.DataFrame:
+        return self._table("threads").drop_duplicates(["rank", "tid"], keep="last", ignore_index=True)
+
+    @functools.cached_property
+    def failures(self) -> pd.DataFrame:
+        """Collectors that failed during capture (training went on without them)."""
+        return self._table("failures")
+
+    def stack(self, rank: int, stack_id: int) -> list[tuple[str, str, int]]:
+        """The frames (file, function, line) of a stack id, innermost first."""
+        s = self._strings[rank]
+        return [(s.frame_file[f], s.frame_func[f], int(s.frame_line[f])) for f in s.stack_frames.get(stack_id, [])]
+
+    @functools.cached_property
+    def health(self) -> pd.DataFrame:
+        """Capture health per rank: closed cleanly, events written/dropped, bytes ignored after a kill."""
+        rows = []
+        for rd in self.rank_data:
+            c = rd.last_commit
+            rows.append({
+                "rank": rd.rank, "closed": rd.closed, "committed": bool(c),
+                "events_written": int(sum((c.get("written") or {}).values())),
+                "events_dropped": int(sum((c.get("dropped") or {}).values())),
+                "cap_reached_at_step": c.get("cap_reached_at_step"),
+                "ignored_bytes": int(sum(rd.ignored_bytes.values())),
+                "failures": int(rd.table("failures").num_rows),
+            })
+        return pd.DataFrame(rows)
+
+
+def load(path: str | os.PathLike) -> Run:
+    """Open a run directory written by ``neuron_prof.profile`` or ``neuron-prof record``."""
+    return Run(path)

@@ -1,0 +1,41 @@
+"""The run store's tables: one schema, versioned. Timestamps are int64 ns on CLOCK_MONOTONIC.
+
+A rank folder holds one append-only Arrow IPC stream per table (``<table>.arrows``) and a
+``manifest.jsonl`` whose last complete line says how many bytes of each table are committed.
+Strings and Python stacks are interned: other tables hold ids into ``strings`` and ``stacks``.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+TABLE_SUFFIX = ".arrows"
+MANIFEST = "manifest.jsonl"
+RANK_META = "rank.json"
+RUN_META = "run.json"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+_i8, _i16, _i32, _i64 = pa.int8(), pa.int16(), pa.int32(), pa.int64()
+
+TABLES: dict[str, pa.Schema] = {
+    # interning
+    "strings": pa.schema([("id", _i32), ("value", pa.string())]),
+    "frames": pa.schema([("id", _i32), ("file", _i32), ("func", _i32), ("line", _i32)]),
+    "stacks": pa.schema([("id", _i32), ("frames", pa.list_(_i32))]),  # innermost frame first
+    # events
+    "ops": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("module", _i32),
+        ("stack", _i32), ("shapes", _i32), ("dtypes", _i32), ("devices", _i32),
+        ("seq", _i64), ("fwd_tid", _i64), ("bwd", pa.bool_()), ("depth", _i16),
+    ]),
+    "steps": pa.schema([
+        ("step", _i32), ("ts", _i64), ("dur", _i64), ("active", pa.bool_()), ("complete", pa.bool_()),
+    ]),
+    "marks": pa.schema([("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("stack", _i32)]),
+    "threads": pa.schema([("tid", _i64), ("name", _i32)]),
+    "failures": pa.schema([("ts", _i64), ("collector", pa.string()), ("message", pa.string())]),
+}
