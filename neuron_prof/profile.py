@@ -1,0 +1,57 @@
+"""``neuron_prof.profile``: the torch.profiler-style entry point."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from neuron_prof.autostep import OptimizerStepClock
+from neuron_prof.schedule import Schedule
+from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_EVENTS,
+                                 Session)
+
+
+class profile:  # noqa: N801 - mirrors torch.profiler.profile
+    """Capture a training run into ``run_dir`` (one ``rank-NNNNN/`` folder per rank).
+
+    With no ``schedule`` every step is captured in detail, bounded by ``max_events`` (after that,
+    step times only). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
+    steps when the optimizer steps. ``collectors`` picks the event sources (default: eager ops).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, *, schedule: Schedule | None = None,
+                 collectors: Iterable[str] = DEFAULT_COLLECTORS, auto_step: bool = False,
+                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
+                 max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
+                 needs_step: bool = False) -> None:
+        self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
+                               max_events=max_events, command=command, needs_step=needs_step)
+        self._clock = OptimizerStepClock(self.session.step) if auto_step else None
+
+    @property
+    def run_dir(self):
+        return self.session.run_dir
+
+    @property
+    def step_num(self) -> int:
+        return self.session.step_num
+
+    def start(self) -> "profile":
+        self.session.start()
+        if self._clock is not None:
+            self._clock.install()
+        return self
+
+    def stop(self) -> None:
+        if self._clock is not None:
+            self._clock.uninstall()
+        self.session.stop()
+
+    def step(self) -> None:
+        """End the current training step."""
+        self.session.step()
+
+    def __enter__(self) -> "profile":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

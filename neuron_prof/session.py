@@ -1,0 +1,349 @@
+"""The capture session: owns the collectors, the step clock, the interners and the rank writer.
+
+It implements the Recorder protocol (neuron_prof.recording) that collectors write to, and is the
+only place that decides when data is kept, flushed and committed.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.recording import Collector, Frame
+from neuron_prof.schedule import Action, Schedule
+from neuron_prof.schema import SCHEMA_VERSION, rank_dir_name
+from neuron_prof.store import RankWriter, write_run_meta
+
+log = logging.getLogger("neuron_prof")
+
+DEFAULT_COLLECTORS = ("eager",)
+DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
+DEFAULT_MAX_EVENTS = 50_000_000
+IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s
+EVENT_TABLES = ("ops", "marks")
+
+_current: "Session | None" = None
+_current_lock = threading.Lock()
+
+
+def current() -> "Session | None":
+    """The session recording in this process, if any."""
+    return _current
+
+
+class _Interner:
+    """Strings, frames and stacks to small ints, remembering which ids are not yet written."""
+
+    def __init__(self) -> None:
+        self.strings: dict[str, int] = {"": 0}
+        self.frames: dict[tuple[int, int, int], int] = {}
+        self.stacks: dict[tuple[int, ...], int] = {(): 0}
+        self._new_strings: list[str] = [""]
+        self._new_frames: list[tuple[int, int, int]] = []
+        self._new_stacks: list[tuple[int, ...]] = []
+
+    def string(self, s: str) -> int:
+        sid = self.strings.get(s)
+        if sid is None:
+            sid = self.strings[s] = len(self.strings)
+            self._new_strings.append(s)
+        return sid
+
+    def stack(self, frames: Sequence[Frame]) -> int:
+        fids = []
+        for file, func, line in frames:
+            key = (self.string(file), self.string(func), int(line))
+            fid = self.frames.get(key)
+            if fid is None:
+                fid = self.frames[key] = len(self.frames) + 1
+                self._new_frames.append(key)
+            fids.append(fid)
+        key = tuple(fids)
+        sid = self.stacks.get(key)
+        if sid is None:
+            sid = self.stacks[key] = len(self.stacks)
+            self._new_stacks.append(key)
+        return sid
+
+    def take_new(self) -> dict[str, dict[str, Any]]:
+        """Rows for the strings/frames/stacks tables created since the last call."""
+        out: dict[str, dict[str, Any]] = {}
+        if self._new_frames:
+            first = len(self.frames) - len(self._new_frames) + 1
+            f = np.array(self._new_frames, dtype=np.int32).reshape(-1, 3)
+            out["frames"] = {"id": np.arange(first, first + len(f), dtype=np.int32),
+                             "file": f[:, 0], "func": f[:, 1], "line": f[:, 2]}
+        if self._new_stacks:
+            first = len(self.stacks) - len(self._new_stacks)
+            out["stacks"] = {"id": np.arange(first, first + len(self._new_stacks), dtype=np.int32),
+                             "frames": [list(s) for s in self._new_stacks]}
+        if self._new_strings:  # after stacks: interning frames adds strings
+            first = len(self.strings) - len(self._new_strings)
+            out["strings"] = {"id": np.arange(first, len(self.strings), dtype=np.int32),
+                              "value": self._new_strings}
+        self._new_strings, self._new_frames, self._new_stacks = [], [], []
+        return out
+
+
+def _rank_and_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # a half-initialised process group must not stop the capture
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _device_name() -> str:
+    import torch
+    acc = getattr(torch, "accelerator", None)
+    try:
+        dev = acc.current_accelerator() if acc is not None else None
+    except Exception:
+        dev = None
+    return dev.type if dev is not None else "cpu"
+
+
+def _make_collectors(names: Iterable[str]) -> list[Collector]:
+    from neuron_prof.collectors import REGISTRY
+    out = []
+    for name in names:
+        if name not in REGISTRY:
+            raise NeuronProfError(f"unknown collector {name!r}; choose from {', '.join(sorted(REGISTRY))}")
+        out.append(REGISTRY[name]())
+    return out
+
+
+class Session:
+    """One capture in one process (one rank). Use ``neuron_prof.profile`` rather than this directly."""
+
+    def __init__(self, run_dir: str | os.PathLike, schedule: Schedule | None = None,
+                 collectors: Iterable[str] = DEFAULT_COLLECTORS, *,
+                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
+                 max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
+                 needs_step: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.needs_step = needs_step  # write nothing unless a step completes (helper processes)
+        self.schedule = schedule
+        self.max_buffered_events = max_buffered_events
+        self.max_events = max_events
+        self.command = list(command) if command is not None else [sys.executable, *sys.argv]
+        self.collectors = _make_collectors(collectors)
+        self.step_num = 0
+        self._interner = _Interner()
+        self._pending: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        self._dropped: dict[str, int] = defaultdict(int)
+        self._written: dict[str, int] = defaultdict(int)
+        self._failed: set[str] = set()
+        self._writer: RankWriter | None = None
+        self._rank: int | None = None
+        self._lock = threading.RLock()
+        self._window_on = False
+        self._cap_reached_at: int | None = None
+        self._step_start = 0
+        self._last_commit = 0
+        self._keep_from = 0  # events that began before this (in a discarded step) are not kept
+        self._started = False
+        self._closed = False
+
+    # ---- Recorder protocol
+    def intern(self, s: str) -> int:
+        with self._lock:
+            return self._interner.string(s)
+
+    def intern_stack(self, frames: Sequence[Frame]) -> int:
+        with self._lock:
+            return self._interner.stack(frames)
+
+    def append(self, table: str, columns: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._pending[table].append(columns)
+
+    def dropped(self, table: str, n: int) -> None:
+        with self._lock:
+            self._dropped[table] += int(n)
+
+    def failure(self, collector: str, exc: BaseException) -> None:
+        msg = f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            first = collector not in self._failed
+            self._failed.add(collector)
+            self._pending["failures"].append(
+                {"ts": [time.monotonic_ns()], "collector": [collector], "message": [msg]})
+        if first:
+            log.warning("neuron_prof: collector %r failed and is off for this run (%s); training goes on",
+                        collector, msg)
+
+    # ---- lifecycle
+    @property
+    def recording(self) -> bool:
+        """True while detailed capture is on (warmup or active step)."""
+        return self._window_on
+
+    def start(self) -> "Session":
+        global _current
+        with _current_lock:
+            if _current is not None:
+                raise NeuronProfError(
+                    f"a neuron_prof session is already recording to {_current.run_dir}; "
+                    "stop it before starting another (one session per process)")
+            _current = self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        self._start_ns = time.monotonic_ns()
+        for c in list(self.collectors):
+            self._guard(c, c.install, self)
+        self._step_start = self._last_commit = self._keep_from = time.monotonic_ns()
+        self._enter_step()
+        self._started = True
+        atexit.register(self.stop)
+        return self
+
+    def step(self) -> None:
+        """End the current step and begin the next (call once per training iteration)."""
+        if not self._started or self._closed:
+            return
+        with self._lock:
+            now = time.monotonic_ns()
+            action = self._action(self.step_num)
+            self._append_step(now, complete=True, action=action)
+            if action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS:
+                self._flush(keep=action is Action.RECORD)
+            self.step_num += 1
+            self._step_start = now
+            self._enter_step()
+
+    def stop(self) -> None:
+        """End capture: the step in progress is kept as incomplete, everything is committed."""
+        global _current
+        if not self._started or self._closed:
+            return
+        with self._lock:
+            self._closed = True
+            self._flush(keep=self._action(self.step_num) is Action.RECORD, final=True)
+            self._set_window(False)
+            for c in self.collectors:
+                self._guard(c, c.uninstall)
+        with _current_lock:
+            if _current is self:
+                _current = None
+        atexit.unregister(self.stop)
+
+    # ---- internals
+    def _action(self, step: int) -> Action:
+        if self._cap_reached_at is not None:
+            return Action.NONE
+        return Action.RECORD if self.schedule is None else self.schedule.action(step)
+
+    def _enter_step(self) -> None:
+        self._set_window(self._action(self.step_num) is not Action.NONE)
+
+    def _set_window(self, on: bool) -> None:
+        if on != self._window_on:
+            self._window_on = on
+            for c in list(self.collectors):
+                self._guard(c, c.window, on)
+
+    def _append_step(self, now: int, complete: bool, action: Action) -> None:
+        self._pending["steps"].append({
+            "step": [self.step_num], "ts": [self._step_start], "dur": [now - self._step_start],
+            "active": [action is Action.RECORD], "complete": [complete]})
+
+    def _guard(self, collector: Collector, fn, *args) -> None:
+        """Run a collector callback; a failing collector is switched off, training goes on."""
+        if collector.name in self._failed:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - never break the user's training
+            self.failure(collector.name, exc)
+            try:
+                collector.uninstall()
+            except Exception:
+                pass
+
+    def _flush(self, keep: bool, final: bool = False) -> None:
+        for c in self.collectors:
+            self._guard(c, c.flush, self, keep)
+        if keep:
+            self._drop_events_before(self._keep_from)
+        else:
+            for t in EVENT_TABLES:
+                self._pending.pop(t, None)
+            self._keep_from = time.monotonic_ns()
+        if final and (self._writer is not None or self._pending or self.step_num > 0):
+            # the step in progress when capture ends: kept, but not counted as a training step
+            self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
+        if self._writer is None and (not self._pending or self.needs_step and self.step_num == 0):
+            return  # nothing happened in this process (e.g. a launcher, a worker): leave no rank folder
+        writer = self._ensure_writer()
+        for table, rows in self._interner.take_new().items():
+            writer.append(table, rows)
+        pending, self._pending = self._pending, defaultdict(list)
+        for table in ("threads", "steps", "ops", "marks", "failures"):
+            for cols in pending.pop(table, ()):
+                writer.append(table, cols)
+                if table in EVENT_TABLES:
+                    self._written[table] += len(cols["ts"])
+        for table, batches in pending.items():  # tables of collectors added later
+            for cols in batches:
+                writer.append(table, cols)
+        if self._cap_reached_at is None and sum(self._written.values()) >= self.max_events:
+            self._cap_reached_at = self.step_num
+            log.warning("neuron_prof: event cap of %d reached at step %d; later steps keep step times only",
+                        self.max_events, self.step_num)
+        counters = {"dropped": dict(self._dropped), "written": dict(self._written),
+                    "cap_reached_at_step": self._cap_reached_at}
+        if final:
+            writer.close(self.step_num, counters)
+        else:
+            writer.commit(self.step_num, counters)
+        self._last_commit = time.monotonic_ns()
+
+    def _drop_events_before(self, t0: int) -> None:
+        """An event still open at a discard (a range around the step boundary) ends up alone in
+        the next batch; without its discarded children it would mislead, so it goes too."""
+        for table in EVENT_TABLES:
+            batches = self._pending.get(table)
+            for i, cols in enumerate(batches or ()):
+                ts = np.asarray(cols["ts"])
+                if len(ts) and ts.min() < t0:
+                    keep = ts >= t0
+                    batches[i] = {k: np.asarray(v)[keep]
+                                  for k, v in cols.items()}
+
+    def _ensure_writer(self) -> RankWriter:
+        if self._writer is None:
+            import torch
+            rank, world = _rank_and_world()
+            self._rank = rank
+            meta = {
+                "schema_version": SCHEMA_VERSION, "rank": rank, "world_size": world, "pid": os.getpid(),
+                "hostname": socket.gethostname(), "device": _device_name(),
+                "torch_version": torch.__version__, "python": sys.version.split()[0],
+                "clock_offset_ns": self._clock_offset_ns, "start_ns": self._start_ns,
+                "collectors": [c.name for c in self.collectors],
+                "schedule": None if self.schedule is None else vars(self.schedule),
+                "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
+            }
+            self._writer = RankWriter(self.run_dir / rank_dir_name(rank), meta)
+            if rank == 0 or not (self.run_dir / "run.json").exists():
+                from neuron_prof import __version__
+                write_run_meta(self.run_dir, {
+                    "schema_version": SCHEMA_VERSION, "neuron_prof_version": __version__,
+                    "command": self.command, "cwd": os.getcwd(), "torch_version": torch.__version__,
+                    "device": meta["device"], "world_size": world,
+                    "start_time_ns": self._start_ns + self._clock_offset_ns,
+                    "hostname": meta["hostname"]})
+        return self._writer
