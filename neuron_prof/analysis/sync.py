@@ -1,0 +1,86 @@
+"""Sync points: ops that make the host wait for the device or read a device value.
+
+Detected by what the op is, not by how long it took: on CPU they cost little, but the same line
+stalls the host on an asynchronous device (CUDA, Neuron's eager queue).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.analysis.ops import parent_index
+
+SYNC_OPS: dict[str, str] = {
+    "aten::_local_scalar_dense": "read device value (.item(), bool(), int(), float(), print)",
+    "aten::is_nonzero": "read device value (tensor in `if`/`while`)",
+    "aten::nonzero": "data-dependent output size",
+    "aten::masked_select": "data-dependent output size",
+    "aten::unique": "data-dependent output size",
+    "aten::_unique": "data-dependent output size",
+    "aten::_unique2": "data-dependent output size",
+    "aten::unique_consecutive": "data-dependent output size",
+    "aten::unique_dim": "data-dependent output size",
+    "aten::repeat_interleave": "data-dependent output size",
+    "aten::equal": "read device value (torch.equal)",
+    "aten::tolist": "read device value (.tolist())",
+}
+_COPY_OPS = ("aten::copy_", "aten::_to_copy")
+OPTIMIZER_RANGE = "Optimizer.step#"  # torch.optim wraps step() in a record_function of this name
+SYNC_COLUMNS = ["rank", "step", "ts", "dur", "name", "kind", "source", "module", "thread", "devices"]
+
+
+def _is_device_to_host(name: str, devices: str) -> bool:
+    """A copy whose destination is the CPU and whose source is not (devices lists inputs in order)."""
+    if name not in _COPY_OPS:
+        return False
+    devs = [d.strip() for d in devices.split(",") if d.strip()]
+    if name == "aten::copy_":  # copy_(self=dst, src)
+        return len(devs) >= 2 and devs[0] == "cpu" and devs[1] != "cpu"
+    return len(devs) >= 2 and devs[0] != "cpu" and devs[-1] == "cpu"  # _to_copy(self, ..., device=cpu)
+
+
+def _ancestor_mask(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> np.ndarray:
+    """True where some ancestor of the op (not the op itself) is flagged."""
+    has_parent = parent >= 0
+    up = np.maximum(parent, 0)
+    inside = np.zeros(len(parent), dtype=bool)
+    for _ in range(max_depth):
+        inside = has_parent & (flagged[up] | inside[up])
+    return inside
+
+
+def sync_points(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per sync op; nested sync ops (``item`` → ``_local_scalar_dense``) count once.
+
+    Not counted: torch.optim's reads of its own CPU step counters (a ``_local_scalar_dense`` on a
+    CPU tensor inside ``Optimizer.step``): the optimizer keeps those on the host on every device,
+    so they never wait for the device. The same read of a device tensor is counted.
+    """
+    if ops.empty:
+        return pd.DataFrame(columns=SYNC_COLUMNS)
+    names = ops["name"].astype(str)
+    kind = names.map(SYNC_OPS)
+    copies = names.isin(_COPY_OPS)
+    if copies.any():
+        d2h = [_is_device_to_host(n, d) for n, d in zip(names[copies], ops.loc[copies, "devices"].astype(str))]
+        kind.loc[copies] = ["device-to-host copy" if x else None for x in d2h]
+    flagged = kind.notna().to_numpy()
+    parent = parent_index(ops)
+    max_depth = int(ops["depth"].max())
+    keep = flagged & ~_ancestor_mask(parent, flagged, max_depth)
+    in_optimizer = _ancestor_mask(parent, names.str.startswith(OPTIMIZER_RANGE).to_numpy(), max_depth)
+    host_only = ops["devices"].astype(str).map(lambda d: all(x.strip() in ("cpu", "") for x in d.split(",")))
+    keep &= ~(in_optimizer & host_only.to_numpy() & (names == "aten::_local_scalar_dense").to_numpy())
+    hit = ops[keep].assign(kind=kind[keep])
+    return hit[SYNC_COLUMNS].sort_values(["rank", "ts"], ignore_index=True)
+
+
+def sync_summary(sync: pd.DataFrame, steps_captured: int) -> pd.DataFrame:
+    """Sync points grouped by source line and op: count, total ms, per captured step."""
+    cols = ["source", "name", "kind", "count", "total_ms", "per_step"]
+    if sync.empty:
+        return pd.DataFrame(columns=cols)
+    g = sync.groupby(["source", "name", "kind"], observed=True)
+    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6}).reset_index()
+    out["per_step"] = out["count"] / max(steps_captured, 1)
+    return out.sort_values(["count", "total_ms"], ascending=False, ignore_index=True)[cols]

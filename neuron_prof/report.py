@@ -1,0 +1,109 @@
+"""The run summary behind ``neuron-prof report``: one dict (``--json``) and its text rendering."""
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import pandas as pd
+
+from neuron_prof.analysis.ops import op_stats
+from neuron_prof.analysis.steps import step_stats
+from neuron_prof.analysis.sync import sync_points, sync_summary
+from neuron_prof.run import Run
+
+TOP_N = 10
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in df.astype(object).where(df.notna(), None).to_dict("records")]
+
+
+def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
+    """Everything the report shows, JSON-ready. Op and sync figures cover captured steps only."""
+    meta = run.meta
+    steps = run.steps
+    captured = steps[steps["active"] & steps["complete"]]
+    ops = run.ops
+    ops_in_steps = ops[ops["step"].isin(captured["step"])] if len(captured) else ops
+    n_captured = int(captured.groupby("rank").size().max()) if len(captured) else 0
+    stats = op_stats(ops_in_steps).head(top)
+    if n_captured:
+        stats["self_ms_per_step"] = stats["self_ms"] / n_captured
+    sync = sync_points(ops)
+    failures = run.failures
+    return {
+        "run": {
+            "path": str(run.path), "command": meta.get("command"), "torch_version": meta.get("torch_version"),
+            "device": meta.get("device"), "world_size": meta.get("world_size"), "ranks": run.ranks,
+            "start_time": (_dt.datetime.fromtimestamp(meta["start_time_ns"] / 1e9, _dt.timezone.utc).isoformat()
+                           if meta.get("start_time_ns") else None),
+        },
+        "steps": _records(step_stats(steps)),
+        "ops": {"captured_steps": n_captured, "events": int(len(ops)), "top_by_self_time": _records(stats)},
+        "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, n_captured))},
+        "health": {
+            "ranks": _records(run.health),
+            "failures": _records(failures[["rank", "collector", "message"]]) if len(failures) else [],
+        },
+    }
+
+
+def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list[str]:
+    """Fixed-width text table: cols are (key, header, format)."""
+    cells = [[h for _, h, _ in cols]] + [[format(r.get(k) if r.get(k) is not None else "", f) if f else
+                                          str(r.get(k) if r.get(k) is not None else "") for k, _, f in cols]
+                                         for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return ["  " + "  ".join(c.ljust(w) if i in (0, len(cols) - 1) or not cols[i][2] else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in cells]
+
+
+def render_text(s: dict[str, Any]) -> str:
+    r = s["run"]
+    cmd = " ".join(r["command"]) if isinstance(r["command"], list) else (r["command"] or "?")
+    out = [f"neuron_prof run {r['path']}",
+           f"  command: {cmd}",
+           f"  torch {r['torch_version']} on {r['device']}, world size {r['world_size']}, "
+           f"ranks {r['ranks']}, started {r['start_time']}", ""]
+    out.append("Steps")
+    if s["steps"]:
+        out += _table(s["steps"], [("rank", "rank", ""), ("steps", "steps", "d"), ("captured", "captured", "d"),
+                                   ("mean_ms", "mean ms", ".2f"), ("median_ms", "median", ".2f"),
+                                   ("p90_ms", "p90", ".2f"), ("min_ms", "min", ".2f"), ("max_ms", "max", ".2f")])
+    else:
+        out.append("  no completed step (call prof.step() each iteration, or use an optimizer under `record`)")
+    o = s["ops"]
+    out += ["", f"Top ops by self time ({o['captured_steps']} captured steps, {o['events']} op events)"]
+    if o["top_by_self_time"]:
+        cols = [("name", "op", ""), ("module", "module", ""), ("calls", "calls", "d"),
+                ("self_ms", "self ms", ".2f"), ("self_pct", "%", ".1f"), ("total_ms", "total ms", ".2f")]
+        if "self_ms_per_step" in o["top_by_self_time"][0]:
+            cols.insert(4, ("self_ms_per_step", "ms/step", ".3f"))
+        cols.append(("backward", "pass", ""))
+        rows = [{**x, "backward": "bwd" if x["backward"] else "fwd", "module": x["module"] or "-"}
+                for x in o["top_by_self_time"]]
+        out += _table(rows, cols)
+    else:
+        out.append("  no op events captured")
+    sp = s["sync_points"]
+    out += ["", f"Sync points ({sp['events']} events: the host waits for the device here)"]
+    if sp["by_source"]:
+        out += _table([{**x, "source": x["source"] or "?"} for x in sp["by_source"]],
+                      [("source", "source line", ""), ("name", "op", ""), ("count", "count", "d"),
+                       ("per_step", "/step", ".1f"), ("total_ms", "total ms", ".3f"), ("kind", "why", "")])
+    else:
+        out.append("  none")
+    h = s["health"]
+    out += ["", "Capture health"]
+    for x in h["ranks"]:
+        bits = [f"rank {x['rank']}: {'closed cleanly' if x['closed'] else 'did NOT close (killed or crashed)'}",
+                f"{x['events_written']} events", f"{x['events_dropped']} dropped"]
+        if x["ignored_bytes"]:
+            bits.append(f"{x['ignored_bytes']} bytes after the last completed step ignored")
+        if x["cap_reached_at_step"] is not None:
+            bits.append(f"event cap reached at step {x['cap_reached_at_step']}")
+        out.append("  " + ", ".join(bits))
+    for f in h["failures"]:
+        out.append(f"  rank {f['rank']}: collector {f['collector']} failed: {f['message']}")
+    return "\n".join(out) + "\n"
