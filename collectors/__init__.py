@@ -1,0 +1,12 @@
+"""Event sources, one module each. A collector knows only neuron_prof.recording.
+
+``REGISTRY`` maps the names users pass to ``profile(collectors=...)`` / ``--collectors`` to
+collector classes; importing a collector must not import torch extensions until ``install``.
+"""
+from __future__ import annotations
+
+from neuron_prof.collectors.eager import EagerCollector
+
+REGISTRY = {
+    EagerCollector.name: EagerCollector,
+}

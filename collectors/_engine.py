@@ -1,0 +1,209 @@
+"""The eager op engine: one small interface in front of a C++ ``at::RecordFunction`` observer.
+
+The observer lives in ``_observer.cpp`` and is JIT-built with ``torch.utils.cpp_extension.load``
+(cached by torch in ``TORCH_EXTENSIONS_DIR``). Everything the eager collector needs from it goes
+through :class:`OpEngine`, so the mechanism can be replaced without touching the collector.
+
+Rows (:class:`OpBatch`), one per completed op, columns of equal length:
+
+=========  =======  ==================================================================
+ts         int64    start, ns, ``CLOCK_MONOTONIC`` (equals ``time.monotonic_ns()``)
+dur        int64    ns
+tid        int64    OS thread id (gettid) of the thread the op started on
+name       int32    engine string id of the op / range name (``aten::addmm``, ...)
+module     int32    engine string id of the module path (0: none)
+stack      int32    engine stack id (0: none); see ``new_stacks``
+shapes     int32    string id of e.g. ``"[[8, 64], [64, 64]]"``
+dtypes     int32    string id of e.g. ``"float32,float32"``
+devices    int32    string id of e.g. ``"cpu,cpu"``
+seq        int64    autograd sequence number (-1: none)
+fwd_tid    int64    OS tid of the thread that ran the forward op: the op's own tid for
+                    forward ops, the forward thread for backward ops (0: unknown)
+bwd        bool     the op ran in the backward pass
+depth      int16    nesting depth on its thread (0: top level)
+=========  =======  ==================================================================
+
+Input metadata strings have one positional entry per op input, trailing entries that are
+neither tensors, tensor lists nor devices trimmed. A non-tensor input is ``[]`` in ``shapes``
+and an empty entry in ``dtypes``/``devices`` (``addmm(b, x, w, beta, alpha)`` gives
+``"[[64], [8, 64], [64, 64]]"``, ``"float32,float32,float32"``, ``"cpu,cpu,cpu"``). A
+``c10::Device`` argument shows in ``devices`` (``_to_copy(x, device=cpu)`` gives
+``"cpu,,,cpu"``). A tensor list is one nested entry (``"[[2, 3], [2, 3]]"``) whose dtype/device
+is the common value or the values joined with ``|``. Symbolic dims print as ``?``.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+COLUMNS = (
+    "ts", "dur", "tid", "name", "module", "stack", "shapes", "dtypes", "devices",
+    "seq", "fwd_tid", "bwd", "depth",
+)
+
+Frame = tuple[str, str, int]
+
+
+@dataclass
+class OpBatch:
+    """Everything recorded since the last drain (see the module docstring for the columns)."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    tid: np.ndarray
+    name: np.ndarray
+    module: np.ndarray
+    stack: np.ndarray
+    shapes: np.ndarray
+    dtypes: np.ndarray
+    devices: np.ndarray
+    seq: np.ndarray
+    fwd_tid: np.ndarray
+    bwd: np.ndarray
+    depth: np.ndarray
+    new_strings: list[tuple[int, str]] = field(default_factory=list)
+    new_stacks: list[tuple[int, list[Frame]]] = field(default_factory=list)
+    dropped: int = 0
+    thread_names: list[tuple[int, str]] = field(default_factory=list)
+    """(OS tid, name) learnt since the last drain: the Python ``threading`` name of threads that
+    ran Python, else the OS thread name (comm)."""
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {c: getattr(self, c) for c in COLUMNS}
+
+
+class OpEngine(Protocol):
+    def start(self, skip_prefixes: list[str], max_buffered: int) -> None:
+        """Register the callbacks, recording off. Raises if already started."""
+
+    def set_recording(self, on: bool) -> None: ...
+
+    def set_module(self, module_id: int) -> None:
+        """Current module-path string id of the calling thread (0: none)."""
+
+    def intern(self, s: str) -> int:
+        """Engine-local string id."""
+
+    def drain(self) -> OpBatch:
+        """Everything recorded since the last drain. The first drain after ``start`` also
+        returns every string and stack the engine knows (ids are stable for the process)."""
+
+    def stop(self) -> None:
+        """Remove the callbacks."""
+
+
+_DTYPES = {"<i8": np.int64, "<i4": np.int32, "<i2": np.int16, "u1": np.uint8}
+
+
+class CppOpEngine:
+    """:class:`OpEngine` over the compiled ``_observer.cpp`` extension (a process singleton)."""
+
+    def __init__(self, ext) -> None:
+        self._ext = ext
+        lay = ext.layout()
+        names, offsets, formats = [], [], []
+        for n, off, t in lay["fields"]:
+            names.append(n)
+            offsets.append(off)
+            formats.append(_DTYPES[t])
+        self._dtype = np.dtype(
+            {"names": names, "offsets": offsets, "formats": formats, "itemsize": lay["itemsize"]}
+        )
+        self._started = False
+        # hot paths called from module hooks: bind the C functions directly (no Python wrapper)
+        self.set_module = ext.set_module
+        self.intern = ext.intern
+
+    # -- OpEngine
+    def start(self, skip_prefixes: list[str], max_buffered: int) -> None:
+        self._ext.start(list(skip_prefixes), int(max_buffered))
+        self._started = True
+
+    def set_recording(self, on: bool) -> None:
+        self._ext.set_recording(bool(on))
+
+    def set_module(self, module_id: int) -> None:
+        self._ext.set_module(module_id)
+
+    def intern(self, s: str) -> int:
+        return self._ext.intern(s)
+
+    def drain(self) -> OpBatch:
+        data, strings, stacks, dropped, threads = self._ext.drain()
+        rows = np.frombuffer(data, dtype=self._dtype)
+        cols = {n: np.ascontiguousarray(rows[n]) for n in self._dtype.names}
+        cols["bwd"] = cols["bwd"].astype(bool)
+        return OpBatch(
+            **{c: cols[c] for c in COLUMNS},
+            new_strings=list(strings),
+            new_stacks=[(sid, [tuple(f) for f in frames]) for sid, frames in stacks],
+            dropped=int(dropped),
+            thread_names=[(int(t), str(n)) for t, n in threads],
+        )
+
+    def stop(self) -> None:
+        self._ext.set_recording(False)
+        self._ext.stop()
+        self._started = False
+
+    # -- extras (tests, diagnostics)
+    def stats(self) -> dict:
+        return dict(self._ext.stats())
+
+    def now_ns(self) -> int:
+        return self._ext.now_ns()
+
+
+_lock = threading.Lock()
+_engine: CppOpEngine | None = None
+_build_seconds: float | None = None
+
+
+def _source() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_observer.cpp")
+
+
+def load_engine(verbose: bool = False) -> CppOpEngine:
+    """Build (or load from torch's extension cache) the observer; raises on failure."""
+    global _engine, _build_seconds
+    with _lock:
+        if _engine is not None:
+            return _engine
+        import time
+
+        from torch.utils.cpp_extension import load
+
+        t0 = time.perf_counter()
+        ext = load(
+            name="neuron_prof_eager_observer",
+            sources=[_source()],
+            extra_cflags=["-O2", "-DNDEBUG"],
+            verbose=verbose,
+        )
+        _build_seconds = time.perf_counter() - t0
+        _engine = CppOpEngine(ext)
+        atexit.register(_at_exit)
+        return _engine
+
+
+def build_seconds() -> float | None:
+    """Seconds the last ``load_engine`` spent building or loading the extension."""
+    return _build_seconds
+
+
+def _at_exit() -> None:
+    # Stop recording before the interpreter finalizes: callbacks must never touch Python then.
+    eng = _engine
+    if eng is not None:
+        try:
+            eng.stop()
+        except Exception:
+            pass

@@ -1,0 +1,173 @@
+"""The eager op collector: every ATen op, backward node and ``record_function`` range.
+
+A C++ ``at::RecordFunction`` observer (``_engine``) records ops into per-thread buffers while a
+window is on; global module hooks (``modules``) tell it the current module path. ``flush``
+drains the engine and maps its string/stack ids onto the Recorder's.
+
+Importing this module imports no torch extension: the observer is built in ``install``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+
+import numpy as np
+
+from neuron_prof.recording import Recorder
+
+COLUMNS = (
+    "ts", "dur", "tid", "name", "module", "stack", "shapes", "dtypes", "devices",
+    "seq", "fwd_tid", "bwd", "depth",
+)
+DEFAULT_MAX_BUFFERED = 2_000_000
+
+
+def skip_prefixes() -> list[str]:
+    """Filename prefixes of Python frames left out of op stacks.
+
+    torch (and its sibling packages), neuron_prof, the standard library except site-packages /
+    dist-packages, and frozen modules: what is left is the user's code (and third-party libs).
+    """
+    out: list[str] = ["<frozen"]
+    try:
+        import importlib.util
+
+        for pkg in ("torch", "functorch", "torchgen", "neuron_prof"):
+            spec = importlib.util.find_spec(pkg)
+            for loc in (spec.submodule_search_locations or []) if spec else []:
+                out.append(os.path.join(os.path.abspath(loc), ""))
+    except Exception:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append(os.path.join(here, ""))  # collectors/ (installed as neuron_prof.collectors)
+    paths = sysconfig.get_paths()
+    seen = set()
+    for key in ("stdlib", "platstdlib"):
+        d = paths.get(key)
+        if not d or d in seen or not os.path.isdir(d):
+            continue
+        seen.add(d)
+        for entry in sorted(os.listdir(d)):
+            if entry in ("site-packages", "dist-packages"):
+                continue
+            full = os.path.join(d, entry)
+            out.append(os.path.join(full, "") if os.path.isdir(full) else full)
+    return list(dict.fromkeys(out))
+
+
+def _thread_names() -> dict[int, str]:
+    names = {}
+    for t in threading.enumerate():
+        if t.native_id is not None:
+            names[t.native_id] = t.name
+    return names
+
+
+def _os_thread_name(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return f"thread-{tid}"
+
+
+class EagerCollector:
+    """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``)."""
+
+    name = "eager"
+
+    def __init__(self, max_buffered: int | None = None, skip: list[str] | None = None) -> None:
+        self.max_buffered = max_buffered
+        self.skip = skip
+        self.engine = None
+        self.tracker = None
+        self._smap = np.zeros(1, dtype=np.int32)  # engine string id -> recorder string id
+        self._kmap = np.zeros(1, dtype=np.int32)  # engine stack id -> recorder stack id
+        self._tids: set[int] = set()
+        self._names: dict[int, str] = {}  # OS tid -> thread name, as learnt from the engine
+
+    # ---- Collector protocol
+    def install(self, rec: Recorder) -> None:
+        try:
+            from neuron_prof.collectors._engine import load_engine
+            from neuron_prof.collectors.modules import ModuleTracker
+
+            eng = load_engine()
+            cap = self.max_buffered or getattr(rec, "max_buffered_events", None) or DEFAULT_MAX_BUFFERED
+            eng.start(self.skip if self.skip is not None else skip_prefixes(), int(cap))
+            self.engine = eng
+            self.tracker = ModuleTracker(eng.set_module, eng.intern)
+            self.tracker.install()
+        except Exception as exc:  # noqa: BLE001 - training must never break
+            rec.failure(self.name, exc)
+            self._teardown()
+
+    def window(self, on: bool) -> None:
+        if self.engine is not None:
+            self.engine.set_recording(on)
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        if self.engine is None:
+            return
+        batch = self.engine.drain()
+        self._map_ids(rec, batch)
+        self._names.update(batch.thread_names)
+        if not keep or len(batch) == 0:
+            return
+        cols = batch.columns()
+        cols["name"] = self._smap[cols["name"]]
+        cols["module"] = self._smap[cols["module"]]
+        cols["shapes"] = self._smap[cols["shapes"]]
+        cols["dtypes"] = self._smap[cols["dtypes"]]
+        cols["devices"] = self._smap[cols["devices"]]
+        cols["stack"] = self._kmap[cols["stack"]]
+        rec.append("ops", {c: cols[c] for c in COLUMNS})
+        self._append_threads(rec, cols["tid"], cols["fwd_tid"])
+        if batch.dropped:
+            rec.dropped("ops", batch.dropped)
+
+    def uninstall(self) -> None:
+        self._teardown()
+
+    # ---- internals
+    def _teardown(self) -> None:
+        if self.tracker is not None:
+            try:
+                self.tracker.uninstall()
+            finally:
+                self.tracker = None
+        if self.engine is not None:
+            try:
+                self.engine.stop()
+            finally:
+                self.engine = None
+
+    def _map_ids(self, rec: Recorder, batch) -> None:
+        if batch.new_strings:
+            top = max(i for i, _ in batch.new_strings)
+            if top >= len(self._smap):
+                self._smap = np.concatenate(
+                    [self._smap, np.zeros(max(top + 1, 2 * len(self._smap)) - len(self._smap), np.int32)])
+            for i, s in batch.new_strings:
+                self._smap[i] = rec.intern(s)
+        if batch.new_stacks:
+            top = max(i for i, _ in batch.new_stacks)
+            if top >= len(self._kmap):
+                self._kmap = np.concatenate(
+                    [self._kmap, np.zeros(max(top + 1, 2 * len(self._kmap)) - len(self._kmap), np.int32)])
+            for i, frames in batch.new_stacks:
+                self._kmap[i] = rec.intern_stack(frames)
+
+    def _append_threads(self, rec: Recorder, *tid_cols: np.ndarray) -> None:
+        tids = np.unique(np.concatenate(tid_cols))
+        new = [int(t) for t in tids if t > 0 and int(t) not in self._tids]
+        if not new:
+            return
+        names = {**_thread_names(), **self._names}
+        self._tids.update(new)
+        rec.append("threads", {
+            "tid": np.array(new, dtype=np.int64),
+            "name": np.array([rec.intern(names.get(t) or _os_thread_name(t)) for t in new], dtype=np.int32),
+        })

@@ -1,0 +1,143 @@
+"""Module-path stack per thread, from global ``nn.Module`` forward (pre-)hooks.
+
+The outermost module on a thread is named by its class name (``TinyTransformer``); modules
+called inside it by their ``named_modules()`` path relative to it (``layers.0.self_attn``). A
+module that is not a submodule of the outermost one is named ``<parent path>.<ClassName>``.
+Each change of the current path is reported as an interned id through ``set_module``.
+
+Hooks return at once while dynamo traces (``torch.compiler.is_compiling()``): dynamo inlines
+global hooks, and calling into C there would break the graph.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Callable
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+_is_compiling = torch.compiler.is_compiling
+# torch warns that global hooks fire once more for torch.compile's OptimizedModule wrapper; the
+# tracker names modules inside the wrapper as in the original, so the warning tells users nothing.
+_COMPILE_HOOK_MESSAGE = r"Using `torch.compile\(module\)` when there are global hooks on modules"
+
+
+def _is_compiled_wrapper(m) -> bool:
+    return type(m).__name__ == "OptimizedModule" and hasattr(m, "_orig_mod")
+
+
+def _unwrap(m):
+    return m._orig_mod if _is_compiled_wrapper(m) else m
+
+
+class ModuleTracker:
+    def __init__(self, set_module: Callable[[int], None], intern: Callable[[str], int]) -> None:
+        self._set = set_module
+        self._intern = intern
+        self._tls = threading.local()
+        # id(root) -> (weakref(root), root path id, {id(child): (weakref(child), path, path id)})
+        self._roots: dict[int, tuple[weakref.ref, str, dict[int, tuple[weakref.ref, str, int]]]] = {}
+        self._handles: list = []
+
+    # -- install / uninstall
+    def install(self) -> None:
+        if self._handles:
+            return
+        pre = _nn_module.register_module_forward_pre_hook(self._pre_hook)
+        try:
+            post = _nn_module.register_module_forward_hook(self._post_hook, always_call=True)
+        except TypeError:  # torch without always_call
+            post = _nn_module.register_module_forward_hook(self._post_hook)
+        self._handles = [pre, post]
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_MESSAGE, category=UserWarning)
+        self._filter = warnings.filters[0]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._roots.clear()
+        if getattr(self, "_filter", None) in warnings.filters:
+            warnings.filters.remove(self._filter)
+            getattr(warnings, "_filters_mutated", lambda: None)()  # invalidate cached lookups
+        self._filter = None
+
+    # -- naming
+    def _root_entry(self, root: torch.nn.Module):
+        ent = self._roots.get(id(root))
+        if ent is None or ent[0]() is not root:
+            path = type(_unwrap(root)).__name__
+            ent = (weakref.ref(root), path, {})
+            if len(self._roots) > 4096:
+                self._roots = {k: v for k, v in self._roots.items() if v[0]() is not None}
+            self._roots[id(root)] = ent
+            ent[2][id(root)] = (ent[0], path, self._intern(path))
+        return ent
+
+    def _child(self, root: torch.nn.Module, child: torch.nn.Module, parent_path: str):
+        ent = self._root_entry(root)
+        paths = ent[2]
+        hit = paths.get(id(child))
+        if hit is not None and hit[0]() is child:
+            return hit[1], hit[2]
+        # (re)index the root's submodules: modules may have been added since last time
+        for name, m in root.named_modules():
+            if _is_compiled_wrapper(root):  # torch.compile(module): paths inside the original
+                name = name[len("_orig_mod."):] if name.startswith("_orig_mod.") else \
+                    ("" if name == "_orig_mod" else name)
+            if id(m) not in paths or paths[id(m)][0]() is not m:
+                if not name:
+                    name = ent[1]
+                paths[id(m)] = (weakref.ref(m), name, self._intern(name))
+        hit = paths.get(id(child))
+        if hit is not None and hit[0]() is child:
+            return hit[1], hit[2]
+        path = f"{parent_path}.{type(child).__name__}"
+        pid = self._intern(path)
+        paths[id(child)] = (weakref.ref(child), path, pid)
+        return path, pid
+
+    # -- hooks (hot: keep them short)
+    def _pre_hook(self, module, args):
+        if _is_compiling():
+            return
+        try:
+            stack = self._tls.stack
+        except AttributeError:
+            stack = self._tls.stack = []
+        if stack:
+            paths = stack[0][3]
+            hit = paths.get(id(module))
+            if hit is not None and hit[0]() is module:
+                path, pid = hit[1], hit[2]
+            else:
+                path, pid = self._child(stack[0][0], module, stack[-1][1])
+        else:
+            ent = self._root_entry(module)
+            paths = ent[2]
+            path, pid = ent[1], paths[id(module)][2]
+        stack.append((module, path, pid, paths))
+        self._set(pid)
+
+    def _post_hook(self, module, args, output):
+        if _is_compiling():
+            return
+        stack = getattr(self._tls, "stack", None)
+        if not stack:
+            return
+        if stack[-1][0] is module:
+            stack.pop()
+        else:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] is module:
+                    del stack[i:]
+                    break
+            else:
+                return
+        self._set(stack[-1][2] if stack else 0)
+
+    def current_path(self) -> str | None:
+        stack = getattr(self._tls, "stack", None)
+        return stack[-1][1] if stack else None
