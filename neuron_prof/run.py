@@ -118,10 +118,13 @@ class Run:
         """One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step."""
         ops = self._table("ops")
         threads = self.threads
-        names = dict(zip(zip(threads["rank"], threads["tid"]), threads["name"].astype(str)))
-        keys = list(zip(ops["rank"], ops["tid"]))
-        ops.insert(ops.columns.get_loc("tid") + 1, "thread",
-                   pd.Categorical([names.get(k, str(k[1])) for k in keys]) if len(ops) else pd.Categorical([]))
+        thread = pd.Series(index=ops.index, dtype=object)
+        for rank, idx in ops.groupby("rank", observed=True).indices.items():
+            t = threads[threads["rank"] == rank]
+            names = dict(zip(t["tid"], t["name"].astype(str)))
+            tids = ops["tid"].iloc[idx]
+            thread.iloc[idx] = tids.map(names).fillna(tids.astype(str)).to_numpy()
+        ops.insert(ops.columns.get_loc("tid") + 1, "thread", thread.astype("category"))
         return self._with_step(ops)
 
     @functools.cached_property

@@ -1,0 +1,5 @@
+import sys
+
+from neuron_prof.cli import main
+
+sys.exit(main())

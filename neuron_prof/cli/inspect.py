@@ -1,0 +1,28 @@
+"""``neuron-prof inspect TRACE``: is this Perfetto trace whole, and what is in it?"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="check and summarise a Perfetto trace file",
+                       description="Decode every packet of TRACE; report processes, tracks and slice counts.")
+    p.add_argument("trace", type=Path, help="a .perfetto-trace file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from neuron_prof.tracefile import summarize_trace
+    s = summarize_trace(args.trace)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"{s['path']}: {s['packets']} packets, {s['tracks']} tracks, {s['slices']} slices/instants")
+    for name in s["processes"]:
+        print(f"  process {name}")
+    for name, n in s["top_names"]:
+        print(f"  {n:>9}  {name}")
+    return 0
