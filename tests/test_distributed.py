@@ -1,0 +1,61 @@
+"""Two real gloo ranks on 127.0.0.1: a rank folder each, one merged trace with two processes."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import neuron_prof
+from conftest import check_trace, cli, write_script
+
+DDP = """
+import sys
+import torch
+import torch.distributed as dist
+import neuron_prof
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with neuron_prof.profile(sys.argv[1]) as prof:
+    for _ in range(3):
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_write_two_folders_and_one_trace(tmp_path):
+    script = write_script(tmp_path / "ddp.py", DDP)
+    run_dir = tmp_path / "run"
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=tmp_path,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "RANK": str(r), "WORLD_SIZE": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["rank-00000", "rank-00001"]
+    run = neuron_prof.load(run_dir)
+    assert run.ranks == [0, 1] and run.meta["world_size"] == 2
+    assert run.steps.groupby("rank")["complete"].sum().to_dict() == {0: 3, 1: 3}
+    assert set(run.ops["rank"]) == {0, 1}
+    assert any("allreduce" in n for n in run.ops["name"].astype(str).unique())
+
+    out = tmp_path / "ddp.perfetto-trace"
+    assert cli("export", run_dir, "-o", out).returncode == 0
+    report = check_trace(out)
+    procs_in_trace = sorted(t["name"] for t in report.tracks.values() if t["kind"] == "process")
+    assert len(procs_in_trace) == 2 and procs_in_trace[0].startswith("rank 0") and procs_in_trace[1].startswith("rank 1")
+    assert report.stats["sequences"] >= 2
