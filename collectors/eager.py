@@ -85,8 +85,7 @@ class EagerCollector:
         self.tracker = None
         self._smap = np.zeros(1, dtype=np.int32)  # engine string id -> recorder string id
         self._kmap = np.zeros(1, dtype=np.int32)  # engine stack id -> recorder stack id
-        self._tids: set[int] = set()
-        self._names: dict[int, str] = {}  # OS tid -> thread name, as learnt from the engine
+        self._new_threads: dict[int, str] = {}  # OS tid -> name, learnt but not yet appended
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
@@ -113,7 +112,7 @@ class EagerCollector:
             return
         batch = self.engine.drain()
         self._map_ids(rec, batch)
-        self._names.update(batch.thread_names)
+        self._new_threads.update(batch.thread_names)
         if not keep or len(batch) == 0:
             return
         cols = batch.columns()
@@ -124,7 +123,8 @@ class EagerCollector:
         cols["devices"] = self._smap[cols["devices"]]
         cols["stack"] = self._kmap[cols["stack"]]
         rec.append("ops", {c: cols[c] for c in COLUMNS})
-        self._append_threads(rec, cols["tid"], cols["fwd_tid"])
+        if self._new_threads:
+            self._append_threads(rec)
         if batch.dropped:
             rec.dropped("ops", batch.dropped)
 
@@ -160,14 +160,13 @@ class EagerCollector:
             for i, frames in batch.new_stacks:
                 self._kmap[i] = rec.intern_stack(frames)
 
-    def _append_threads(self, rec: Recorder, *tid_cols: np.ndarray) -> None:
-        tids = np.unique(np.concatenate(tid_cols))
-        new = [int(t) for t in tids if t > 0 and int(t) not in self._tids]
-        if not new:
-            return
-        names = {**_thread_names(), **self._names}
-        self._tids.update(new)
+    def _append_threads(self, rec: Recorder) -> None:
+        """The engine reports every thread it sees (and renames) once; pass them on."""
+        python_names = _thread_names()
+        tids = list(self._new_threads)
         rec.append("threads", {
-            "tid": np.array(new, dtype=np.int64),
-            "name": np.array([rec.intern(names.get(t) or _os_thread_name(t)) for t in new], dtype=np.int32),
+            "tid": np.array(tids, dtype=np.int64),
+            "name": np.array([rec.intern(python_names.get(t) or self._new_threads[t] or _os_thread_name(t))
+                              for t in tids], dtype=np.int32),
         })
+        self._new_threads.clear()

@@ -153,7 +153,7 @@ class Session:
         self._cap_reached_at: int | None = None
         self._step_start = 0
         self._last_commit = 0
-        self._keep_from = 0  # events that began before this (in a discarded step) are not kept
+        self._keep_from = 0  # after a discard: events that began before this are not kept either
         self._started = False
         self._closed = False
 
@@ -204,7 +204,7 @@ class Session:
         self._start_ns = time.monotonic_ns()
         for c in list(self.collectors):
             self._guard(c, c.install, self)
-        self._step_start = self._last_commit = self._keep_from = time.monotonic_ns()
+        self._step_start = self._last_commit = time.monotonic_ns()
         self._enter_step()
         self._started = True
         atexit.register(self.stop)
@@ -276,9 +276,10 @@ class Session:
     def _flush(self, keep: bool, final: bool = False) -> None:
         for c in self.collectors:
             self._guard(c, c.flush, self, keep)
-        if keep:
+        if keep and self._keep_from:
             self._drop_events_before(self._keep_from)
-        else:
+            self._keep_from = 0
+        elif not keep:
             for t in EVENT_TABLES:
                 self._pending.pop(t, None)
             self._keep_from = time.monotonic_ns()
