@@ -46,17 +46,25 @@ class _RankStrings:
         return path
 
     def categorical(self, ids: np.ndarray) -> pd.Categorical:
-        uniq, codes = np.unique(ids, return_inverse=True)
-        return pd.Categorical.from_codes(codes.astype(np.int32), categories=pd.Index(self.values[uniq]))
+        present, codes = _dense_codes(ids, len(self.values))
+        return pd.Categorical.from_codes(codes, categories=pd.Index(self.values[present]))
 
     def sources(self, stack_ids: np.ndarray) -> pd.Categorical:
-        uniq, codes = np.unique(stack_ids, return_inverse=True)
+        present, codes = _dense_codes(stack_ids, int(stack_ids.max(initial=0)) + 1)
         labels = []
-        for sid in uniq:
+        for sid in present:
             frames = self.stack_frames.get(int(sid)) or []
             labels.append(f"{self.short(self.frame_file[frames[0]])}:{self.frame_line[frames[0]]}" if frames else "")
         cats, inverse = np.unique(np.array(labels, dtype=object), return_inverse=True)
-        return pd.Categorical.from_codes(inverse[codes].astype(np.int32), categories=pd.Index(cats))
+        return pd.Categorical.from_codes(inverse.astype(np.int32)[codes], categories=pd.Index(cats))
+
+
+def _dense_codes(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids that occur, and each row's position among them (a counting pass, no sort)."""
+    present = np.flatnonzero(np.bincount(ids, minlength=n))
+    remap = np.zeros(max(n, 1), dtype=np.int32)
+    remap[present] = np.arange(len(present), dtype=np.int32)
+    return present, remap[ids]
 
 
 class Run:

@@ -58,21 +58,35 @@ def sync_points(ops: pd.DataFrame) -> pd.DataFrame:
     """
     if ops.empty:
         return pd.DataFrame(columns=SYNC_COLUMNS)
-    names = ops["name"].astype(str)
-    kind = names.map(SYNC_OPS)
-    copies = names.isin(_COPY_OPS)
-    if copies.any():
-        d2h = [_is_device_to_host(n, d) for n, d in zip(names[copies], ops.loc[copies, "devices"].astype(str))]
-        kind.loc[copies] = ["device-to-host copy" if x else None for x in d2h]
-    flagged = kind.notna().to_numpy()
+    by_name, name_codes = _categories(ops["name"])
+    by_dev, dev_codes = _categories(ops["devices"])
+
+    def per_name(fn) -> np.ndarray:  # fn on each distinct name, spread to the rows
+        return np.array([fn(n) for n in by_name])[name_codes]
+
+    def per_device(fn) -> np.ndarray:
+        return np.array([fn(d) for d in by_dev], dtype=bool)[dev_codes]
+
+    kind = np.array([SYNC_OPS.get(n) for n in by_name], dtype=object)[name_codes]
+    d2h = np.zeros(len(ops), dtype=bool)
+    for op in _COPY_OPS:
+        d2h |= per_name(lambda n: n == op).astype(bool) & per_device(lambda d: _is_device_to_host(op, d))
+    kind[d2h] = "device-to-host copy"
+    flagged = kind != None  # noqa: E711 - elementwise on an object array
     parent = parent_index(ops)
     max_depth = int(ops["depth"].max())
     keep = flagged & ~_ancestor_mask(parent, flagged, max_depth)
-    in_optimizer = _ancestor_mask(parent, names.str.startswith(OPTIMIZER_RANGE).to_numpy(), max_depth)
-    host_only = ops["devices"].astype(str).map(lambda d: all(x.strip() in ("cpu", "") for x in d.split(",")))
-    keep &= ~(in_optimizer & host_only.to_numpy() & (names == "aten::_local_scalar_dense").to_numpy())
+    in_optimizer = _ancestor_mask(parent, per_name(lambda n: n.startswith(OPTIMIZER_RANGE)).astype(bool), max_depth)
+    host_only = per_device(lambda d: all(x.strip() in ("cpu", "") for x in d.split(",")))
+    keep &= ~(in_optimizer & host_only & per_name(lambda n: n == "aten::_local_scalar_dense").astype(bool))
     hit = ops[keep].assign(kind=kind[keep])
     return hit[SYNC_COLUMNS].sort_values(["rank", "ts"], ignore_index=True)
+
+
+def _categories(col: pd.Series) -> tuple[list[str], np.ndarray]:
+    """Distinct values and per-row codes (ops columns are categorical: no per-row work)."""
+    cat = col.astype("category")
+    return [str(c) for c in cat.cat.categories], cat.cat.codes.to_numpy()
 
 
 def sync_summary(sync: pd.DataFrame, steps_captured: int) -> pd.DataFrame:

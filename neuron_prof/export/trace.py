@@ -18,8 +18,12 @@ from neuron_prof.run import Run
 OP_ARGS = ("module", "source", "shapes", "dtypes", "devices")
 
 
-def _track_handles(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict[int, str]) -> dict[int, int]:
-    return {int(t): writer.thread_track(proc, int(t), names.get(int(t), f"thread {t}")) for t in np.unique(tids)}
+def _thread_tracks(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict[int, str]):
+    """One track per thread; returns a vectorised tid -> track handle lookup."""
+    uniq = np.unique(tids)
+    handles = np.array([writer.thread_track(proc, int(t), names.get(int(t), f"thread {t}")) for t in uniq],
+                       dtype=np.int64)
+    return lambda t: handles[np.searchsorted(uniq, t)]
 
 
 def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
@@ -40,12 +44,11 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
                                                 threads.loc[threads["rank"] == rank, "name"])}
         r_ops = ops[ops["rank"] == rank]
         r_marks = marks[marks["rank"] == rank]
-        tracks = _track_handles(writer, proc, np.concatenate([r_ops["tid"].to_numpy(), r_marks["tid"].to_numpy()]),
+        lookup = _thread_tracks(writer, proc, np.concatenate([r_ops["tid"].to_numpy(), r_marks["tid"].to_numpy()]),
                                 names)
-        lookup = np.vectorize(tracks.__getitem__, otypes=[np.int64]) if tracks else None
         if len(r_ops):
             args = {c: r_ops[c] for c in OP_ARGS}
-            args["pass"] = pd.Categorical(np.where(r_ops["bwd"].to_numpy(), "backward", ""))
+            args["pass"] = pd.Categorical.from_codes(r_ops["bwd"].to_numpy().astype(np.int8), ["", "backward"])
             writer.slices(lookup(r_ops["tid"].to_numpy()), r_ops["ts"].to_numpy() + offset,
                           r_ops["dur"].to_numpy(), r_ops["name"], args)
         if len(r_marks):
