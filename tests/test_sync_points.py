@@ -25,16 +25,19 @@ with neuron_prof.profile(sys.argv[1]) as prof:
             print("diverged")
         mask = torch.randn(8) > 0
         idx = mask.nonzero()  # NONZERO-HERE
+        if i == 0:
+            print(loss.detach())  # PRINT-HERE
         prof.step()
 """
 
 
-def test_item_and_nonzero_are_reported_at_their_lines(tmp_path):
+def test_item_nonzero_and_print_are_reported_at_their_lines(tmp_path):
     script = write_script(tmp_path / "train_sync.py", SCRIPT)
     run_dir = tmp_path / "run"
     res = subprocess.run([sys.executable, str(script), str(run_dir)], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     item_line, nz_line = line_of(script, "SYNC-HERE"), line_of(script, "NONZERO-HERE")
+    print_line = line_of(script, "PRINT-HERE")
 
     rep = cli("report", run_dir, "--json")
     assert rep.returncode == 0, rep.stderr
@@ -42,11 +45,13 @@ def test_item_and_nonzero_are_reported_at_their_lines(tmp_path):
     item = by_source[(f"train_sync.py:{item_line}", "aten::_local_scalar_dense")]
     assert item["count"] == 4 and item["per_step"] == 1.0
     assert by_source[(f"train_sync.py:{nz_line}", "aten::nonzero")]["count"] == 4
-    assert {src for src, _ in by_source} == {f"train_sync.py:{item_line}", f"train_sync.py:{nz_line}"}
+    # printing a tensor reads its values (formatting calls .item() and masked_select)
+    assert (f"train_sync.py:{print_line}", "aten::masked_select") in by_source
+    assert {src for src, _ in by_source} == {f"train_sync.py:{line}" for line in (item_line, nz_line, print_line)}
 
     text = cli("report", run_dir).stdout
-    assert f"train_sync.py:{item_line}" in text and "Sync points (8 events" in text
+    assert f"train_sync.py:{item_line}" in text and f"train_sync.py:{print_line}" in text
 
     ops = neuron_prof.load(run_dir).ops
-    item_ops = ops[ops["name"] == "aten::item"]
-    assert len(item_ops) == 4 and set(item_ops["source"].astype(str)) == {f"train_sync.py:{item_line}"}
+    item_ops = ops[(ops["name"] == "aten::item") & (ops["source"] == f"train_sync.py:{item_line}")]
+    assert len(item_ops) == 4 and set(item_ops["step"]) == {0, 1, 2, 3}
