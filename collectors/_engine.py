@@ -139,7 +139,7 @@ class CppOpEngine:
     def drain(self) -> OpBatch:
         data, strings, stacks, dropped, threads = self._ext.drain()
         rows = np.frombuffer(data, dtype=self._dtype)
-        cols = {n: np.ascontiguousarray(rows[n]) for n in self._dtype.names}
+        cols = {n: rows[n] for n in self._dtype.names}  # strided views: the store copies once
         cols["bwd"] = cols["bwd"].astype(bool)
         return OpBatch(
             **{c: cols[c] for c in COLUMNS},

@@ -73,6 +73,18 @@ def _os_thread_name(tid: int) -> str:
         return f"thread-{tid}"
 
 
+def _extend_map(mapping: np.ndarray, new: list, intern) -> np.ndarray:
+    """Engine id -> Recorder id for the ``(engine id, value)`` pairs the engine just reported."""
+    if not new:
+        return mapping
+    top = max(i for i, _ in new)
+    if top >= len(mapping):
+        mapping = np.concatenate([mapping, np.zeros(max(top + 1, 2 * len(mapping)) - len(mapping), np.int32)])
+    for i, value in new:
+        mapping[i] = intern(value)
+    return mapping
+
+
 class EagerCollector:
     """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``)."""
 
@@ -145,20 +157,8 @@ class EagerCollector:
                 self.engine = None
 
     def _map_ids(self, rec: Recorder, batch) -> None:
-        if batch.new_strings:
-            top = max(i for i, _ in batch.new_strings)
-            if top >= len(self._smap):
-                self._smap = np.concatenate(
-                    [self._smap, np.zeros(max(top + 1, 2 * len(self._smap)) - len(self._smap), np.int32)])
-            for i, s in batch.new_strings:
-                self._smap[i] = rec.intern(s)
-        if batch.new_stacks:
-            top = max(i for i, _ in batch.new_stacks)
-            if top >= len(self._kmap):
-                self._kmap = np.concatenate(
-                    [self._kmap, np.zeros(max(top + 1, 2 * len(self._kmap)) - len(self._kmap), np.int32)])
-            for i, frames in batch.new_stacks:
-                self._kmap[i] = rec.intern_stack(frames)
+        self._smap = _extend_map(self._smap, batch.new_strings, rec.intern)
+        self._kmap = _extend_map(self._kmap, batch.new_stacks, rec.intern_stack)
 
     def _append_threads(self, rec: Recorder) -> None:
         """The engine reports every thread it sees (and renames) once; pass them on."""

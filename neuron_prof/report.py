@@ -81,7 +81,7 @@ def render_text(s: dict[str, Any]) -> str:
         if "self_ms_per_step" in o["top_by_self_time"][0]:
             cols.insert(4, ("self_ms_per_step", "ms/step", ".3f"))
         cols.append(("backward", "pass", ""))
-        rows = [{**x, "backward": "bwd" if x["backward"] else "fwd", "module": x["module"] or "-"}
+        rows = [{**x, "backward": "bwd" if x["backward"] else "", "module": x["module"] or "-"}
                 for x in o["top_by_self_time"]]
         out += _table(rows, cols)
     else:
