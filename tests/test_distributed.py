@@ -59,3 +59,31 @@ def test_two_gloo_ranks_write_two_folders_and_one_trace(tmp_path):
     procs_in_trace = sorted(t["name"] for t in report.tracks.values() if t["kind"] == "process")
     assert len(procs_in_trace) == 2 and procs_in_trace[0].startswith("rank 0") and procs_in_trace[1].startswith("rank 1")
     assert report.stats["sequences"] >= 2
+
+
+PLAIN_DDP = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(4):
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_record_under_torchrun_captures_each_rank_but_not_the_launcher(tmp_path):
+    script = write_script(tmp_path / "plain_ddp.py", PLAIN_DDP)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["rank-00000", "rank-00001"]
+    run = neuron_prof.load(run_dir)
+    assert run.steps.groupby("rank")["complete"].sum().to_dict() == {0: 4, 1: 4}
+    pids = {rd.meta["pid"] for rd in run.rank_data}
+    assert len(pids) == 2 and all(rd.meta["world_size"] == 2 for rd in run.rank_data)
