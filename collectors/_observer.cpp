@@ -740,7 +740,6 @@ void start_impl(const at::RecordFunction& rf) {
     st->open.clear();
     st->gen = gen;
   }
-  int64_t ts = now_ns();
   const NameEntry& ne = lookup_name(st, rf.name());
   if (ne.skip) return;
   const at::RecordScope scope = rf.scope();
@@ -809,7 +808,7 @@ void start_impl(const at::RecordFunction& rf) {
   f.shapes = mi.shapes;
   f.dtypes = mi.dtypes;
   f.devices = mi.devices;
-  f.ts = ts;
+  f.ts = now_ns();  // after our own work (stack walk, metadata): it stays out of the op's time
   st->open.push_back(f);
 }
 

@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from neuron_prof.analysis.ops import op_stats
-from neuron_prof.analysis.steps import step_stats
+from neuron_prof.analysis.steps import PHASES, step_breakdown, step_stats
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.run import Run
 
@@ -40,6 +40,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
                            if meta.get("start_time_ns") else None),
         },
         "steps": _records(step_stats(steps)),
+        "step_breakdown": _records(step_breakdown(ops, steps)),
         "ops": {"captured_steps": n_captured, "events": int(len(ops)), "top_by_self_time": _records(stats)},
         "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, n_captured))},
         "health": {
@@ -73,6 +74,13 @@ def render_text(s: dict[str, Any]) -> str:
                                    ("p90_ms", "p90", ".2f"), ("min_ms", "min", ".2f"), ("max_ms", "max", ".2f")])
     else:
         out.append("  no completed step (call prof.step() each iteration, or use an optimizer under `record`)")
+    if s["step_breakdown"]:
+        out += ["", "Where a captured step's time goes (mean ms per step)"]
+        cols = [("rank", "rank", ""), ("step_ms", "step", ".2f")]
+        for p in PHASES:
+            label = p.replace("_", " ")
+            cols += [(f"{p}_ms", label, ".2f"), (f"{p}_pct", "%", ".0f")]
+        out += _table(s["step_breakdown"], cols)
     o = s["ops"]
     out += ["", f"Top ops by self time ({o['captured_steps']} captured steps, {o['events']} op events)"]
     if o["top_by_self_time"]:

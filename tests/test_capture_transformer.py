@@ -59,6 +59,19 @@ def test_report_lists_steps_and_top_ops(demo_run):
     assert text.returncode == 0 and "Top ops by self time" in text.stdout and "layers." in text.stdout
 
 
+def test_step_breakdown_accounts_for_the_step(demo_run):
+    from neuron_prof.analysis.steps import PHASES, step_breakdown
+    run = neuron_prof.load(demo_run)
+    (row,) = step_breakdown(run.ops, run.steps).to_dict("records")
+    assert row["steps"] == 3
+    assert all(row[f"{p}_ms"] > 0 for p in ("forward", "backward", "optimizer"))
+    # on CPU the backward pass runs on the calling thread: the phases tile the step (a few ops
+    # on torch's helper threads are counted in their phase but not in the calling thread's cover)
+    assert abs(sum(row[f"{p}_ms"] for p in PHASES) - row["step_ms"]) < 0.01 * row["step_ms"]
+    opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
+    assert abs(row["optimizer_ms"] - opt["dur"].sum() / 3 / 1e6) < 0.2 * row["optimizer_ms"] + 1e-3
+
+
 def test_perfetto_export_nests_ops_under_their_parents(demo_run, tmp_path):
     out = tmp_path / "t.perfetto-trace"
     res = cli("export", demo_run, "-o", out)

@@ -22,3 +22,41 @@ def step_stats(steps: pd.DataFrame) -> pd.DataFrame:
         "std_ms": ms["ms"].std(ddof=0),
     }).reset_index()
     return out[cols]
+
+
+PHASES = ("forward", "backward", "optimizer", "outside_ops")
+_OPTIMIZER_PREFIX = "Optimizer."  # torch.optim's record_function ranges: Optimizer.step#Adam.step, ...
+
+
+def step_breakdown(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Where each captured step's wall time went, per rank, mean ms per step.
+
+    Counts top-level ops (depth 0) on each thread: ``optimizer`` = torch.optim's step/zero_grad
+    ranges, ``backward`` = ops run for autograd's backward pass, ``forward`` = every other op.
+    ``outside_ops`` = step time not covered by a top-level op on the step's busiest thread: Python
+    between ops, data loading, waiting. Backward running on another thread (an accelerator's
+    autograd thread) overlaps the calling thread's wait, so phases can sum past 100%.
+    """
+    cols = ["rank", "steps", "step_ms", *(f"{p}_ms" for p in PHASES), *(f"{p}_pct" for p in PHASES)]
+    done = steps[steps["complete"] & steps["active"]]
+    top = ops[(ops["depth"] == 0) & ops["step"].isin(done["step"])]
+    if done.empty or top.empty:
+        return pd.DataFrame(columns=cols)
+    is_opt = top["name"].astype(str).str.startswith(_OPTIMIZER_PREFIX).to_numpy()
+    phase = pd.Series(["forward"] * len(top), index=top.index)
+    phase[top["bwd"].to_numpy()] = "backward"
+    phase[is_opt] = "optimizer"
+    per = top.assign(phase=phase).groupby(["rank", "phase"])["dur"].sum().unstack(fill_value=0)
+    # the busiest thread's covered time, per rank and step, gives what ran outside any op
+    covered = top.groupby(["rank", "step", "tid"])["dur"].sum().groupby(["rank", "step"]).max()
+    rows = []
+    for rank, s in done.groupby("rank"):
+        n = len(s)
+        step_ns = s["dur"].sum()
+        cov = covered.loc[rank].reindex(s["step"]).fillna(0).sum() if rank in covered.index.get_level_values(0) else 0
+        ms = {p: (per.loc[rank, p] if rank in per.index and p in per.columns else 0) / n / 1e6 for p in PHASES[:3]}
+        ms["outside_ops"] = max(step_ns - cov, 0) / n / 1e6
+        step_ms = step_ns / n / 1e6
+        rows.append({"rank": rank, "steps": n, "step_ms": step_ms, **{f"{p}_ms": v for p, v in ms.items()},
+                     **{f"{p}_pct": 100 * v / step_ms if step_ms else 0.0 for p, v in ms.items()}})
+    return pd.DataFrame(rows, columns=cols)
