@@ -23,9 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto") -> tuple[Path, dict]:
     """Export a run; returns the trace path and what was written (used by the CLI and the demo)."""
-    from neuron_prof.export.chrome import ChromeTraceWriter
-    from neuron_prof.export.perfetto import PerfettoTraceWriter
     from neuron_prof.export.trace import write_run
+    from neuron_prof.export.tracewriter import open_writer
     from neuron_prof.run import load
     run = load(run_dir)
     out = output or run_dir / f"trace{SUFFIX[fmt]}"
@@ -33,8 +32,7 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto")
         raise NeuronProfError(f"{out}: is a directory; pass a file name to -o, e.g. {out / ('trace' + SUFFIX[fmt])}")
     if not out.parent.exists():
         raise NeuronProfError(f"{out.parent}: no such directory for the trace; create it or choose another -o")
-    writer = PerfettoTraceWriter(out) if fmt == "perfetto" else ChromeTraceWriter(out)
-    return out, write_run(run, writer)
+    return out, write_run(run, open_writer(out, fmt))
 
 
 def run(args: argparse.Namespace) -> int:
