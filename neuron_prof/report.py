@@ -46,6 +46,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         "health": {
             "ranks": _records(run.health),
             "failures": _records(failures[["rank", "collector", "message"]]) if len(failures) else [],
+            "stale_rank_dirs": [str(d) for d in run.stale_rank_dirs],
         },
     }
 
@@ -114,4 +115,7 @@ def render_text(s: dict[str, Any]) -> str:
         out.append("  " + ", ".join(bits))
     for f in h["failures"]:
         out.append(f"  rank {f['rank']}: collector {f['collector']} failed: {f['message']}")
+    for d in h["stale_rank_dirs"]:
+        out.append(f"  ignored {d}: a rank this run (world size {r['world_size']}) never had, left by an earlier "
+                   "capture into the same directory")
     return "\n".join(out) + "\n"

@@ -74,7 +74,10 @@ class Run:
         self.path = Path(path)
         dirs = rank_dirs(self.path)
         self.meta: dict[str, Any] = read_run_meta(self.path)
-        self.rank_data: list[RankData] = [read_rank(d) for d in dirs]
+        world = self.meta.get("world_size")
+        # a folder for a rank the run never had is left from an earlier, larger capture here
+        self.stale_rank_dirs = [d for d in dirs if isinstance(world, int) and int(d.name[5:]) >= world]
+        self.rank_data: list[RankData] = [read_rank(d) for d in dirs if d not in self.stale_rank_dirs]
         if not self.meta and self.rank_data:  # rank 0 died before writing run.json
             self.meta = dict(self.rank_data[0].meta)
         cwd = self.meta.get("cwd")

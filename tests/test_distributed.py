@@ -87,3 +87,29 @@ def test_record_under_torchrun_captures_each_rank_but_not_the_launcher(tmp_path)
     assert run.steps.groupby("rank")["complete"].sum().to_dict() == {0: 4, 1: 4}
     pids = {rd.meta["pid"] for rd in run.rank_data}
     assert len(pids) == 2 and all(rd.meta["world_size"] == 2 for rd in run.rank_data)
+
+
+ONE_RANK = """
+import sys
+import torch
+import neuron_prof
+
+model = torch.nn.Linear(4, 4)
+with neuron_prof.profile(sys.argv[1]) as prof:
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        prof.step()
+"""
+
+
+def test_rank_folders_left_by_an_earlier_larger_run_are_ignored(tmp_path):
+    script = write_script(tmp_path / "one.py", ONE_RANK)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    subprocess.run([sys.executable, str(script), str(run_dir)], env=env, check=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    subprocess.run([sys.executable, str(script), str(run_dir)], env=env, check=True, cwd=tmp_path)
+    run = neuron_prof.load(run_dir)
+    assert run.ranks == [0] and [d.name for d in run.stale_rank_dirs] == ["rank-00001"]
+    rep = cli("report", run_dir)
+    assert rep.returncode == 0 and "ignored" in rep.stdout and "rank-00001" in rep.stdout
