@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 from neuron_prof.autostep import OptimizerStepClock
 from neuron_prof.schedule import Schedule
 from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_EVENTS,
-                                 Session)
+                                 Session, current, log)
 
 
 class profile:  # noqa: N801 - mirrors torch.profiler.profile
@@ -36,6 +36,14 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
         return self.session.step_num
 
     def start(self) -> "profile":
+        active = current()
+        if active is not None:
+            # e.g. a script that calls profile() itself, run under `neuron-prof record`: the outer
+            # capture goes on, this one does nothing; never an error inside the user's training
+            log.warning("neuron_prof: already recording to %s; profile(%r) is ignored", active.run_dir,
+                        str(self.session.run_dir))
+            self._clock = None
+            return self
         self.session.start()
         if self._clock is not None:
             self._clock.install()

@@ -76,3 +76,26 @@ def test_record_of_a_missing_command_is_a_one_line_error(tmp_path):
     res = cli("record", "-o", tmp_path / "r", "--", "no-such-program-xyz")
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "no-such-program-xyz" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_record_of_a_script_that_profiles_itself_keeps_one_capture(tmp_path):
+    script = write_script(tmp_path / "self_profiling.py", """
+        import sys
+        import torch
+        import neuron_prof
+
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with neuron_prof.profile(sys.argv[1]) as prof:
+            for _ in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                prof.step()
+        print("finished")
+        """)
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    res = cli("record", "-o", outer, "--", sys.executable, script, inner, cwd=tmp_path)
+    assert res.returncode == 0 and "finished" in res.stdout, res.stderr
+    assert "already recording to" in res.stderr and not inner.exists()
+    run = neuron_prof.load(outer)
+    assert int(run.steps["complete"].sum()) == 3  # optimizer steps; the inner prof.step() is ignored
