@@ -5,8 +5,10 @@ collector classes; importing a collector must not import torch extensions until 
 """
 from __future__ import annotations
 
+from neuron_prof.collectors.compiler import CompilerCollector
 from neuron_prof.collectors.eager import EagerCollector
 
 REGISTRY = {
     EagerCollector.name: EagerCollector,
+    CompilerCollector.name: CompilerCollector,
 }

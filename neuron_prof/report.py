@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import op_stats
 from neuron_prof.analysis.steps import PHASES, step_breakdown, step_stats
 from neuron_prof.analysis.sync import sync_points, sync_summary
@@ -32,6 +33,9 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         stats["self_ms_per_step"] = stats["self_ms"] / n_captured
     sync = sync_points(ops)
     failures = run.failures
+    sites = comp.graph_break_sites(run.graph_breaks, ops, n_captured)
+    recompiles = comp.recompile_summary(run.recompiles, run.compiles)
+    ctime = comp.compile_time(run.compiles, run.compile_phases)
     return {
         "run": {
             "path": str(run.path), "command": meta.get("command"), "torch_version": meta.get("torch_version"),
@@ -43,6 +47,20 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         "step_breakdown": _records(step_breakdown(ops, steps)),
         "ops": {"captured_steps": n_captured, "events": int(len(ops)), "top_by_self_time": _records(stats)},
         "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, n_captured))},
+        "compile": {
+            "frames_compiled": int(len(run.compiles)),
+            "compile_ms": float(run.compiles["dur"].sum() / 1e6) if len(run.compiles) else 0.0,
+            "graph_breaks": int(len(sites)),
+            "graph_break_events": int(len(run.graph_breaks)),
+            "recompiles": int(recompiles["recompiles"].sum()) if len(recompiles) else 0,
+            "cache_limit_hit": bool(recompiles["cache_limit_hit"].any()) if len(recompiles) else False,
+            "break_sites": _records(sites),
+            "recompiles_by_frame": _records(recompiles),
+            "compile_time": _records(ctime.head(top)),
+            "cache": _records(comp.cache_stats(run.compile_cache)),
+            "top_fusions": _records(comp.top_fusions(run.fusions, top)),
+            "graph_runs": _records(comp.graph_runs(ops, n_captured).head(top)),
+        },
         "health": {
             "ranks": _records(run.health),
             "failures": _records(failures[["rank", "collector", "message"]]) if len(failures) else [],
@@ -59,6 +77,41 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return ["  " + "  ".join(c.ljust(w) if i in (0, len(cols) - 1) or not cols[i][2] else c.rjust(w)
                              for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in cells]
+
+
+def _render_compile(c: dict[str, Any]) -> list[str]:
+    if not c["frames_compiled"] and not c["graph_runs"]:
+        return ["", "Compile", "  no torch.compile activity captured"]
+    out = ["", f"Compile ({c['frames_compiled']} frame compiles, {c['compile_ms']:.0f} ms; {c['graph_breaks']} graph "
+               f"break sites, {c['recompiles']} recompiles)"]
+    if c["cache_limit_hit"]:
+        out.append("  !! the recompile (cache size) limit was hit: a frame fell back to eager for good")
+    if c["break_sites"]:
+        out.append("  Graph breaks by site")
+        out += _table(c["break_sites"], [("source", "source line", ""), ("reason_class", "class", ""),
+                                         ("breaks", "breaks", "d"), ("hits_per_step", "hits/step", ".1f"),
+                                         ("frame_ms_per_step", "frame ms/step", ".3f"), ("gb_id", "gb", "")])
+        out.append("  (frame ms: the graph before the break plus the break's eager code, until the resumed frame)")
+    for r in c["recompiles_by_frame"]:
+        out.append(f"  recompiles of {r['func']}: {r['recompiles']}" + ("  (CACHE LIMIT HIT)" if r["cache_limit_hit"] else ""))
+        out += [f"    - {reason}" for reason in r["reasons"][:5]]
+    if c["compile_time"]:
+        out.append("  Compile time by frame")
+        out += _table(c["compile_time"], [("compile_id", "id", ""), ("func", "frame", ""), ("backend", "backend", ""),
+                                          ("graph_ops", "ops", "d"), ("total_ms", "ms", ".1f"), ("status", "status", "")])
+    for x in c["cache"]:
+        rate = "n/a" if x["hit_rate"] is None else f"{100 * x['hit_rate']:.0f}%"
+        out.append(f"  cache {x['cache']}: {x['hit']} hits, {x['miss']} misses, {x['bypass']} bypasses ({rate})")
+    if c["graph_runs"]:
+        out.append("  Compiled graphs at run time")
+        out += _table(c["graph_runs"], [("compile_id", "id", ""), ("runs", "runs", "d"),
+                                        ("runs_per_step", "runs/step", ".1f"),
+                                        ("self_ms_per_step", "self ms/step", ".3f"), ("total_ms", "total ms", ".3f")])
+    if c["top_fusions"]:
+        out.append("  Top fused kernels")
+        out += [f"  {f['kernel']} ({f['compile_id']}): {f['fused']} nodes: {', '.join(f['nodes'][:8])}"
+                for f in c["top_fusions"]]
+    return out
 
 
 def render_text(s: dict[str, Any]) -> str:
@@ -103,6 +156,7 @@ def render_text(s: dict[str, Any]) -> str:
                        ("per_step", "/step", ".1f"), ("total_ms", "total ms", ".3f"), ("kind", "why", "")])
     else:
         out.append("  none")
+    out += _render_compile(s["compile"])
     h = s["health"]
     out += ["", "Capture health"]
     for x in h["ranks"]:

@@ -19,7 +19,14 @@ _STRING_COLUMNS = {
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
     "marks": ("name",),
     "threads": ("name",),
+    "compiles": ("compile_id", "func", "file", "backend", "status", "fail_reason"),
+    "compile_phases": ("compile_id", "phase"),
+    "graph_breaks": ("compile_id", "gb_id", "reason", "reason_class"),
+    "recompiles": ("compile_id", "func", "reason"),
+    "fusions": ("compile_id", "backend", "kernel"),
+    "compile_cache": ("compile_id", "cache", "result"),
 }
+_STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 
 
 class _RankStrings:
@@ -97,6 +104,8 @@ class Run:
             strings = self._strings[rd.rank]
             for col in _STRING_COLUMNS.get(name, ()):
                 df[col] = strings.categorical(df[col].to_numpy())
+            for col in _STRING_LIST_COLUMNS.get(name, ()):
+                df[col] = [list(strings.values[np.asarray(ids, dtype=np.int64)]) for ids in df[col]]
             if "stack" in df.columns:
                 df.insert(df.columns.get_loc("stack"), "source", strings.sources(df["stack"].to_numpy()))
             df.insert(0, "rank", np.int32(rd.rank))
@@ -146,6 +155,36 @@ class Run:
     @functools.cached_property
     def threads(self) -> pd.DataFrame:
         return self._table("threads").drop_duplicates(["rank", "tid"], keep="last", ignore_index=True)
+
+    @functools.cached_property
+    def compiles(self) -> pd.DataFrame:
+        """One row per frame compilation: compile_id, func/file/line, backend, status, time, ops, guards."""
+        return self._with_step(self._table("compiles"))
+
+    @functools.cached_property
+    def compile_phases(self) -> pd.DataFrame:
+        """Phases of each compile (bytecode tracing, AOT autograd, backend compile, ...)."""
+        return self._table("compile_phases")
+
+    @functools.cached_property
+    def graph_breaks(self) -> pd.DataFrame:
+        """One row per graph break: reason, reason_class, gb_id, source (user file:line), compile_id."""
+        return self._with_step(self._table("graph_breaks"))
+
+    @functools.cached_property
+    def recompiles(self) -> pd.DataFrame:
+        """One row per failed guard that caused a recompile."""
+        return self._with_step(self._table("recompiles"))
+
+    @functools.cached_property
+    def fusions(self) -> pd.DataFrame:
+        """One row per generated kernel: the FX nodes fused into it (``nodes``, a list)."""
+        return self._table("fusions")
+
+    @functools.cached_property
+    def compile_cache(self) -> pd.DataFrame:
+        """FX graph / AOT autograd cache lookups: cache, result (hit, miss, bypass)."""
+        return self._table("compile_cache")
 
     @functools.cached_property
     def failures(self) -> pd.DataFrame:

@@ -38,4 +38,24 @@ TABLES: dict[str, pa.Schema] = {
     "marks": pa.schema([("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("stack", _i32)]),
     "threads": pa.schema([("tid", _i64), ("name", _i32)]),
     "failures": pa.schema([("ts", _i64), ("collector", pa.string()), ("message", pa.string())]),
+    # compiler (collector "compiler"): string columns are ids into ``strings``
+    "compiles": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("compile_id", _i32), ("func", _i32), ("file", _i32),
+        ("line", _i32), ("backend", _i32), ("status", _i32), ("fail_reason", _i32), ("graph_ops", _i32),
+        ("guards", _i32), ("cache_size", _i32), ("stack", _i32),
+    ]),
+    "compile_phases": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("compile_id", _i32), ("phase", _i32), ("depth", _i16),
+    ]),
+    "graph_breaks": pa.schema([
+        ("ts", _i64), ("compile_id", _i32), ("gb_id", _i32), ("reason", _i32), ("reason_class", _i32),
+        ("stack", _i32),
+    ]),
+    "recompiles": pa.schema([("ts", _i64), ("compile_id", _i32), ("func", _i32), ("reason", _i32)]),
+    "fusions": pa.schema([
+        ("ts", _i64), ("compile_id", _i32), ("backend", _i32), ("kernel", _i32), ("nodes", pa.list_(_i32)),
+    ]),
+    "compile_cache": pa.schema([
+        ("ts", _i64), ("compile_id", _i32), ("cache", _i32), ("result", _i32),
+    ]),
 }

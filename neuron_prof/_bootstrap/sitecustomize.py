@@ -32,7 +32,7 @@ def _start() -> None:
     sched = config.get("schedule")
     prof = neuron_prof.profile(
         config["run_dir"], schedule=neuron_prof.schedule(**sched) if sched else None,
-        collectors=config.get("collectors") or ("eager",), auto_step=True,
+        collectors=config["collectors"], auto_step=True,
         max_events=config.get("max_events") or 50_000_000, command=config.get("command"),
         needs_step="--multiprocessing-fork" in argv)
     prof.start()  # stopped by the session's atexit handler

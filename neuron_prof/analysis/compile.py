@@ -1,0 +1,158 @@
+"""torch.compile at compile time and at run time: break sites, recompiles, compile time, fusion,
+and what each compiled graph and each graph break costs per step.
+
+Run time comes from the op timeline: every compiled graph runs inside a
+``Torch-Compiled Region: F/N`` range (F/N = frame id / frame compile id, the compile id that
+Dynamo's compile events carry), so hits and costs need no extra capture.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.analysis.ops import parent_index
+
+REGION_PREFIX = "Torch-Compiled Region: "
+CACHE_LIMIT_WORDS = ("cache_size_limit", "recompile_limit", "cache size limit", "recompile limit")
+
+
+def normalize_compile_id(cid: str) -> str:
+    """``[0/1_2]`` / ``0/1_2`` (attempt 2) -> ``0/1``: the id compiled regions are named by."""
+    cid = str(cid).strip().strip("[]")
+    return cid.split("_")[0]
+
+
+def region_runs(ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a compiled graph: rank, step, tid, ts, dur, compile_id, self_ns.
+
+    A frame's compiled code calls the frames resumed after its graph breaks, so their regions
+    nest inside it; ``self_ns`` is the region's time outside nested regions: its own graph plus
+    the eager code of the break that ends it.
+    """
+    cols = ["rank", "step", "tid", "ts", "dur", "compile_id", "self_ns"]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    names = ops["name"].astype("category")
+    cats = pd.Series(names.cat.categories.astype(str))
+    is_region = cats.str.startswith(REGION_PREFIX).to_numpy()[names.cat.codes.to_numpy()]
+    if not is_region.any():
+        return pd.DataFrame(columns=cols)
+    parent = parent_index(ops)
+    # nearest enclosing region of every op (-1: none), walking up one level per pass
+    enclosing = np.where(parent >= 0, parent, -1)
+    for _ in range(int(ops["depth"].max())):
+        up = enclosing >= 0
+        step_up = up & ~is_region[np.maximum(enclosing, 0)]
+        if not step_up.any():
+            break
+        enclosing = np.where(step_up, parent[np.maximum(enclosing, 0)], enclosing)
+    dur = ops["dur"].to_numpy()
+    nested = is_region & (enclosing >= 0)
+    inner = np.bincount(enclosing[nested], weights=dur[nested], minlength=len(ops))
+    runs = ops.loc[is_region, ["rank", "step", "tid", "ts", "dur"]].copy()
+    runs["compile_id"] = ops.loc[is_region, "name"].astype(str).str[len(REGION_PREFIX):].map(normalize_compile_id)
+    runs["self_ns"] = dur[is_region] - inner[is_region].astype(np.int64)
+    return runs.sort_values(["rank", "tid", "ts"], ignore_index=True)[cols]
+
+
+def graph_runs(ops: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
+    """Per compiled graph: runs, total and self ms (outside nested regions), per captured step."""
+    cols = ["compile_id", "runs", "total_ms", "self_ms", "runs_per_step", "self_ms_per_step"]
+    runs = region_runs(ops)
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    g = runs.groupby("compile_id")
+    out = pd.DataFrame({"runs": g.size(), "total_ms": g["dur"].sum() / 1e6,
+                        "self_ms": g["self_ns"].sum() / 1e6}).reset_index()
+    n = max(captured_steps, 1)
+    out["runs_per_step"] = out["runs"] / n
+    out["self_ms_per_step"] = out["self_ms"] / n
+    return out.sort_values("self_ms", ascending=False, ignore_index=True)[cols]
+
+
+def graph_break_sites(breaks: pd.DataFrame, ops: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
+    """Graph breaks grouped by user source line and reason class, with their run-time cost.
+
+    ``hits`` counts runs of the graphs that end at this break (the break runs once after each);
+    ``frame_ms_per_step`` is those regions' self time: the graph before the break plus the eager
+    code of the break, until the resumed frame starts.
+    """
+    cols = ["source", "reason_class", "reason", "gb_id", "breaks", "compile_ids", "hits", "hits_per_step",
+            "frame_ms_per_step"]
+    if breaks.empty:
+        return pd.DataFrame(columns=cols)
+    b = breaks.assign(cid=breaks["compile_id"].astype(str).map(normalize_compile_id))
+    runs = region_runs(ops)
+    hits = runs.groupby("compile_id").size()
+    self_ms = runs.groupby("compile_id")["self_ns"].sum() / 1e6
+    n = max(captured_steps, 1)
+    rows = []
+    for (source, cls), grp in b.groupby(["source", "reason_class"], observed=True, sort=False):
+        cids = sorted(set(grp["cid"]))
+        n_hits = int(sum(hits.get(c, 0) for c in cids))
+        rows.append({"source": str(source), "reason_class": str(cls), "reason": str(grp["reason"].iloc[0]),
+                     "gb_id": str(grp["gb_id"].iloc[0]), "breaks": len(grp), "compile_ids": cids, "hits": n_hits,
+                     "hits_per_step": n_hits / n,
+                     "frame_ms_per_step": float(sum(self_ms.get(c, 0.0) for c in cids)) / n})
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["frame_ms_per_step", "breaks"], ascending=False, ignore_index=True)
+
+
+def recompile_summary(recompiles: pd.DataFrame, compiles: pd.DataFrame) -> pd.DataFrame:
+    """Per frame: recompiles, the distinct failed guards, and whether the cache limit was hit."""
+    cols = ["func", "recompiles", "reasons", "cache_limit_hit"]
+    if recompiles.empty and compiles.empty:
+        return pd.DataFrame(columns=cols)
+    limit = set()
+    if len(compiles):
+        text = (compiles["status"].astype(str) + " " + compiles["fail_reason"].astype(str)).str.lower()
+        hit = text.map(lambda t: any(w in t for w in CACHE_LIMIT_WORDS))
+        limit = set(compiles.loc[hit, "func"].astype(str))
+    rows = []
+    for func, grp in recompiles.groupby("func", observed=True, sort=False):
+        rows.append({"func": str(func), "recompiles": grp["compile_id"].nunique(),
+                     "reasons": list(dict.fromkeys(grp["reason"].astype(str))), "cache_limit_hit": str(func) in limit})
+    for func in limit - {r["func"] for r in rows}:
+        rows.append({"func": func, "recompiles": 0, "reasons": [], "cache_limit_hit": True})
+    return pd.DataFrame(rows, columns=cols).sort_values("recompiles", ascending=False, ignore_index=True)
+
+
+def compile_time(compiles: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
+    """Per compile: frame, backend, total ms and ms per top-level phase (one column each)."""
+    base = ["compile_id", "func", "backend", "status", "graph_ops", "total_ms"]
+    if compiles.empty:
+        return pd.DataFrame(columns=base)
+    out = compiles[["rank", "compile_id", "func", "backend", "status", "graph_ops"]].copy()
+    out["compile_id"] = out["compile_id"].astype(str)
+    out["total_ms"] = compiles["dur"].to_numpy() / 1e6
+    if len(phases):
+        top = phases[phases["depth"] == phases.groupby(["rank", "compile_id"], observed=True)["depth"]
+                     .transform("min")]
+        per = (top.assign(ms=top["dur"] / 1e6, compile_id=top["compile_id"].astype(str),
+                          phase=top["phase"].astype(str))
+               .pivot_table(index=["rank", "compile_id"], columns="phase", values="ms", aggfunc="sum"))
+        out = out.merge(per.reset_index(), on=["rank", "compile_id"], how="left")
+    return out.drop(columns="rank").sort_values("total_ms", ascending=False, ignore_index=True)
+
+
+def cache_stats(cache: pd.DataFrame) -> pd.DataFrame:
+    """Per cache: hits, misses, bypasses, hit rate."""
+    cols = ["cache", "hit", "miss", "bypass", "hit_rate"]
+    if cache.empty:
+        return pd.DataFrame(columns=cols)
+    t = pd.crosstab(cache["cache"].astype(str), cache["result"].astype(str))
+    for c in ("hit", "miss", "bypass"):
+        if c not in t.columns:
+            t[c] = 0
+    t["hit_rate"] = t["hit"] / (t["hit"] + t["miss"]).replace(0, np.nan)
+    return t.reset_index().rename(columns={"index": "cache"})[cols]
+
+
+def top_fusions(fusions: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """Kernels that fuse the most FX nodes."""
+    cols = ["compile_id", "backend", "kernel", "fused", "nodes"]
+    if fusions.empty:
+        return pd.DataFrame(columns=cols)
+    out = fusions.assign(fused=fusions["nodes"].map(len), compile_id=fusions["compile_id"].astype(str),
+                         backend=fusions["backend"].astype(str), kernel=fusions["kernel"].astype(str))
+    return out.sort_values("fused", ascending=False, ignore_index=True)[cols].head(n)

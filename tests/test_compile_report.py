@@ -1,0 +1,97 @@
+"""Graph-break investigation end to end: capture, report (text and JSON), Perfetto compile track."""
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+
+import neuron_prof
+from conftest import check_trace, cli, line_of
+from neuron_prof.examples import graph_breaks
+
+EXPECTED = {  # marker -> reason class
+    "BREAK:print": "print",
+    "BREAK:item": "data-dependent branch",
+    "BREAK:skipped": "skipped C function",
+    "BREAK:generator": "generator next()",
+    "BREAK:numpy": "numpy",
+    "BREAK:graph_break": "explicit graph_break()",
+}
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory) -> Path:
+    torch._dynamo.reset()
+    run_dir = tmp_path_factory.mktemp("compile") / "run"
+    compiled = torch.compile(graph_breaks.step, backend="inductor")
+    with neuron_prof.profile(run_dir) as prof:
+        for rows, cols, dtype in graph_breaks.SHAPES:
+            compiled(torch.randn(rows, cols, dtype=dtype))
+            prof.step()
+    torch._dynamo.reset()
+    return run_dir
+
+
+def _site_lines(src: Path) -> dict[str, int]:
+    return {marker: line_of(src, marker) for marker in EXPECTED}
+
+
+def test_report_json_lists_every_break_site_with_its_class_and_hits(compiled_run):
+    res = cli("report", compiled_run, "--json")
+    assert res.returncode == 0, res.stderr
+    c = json.loads(res.stdout)["compile"]
+    src = Path(inspect.getsourcefile(graph_breaks)).resolve()
+    lines = _site_lines(src)
+    sites = {(int(s["source"].rsplit(":", 1)[1]), s["reason_class"]): s for s in c["break_sites"]}
+    assert c["graph_breaks"] == len(EXPECTED) == len(sites)
+    for marker, cls in EXPECTED.items():
+        site = sites[(lines[marker], cls)]
+        assert (Path.cwd() / site["source"].rsplit(":", 1)[0]).resolve() == src
+        assert site["hits"] == 3  # called once per step, three steps
+    assert c["recompiles"] >= 2
+    reasons = " ".join(r for f in c["recompiles_by_frame"] for r in f["reasons"])
+    assert "size mismatch" in reasons and "dtype" in reasons
+    assert c["frames_compiled"] >= 7 and c["compile_ms"] > 0
+
+
+def test_report_text_has_the_compile_section(compiled_run):
+    text = cli("report", compiled_run).stdout
+    assert "Graph breaks by site" in text and "graph_breaks.py:" in text and "recompiles of" in text
+
+
+def test_perfetto_compile_track_breaks_and_flows(compiled_run, tmp_path):
+    out = tmp_path / "c.perfetto-trace"
+    assert cli("export", compiled_run, "-o", out).returncode == 0
+    report = check_trace(out)
+    run = neuron_prof.load(compiled_run)
+    tracks = {u: t["name"] for u, t in report.tracks.items()}
+    compile_track = [u for u, n in tracks.items() if n == "Compile"]
+    assert len(compile_track) == 1
+    spans = [s for s in report.slices if s[0] == compile_track[0] and s[4].startswith("compile ")]
+    assert len(spans) == len(run.compiles)
+    instants = [s for s in report.slices if tracks.get(s[0]) == "Graph breaks" and s[4].startswith("graph break")]
+    assert len(instants) == len(run.graph_breaks)
+    assert report.flows and all(f[1][2].startswith("compile ") and f[2][2].startswith("Torch-Compiled Region")
+                                for f in report.flows)
+
+
+def test_a_run_without_compile_reports_none(demo_run):
+    c = json.loads(cli("report", demo_run, "--json").stdout)["compile"]
+    assert c["graph_breaks"] == 0 and c["recompiles"] == 0 and c["frames_compiled"] == 0
+
+
+def test_resumed_frames_run_nested_and_self_times_add_up(compiled_run):
+    from neuron_prof.analysis.compile import region_runs
+    run = neuron_prof.load(compiled_run)
+    runs = region_runs(run.ops)
+    assert len(runs) == 7 * 3  # 7 compiled frames (the function + 6 resume frames), once per step
+    for step, grp in runs.groupby("step"):
+        outer = grp.sort_values("ts").iloc[0]
+        assert outer["compile_id"].startswith("0/")
+        # every region of the step lies inside the outermost one, and self times tile it
+        assert ((grp["ts"] >= outer["ts"]) & (grp["ts"] + grp["dur"] <= outer["ts"] + outer["dur"])).all()
+        assert grp["self_ns"].sum() == outer["dur"]
