@@ -95,3 +95,38 @@ def test_resumed_frames_run_nested_and_self_times_add_up(compiled_run):
         # every region of the step lies inside the outermost one, and self times tile it
         assert ((grp["ts"] >= outer["ts"]) & (grp["ts"] + grp["dur"] <= outer["ts"] + outer["dur"])).all()
         assert grp["self_ns"].sum() == outer["dur"]
+
+
+LIMIT = """
+import sys
+import torch
+import torch._dynamo
+import neuron_prof
+
+torch._dynamo.config.recompile_limit = 1
+torch._dynamo.config.automatic_dynamic_shapes = False
+
+
+def scale(x):
+    return x * 2 + 1
+
+
+compiled = torch.compile(scale, backend="eager")
+with neuron_prof.profile(sys.argv[1]) as prof:
+    for n in (2, 3, 4):
+        compiled(torch.randn(n))
+        prof.step()
+"""
+
+
+def test_hitting_the_recompile_limit_is_flagged(tmp_path):
+    import subprocess
+    import sys
+    from conftest import write_script
+    script = write_script(tmp_path / "limit.py", LIMIT)
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    c = json.loads(cli("report", tmp_path / "run", "--json").stdout)["compile"]
+    assert c["cache_limit_hit"] is True
+    assert [f["func"] for f in c["recompiles_by_frame"] if f["cache_limit_hit"]] == ["scale"]
+    assert "recompile (cache size) limit was hit" in cli("report", tmp_path / "run").stdout

@@ -107,7 +107,10 @@ def recompile_summary(recompiles: pd.DataFrame, compiles: pd.DataFrame) -> pd.Da
     if len(compiles):
         text = (compiles["status"].astype(str) + " " + compiles["fail_reason"].astype(str)).str.lower()
         hit = text.map(lambda t: any(w in t for w in CACHE_LIMIT_WORDS))
-        limit = set(compiles.loc[hit, "func"].astype(str))
+        # a compile that failed on the limit may not name its frame: take it from the frame id
+        frame = compiles["compile_id"].astype(str).map(lambda c: normalize_compile_id(c).split("/")[0])
+        named = {f: fn for f, fn in zip(frame, compiles["func"].astype(str)) if fn}
+        limit = {named.get(f, f"frame {f}") for f, fn, h in zip(frame, compiles["func"].astype(str), hit) if h}
     rows = []
     for func, grp in recompiles.groupby("func", observed=True, sort=False):
         rows.append({"func": str(func), "recompiles": grp["compile_id"].nunique(),
