@@ -67,7 +67,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from neuron_prof.recording import Frame, Recorder
+from neuron_prof.recording import Frame, Recorder, framework_prefixes
 
 __all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class"]
 
@@ -236,21 +236,6 @@ def reason_class(reason: str, gb_type: str | None = None, source_line: str = "")
 
 
 # ---------------------------------------------------------------- stack helpers
-def _torch_prefixes() -> tuple[str, ...]:
-    out = ["<frozen"]
-    try:
-        import importlib.util
-
-        for pkg in ("torch", "functorch", "torchgen", "neuron_prof"):
-            spec = importlib.util.find_spec(pkg)
-            for loc in (spec.submodule_search_locations or []) if spec else []:
-                out.append(os.path.join(os.path.abspath(loc), ""))
-    except Exception:
-        pass
-    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))
-    return tuple(dict.fromkeys(out))
-
-
 def _cid(meta: dict) -> str:
     """torch's CompileId string (without attempt) from a record's metadata."""
     fid, fcid, ca = meta.get("frame_id"), meta.get("frame_compile_id"), meta.get("compiled_autograd_id")
@@ -333,7 +318,7 @@ class CompilerCollector:
             from torch._logging._internal import trace_log
 
             self._wall_to_mono = time.monotonic_ns() - time.time_ns()
-            self._prefixes = _torch_prefixes()
+            self._prefixes = tuple(framework_prefixes())
             self._saved = {"level": trace_log.level, "disabled": trace_log.disabled,
                            "handlers": list(trace_log.handlers)}
             self._handler = _Handler(self)

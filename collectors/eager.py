@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from neuron_prof.recording import Recorder
+from neuron_prof.recording import Recorder, framework_prefixes
 
 COLUMNS = (
     "ts", "dur", "tid", "name", "module", "stack", "shapes", "dtypes", "devices",
@@ -30,18 +30,7 @@ def skip_prefixes() -> list[str]:
     torch (and its sibling packages), neuron_prof, the standard library except site-packages /
     dist-packages, and frozen modules: what is left is the user's code (and third-party libs).
     """
-    out: list[str] = ["<frozen"]
-    try:
-        import importlib.util
-
-        for pkg in ("torch", "functorch", "torchgen", "neuron_prof"):
-            spec = importlib.util.find_spec(pkg)
-            for loc in (spec.submodule_search_locations or []) if spec else []:
-                out.append(os.path.join(os.path.abspath(loc), ""))
-    except Exception:
-        pass
-    here = os.path.dirname(os.path.abspath(__file__))
-    out.append(os.path.join(here, ""))  # collectors/ (installed as neuron_prof.collectors)
+    out = framework_prefixes()
     paths = sysconfig.get_paths()
     seen = set()
     for key in ("stdlib", "platstdlib"):

@@ -5,12 +5,31 @@ imports the viewer, an exporter or another collector). The session implements it
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
 Frame = tuple[str, str, int]
 """(file, function, line): the line that executed, not the function's ``def`` line."""
+
+
+def framework_prefixes() -> list[str]:
+    """File-name prefixes of code that is not the user's: torch and its sibling packages,
+    neuron_prof (its collectors included) and frozen modules. Collectors leave such frames out
+    of user stacks."""
+    out = ["<frozen"]
+    for pkg in ("torch", "functorch", "torchgen", "neuron_prof"):
+        try:
+            spec = importlib.util.find_spec(pkg)
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            out.append(os.path.join(os.path.abspath(loc), ""))
+    collectors = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "collectors", "")
+    out.append(collectors)  # installed as neuron_prof.collectors from a folder beside neuron_prof/
+    return list(dict.fromkeys(out))
 
 
 class Recorder(Protocol):
