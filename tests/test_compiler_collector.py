@@ -323,10 +323,15 @@ def test_inductor_fusions_name_dynamo_graph_nodes():
     assert set(cache.result) <= {"hit", "miss", "bypass"}
     phases = set(rec.frame("compile_phases").phase)
     assert "backend compile" in phases
-    if "miss" in set(cache[cache.cache == "aot_autograd"].result):  # else Inductor's output came from the cache
-        assert {"inductor: compile_fx_inner", "inductor: codegen"} <= phases
+    # which phases run depends on what Inductor's caches already hold on this machine
+    aot = set(cache[cache.cache == "aot_autograd"].result)
+    fx = set(cache[cache.cache == "fx_graph"].result)
+    if "miss" in aot:
+        assert "inductor: compile_fx_inner" in phases
     else:
         assert "aot autograd cache: load" in phases
+    if "miss" in fx:
+        assert "inductor: codegen" in phases
 
 
 # ------------------------------------------------------------------ lifecycle and API
