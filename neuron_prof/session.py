@@ -147,7 +147,6 @@ class Session:
         self._written: dict[str, int] = defaultdict(int)
         self._failed: set[str] = set()
         self._writer: RankWriter | None = None
-        self._rank: int | None = None
         self._lock = threading.RLock()
         self._window_on = False
         self._cap_reached_at: int | None = None
@@ -328,7 +327,6 @@ class Session:
         if self._writer is None:
             import torch
             rank, world = _rank_and_world()
-            self._rank = rank
             meta = {
                 "schema_version": SCHEMA_VERSION, "rank": rank, "world_size": world, "pid": os.getpid(),
                 "hostname": socket.gethostname(), "device": _device_name(),
