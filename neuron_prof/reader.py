@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.schema import MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES
+from neuron_prof.schema import (JOURNAL_SUFFIX, MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES,
+                                row_dtype)
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
 
@@ -83,6 +85,22 @@ def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
     return table, len(data) - committed
 
 
+def _read_journal(path: Path, committed: int, schema: pa.Schema) -> tuple[pa.Table, int]:
+    """Rows journaled since the last compaction, up to the committed size."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    dtype = row_dtype(schema)
+    if len(data) < committed or committed % dtype.itemsize:
+        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); the rank folder "
+                              "is damaged: re-record the run (or delete this rank folder)")
+    rows = np.frombuffer(data, dtype=dtype, count=committed // dtype.itemsize)
+    table = pa.Table.from_arrays([pa.array(np.ascontiguousarray(rows[f.name]), type=f.type) for f in schema],
+                                 schema=schema)
+    return table, len(data) - committed
+
+
 def read_run_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_META
     return _read_json(path, "run metadata") if path.exists() else {}
@@ -112,9 +130,17 @@ def read_rank(rank_dir: Path) -> RankData:
         tables[name], extra = _read_table(rank_dir / f"{name}{TABLE_SUFFIX}", int(size))
         if extra:
             ignored[name] = extra
-    for path in rank_dir.glob(f"*{TABLE_SUFFIX}"):  # written but never committed: killed in step 0
-        name = path.name[: -len(TABLE_SUFFIX)]
-        if name in TABLES and name not in tables and path.stat().st_size:
-            ignored[name] = path.stat().st_size
+    for name, size in commit.get("journal", {}).items():
+        if name not in TABLES:
+            continue
+        rows, extra = _read_journal(rank_dir / f"{name}{JOURNAL_SUFFIX}", int(size), TABLES[name])
+        tables[name] = pa.concat_tables([tables[name], rows]) if name in tables else rows
+        if extra:
+            ignored[name] = ignored.get(name, 0) + extra
+    for suffix in (TABLE_SUFFIX, JOURNAL_SUFFIX):  # written but never committed: killed in step 0
+        for path in rank_dir.glob(f"*{suffix}"):
+            name = path.name[: -len(suffix)]
+            if name in TABLES and name not in tables and path.stat().st_size:
+                ignored[name] = ignored.get(name, 0) + path.stat().st_size
     return RankData(rank=int(meta.get("rank", rank_dir.name[5:])), dir=rank_dir, meta=meta, tables=tables,
                     last_commit=commit, closed=bool(commit.get("closed")), ignored_bytes=ignored)

@@ -6,10 +6,16 @@ Strings and Python stacks are interned: other tables hold ids into ``strings`` a
 """
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
 TABLE_SUFFIX = ".arrows"
+JOURNAL_SUFFIX = ".journal"
+JOURNALED = ("ops", "steps", "marks")
+"""Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
+little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
+(every few seconds and at close). Readers read both, each up to its committed size."""
 MANIFEST = "manifest.jsonl"
 RANK_META = "rank.json"
 RUN_META = "run.json"
@@ -59,3 +65,9 @@ TABLES: dict[str, pa.Schema] = {
         ("ts", _i64), ("compile_id", _i32), ("cache", _i32), ("result", _i32),
     ]),
 }
+
+
+def row_dtype(schema: pa.Schema) -> np.dtype:
+    """The packed record layout of a fixed-width table's journal (field order = schema order)."""
+    return np.dtype([(f.name, "?" if pa.types.is_boolean(f.type) else np.dtype(f.type.to_pandas_dtype()).newbyteorder("<"))
+                     for f in schema])

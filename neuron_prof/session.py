@@ -30,6 +30,8 @@ DEFAULT_COLLECTORS = ("eager", "compiler")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s
+COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
+COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
 EVENT_TABLES = ("ops", "marks")
 
 _current: "Session | None" = None
@@ -152,6 +154,7 @@ class Session:
         self._cap_reached_at: int | None = None
         self._step_start = 0
         self._last_commit = 0
+        self._last_compact = 0
         self._keep_from = 0  # after a discard: events that began before this are not kept either
         self._started = False
         self._closed = False
@@ -203,7 +206,7 @@ class Session:
         self._start_ns = time.monotonic_ns()
         for c in list(self.collectors):
             self._guard(c, c.install, self)
-        self._step_start = self._last_commit = time.monotonic_ns()
+        self._step_start = self._last_commit = self._last_compact = time.monotonic_ns()
         self._enter_step()
         self._started = True
         atexit.register(self.stop)
@@ -305,11 +308,15 @@ class Session:
                         self.max_events, self.step_num)
         counters = {"dropped": dict(self._dropped), "written": dict(self._written),
                     "cap_reached_at_step": self._cap_reached_at}
+        now = time.monotonic_ns()
         if final:
             writer.close(self.step_num, counters)
+        elif now - self._last_compact >= COMPACT_INTERVAL_NS or writer.journal_bytes() >= COMPACT_JOURNAL_BYTES:
+            writer.compact(self.step_num, counters)
+            self._last_compact = now
         else:
             writer.commit(self.step_num, counters)
-        self._last_commit = time.monotonic_ns()
+        self._last_commit = now
 
     def _drop_events_before(self, t0: int) -> None:
         """An event still open at a discard (a range around the step boundary) ends up alone in

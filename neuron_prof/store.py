@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from neuron_prof.schema import MANIFEST, RANK_META, RUN_META, TABLE_SUFFIX, TABLES
+from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_META, RUN_META, TABLE_SUFFIX, TABLES,
+                                row_dtype)
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -57,10 +58,7 @@ class _TableStream:
         self._write(schema.serialize())
 
     def _write(self, buf: pa.Buffer) -> None:
-        view = memoryview(buf)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        _write_all(self._fd, buf)
         self._size += buf.size
 
     def write(self, columns: Mapping[str, Any]) -> None:
@@ -77,6 +75,46 @@ class _TableStream:
         return self._size
 
 
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _Journal:
+    """Rows of a fixed-width table since the last compaction: one packed write per step."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.dtype = row_dtype(schema)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._pending: list[np.ndarray] = []
+        self.size = 0
+
+    def write(self, columns: Mapping[str, Any]) -> None:
+        n = len(columns["ts"])
+        rows = np.empty(n, dtype=self.dtype)
+        for name in self.dtype.names:
+            rows[name] = columns[name]
+        _write_all(self._fd, rows.view(np.uint8))
+        self._pending.append(rows)
+        self.size += rows.nbytes
+
+    def take(self) -> np.ndarray | None:
+        """Everything journaled since the last ``take``, for the Arrow stream."""
+        if not self._pending:
+            return None
+        rows = np.concatenate(self._pending)
+        self._pending = []
+        self.size = 0  # committed from now on as Arrow rows; the file is emptied after the commit
+        return rows
+
+    def truncate(self) -> None:
+        os.ftruncate(self._fd, 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class RankWriter:
     """The tables of one rank. Not thread-safe: the session calls it from one thread at a time."""
 
@@ -88,29 +126,56 @@ class RankWriter:
                 stale.unlink()
         write_json_atomic(rank_dir / RANK_META, rank_meta)
         self._streams: dict[str, _TableStream] = {}
+        self._journals: dict[str, _Journal] = {}
         self._manifest = open(rank_dir / MANIFEST, "a", buffering=1)
         self._commits = 0
 
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
-        stream = self._streams.get(table)
-        if stream is None:
-            stream = self._streams[table] = _TableStream(self.dir / f"{table}{TABLE_SUFFIX}", TABLES[table])
-        stream.write(columns)
+        if table in JOURNALED:
+            journal = self._journals.get(table)
+            if journal is None:
+                journal = self._journals[table] = _Journal(self.dir / f"{table}{JOURNAL_SUFFIX}", TABLES[table])
+            journal.write(columns)
+        else:
+            self._stream(table).write(columns)
+
+    def journal_bytes(self) -> int:
+        return sum(j.size for j in self._journals.values())
 
     def commit(self, step: int, counters: Mapping[str, Any]) -> None:
         """Declare everything written so far readable (one manifest line)."""
         self._write_manifest(step, counters, {name: s.size() for name, s in self._streams.items()})
 
+    def compact(self, step: int, counters: Mapping[str, Any]) -> None:
+        """Move journaled rows into the Arrow streams. Crash-safe by order: Arrow bytes, then a
+        manifest line that counts them and no journal, then the journals are emptied."""
+        for table, journal in self._journals.items():
+            rows = journal.take()
+            if rows is not None:
+                self._stream(table).write({name: rows[name] for name in rows.dtype.names})
+        self.commit(step, counters)
+        for journal in self._journals.values():
+            journal.truncate()
+
     def close(self, step: int, counters: Mapping[str, Any]) -> None:
+        self.compact(step, counters)
         sizes = {name: s.close() for name, s in self._streams.items()}
+        for journal in self._journals.values():
+            journal.close()
         self._write_manifest(step, counters, sizes, closed=True)
         self._manifest.close()
+
+    def _stream(self, table: str) -> _TableStream:
+        stream = self._streams.get(table)
+        if stream is None:
+            stream = self._streams[table] = _TableStream(self.dir / f"{table}{TABLE_SUFFIX}", TABLES[table])
+        return stream
 
     def _write_manifest(self, step: int, counters: Mapping[str, Any], sizes: Mapping[str, int],
                         closed: bool = False) -> None:
         self._commits += 1
         line = {"commit": self._commits, "t": time.monotonic_ns(), "step": step, "sizes": dict(sizes),
-                **counters}
+                "journal": {name: j.size for name, j in self._journals.items()}, **counters}
         if closed:
             line["closed"] = True
         self._manifest.write(json.dumps(line) + "\n")

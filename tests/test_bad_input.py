@@ -61,3 +61,36 @@ def test_unknown_flag_and_bad_schedule(demo_run, tmp_path):
     _one_line_error(cli("export", demo_run, "--format", "svg"), "svg")
     _one_line_error(cli("record"), "needs a command")
     _one_line_error(cli("record", "--collectors", "nope", "--", "true"), "unknown collector")
+
+
+KILLED = """
+import os
+import sys
+import torch
+import neuron_prof
+
+model = torch.nn.Linear(8, 8)
+prof = neuron_prof.profile(sys.argv[1]).start()
+for _ in range(3):
+    model(torch.randn(4, 8)).sum().backward()
+    prof.step()
+os._exit(0)  # like kill -9: no close, rows still in the journals
+"""
+
+
+def test_rows_in_the_journal_are_read_and_a_truncated_journal_is_named(tmp_path):
+    import subprocess
+    import sys
+
+    import neuron_prof
+    from conftest import write_script
+    script = write_script(tmp_path / "killed.py", KILLED)
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, str(script), str(run)], check=True)
+    journal = run / "rank-00000" / "ops.journal"
+    assert journal.stat().st_size > 0 and not (run / "rank-00000" / "ops.arrows").exists()
+    loaded = neuron_prof.load(run)
+    assert int(loaded.steps["complete"].sum()) == 3 and set(loaded.ops["step"]) == {0, 1, 2}
+    data = journal.read_bytes()
+    journal.write_bytes(data[: len(data) // 3])
+    _one_line_error(cli("report", run), str(journal), "truncated", "re-record")
