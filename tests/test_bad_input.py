@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import cli
+from conftest import check_trace, cli
 
 
 def _one_line_error(res, *needles: str) -> None:
@@ -49,6 +49,7 @@ def test_corrupt_rank_metadata(demo_run, tmp_path):
 def test_truncated_trace(demo_run, tmp_path, cut):
     trace = tmp_path / "t.perfetto-trace"
     assert cli("export", demo_run, "-o", trace).returncode == 0
+    check_trace(trace)
     assert cli("inspect", trace).returncode == 0
     data = trace.read_bytes()
     trace.write_bytes(data[: cut if isinstance(cut, int) else int(len(data) * cut)])
