@@ -130,3 +130,13 @@ def test_hitting_the_recompile_limit_is_flagged(tmp_path):
     assert c["cache_limit_hit"] is True
     assert [f["func"] for f in c["recompiles_by_frame"] if f["cache_limit_hit"]] == ["scale"]
     assert "recompile (cache size) limit was hit" in cli("report", tmp_path / "run").stdout
+
+
+def test_the_chromium_hook_feeds_phases_and_is_removed_on_stop(compiled_run, tmp_path):
+    from torch._dynamo.utils import ChromiumEventLogger
+    phases = neuron_prof.load(compiled_run).compile_phases
+    assert {"backend compile", "dynamo: bytecode tracing"} <= set(phases["phase"].astype(str))
+    before = ChromiumEventLogger._log_timed_event
+    with neuron_prof.profile(tmp_path / "r", collectors=["compiler"]):
+        assert ChromiumEventLogger._log_timed_event is not before
+    assert ChromiumEventLogger._log_timed_event is before
