@@ -69,15 +69,24 @@ def _last_commit(path: Path) -> dict[str, Any]:
     return {}
 
 
-def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
+_DAMAGED = "the rank folder is damaged: re-record the run (or delete this rank folder)"
+
+
+def _read_committed(path: Path, committed: int) -> bytes:
+    """A stream's or journal's bytes; shorter than the manifest's commit means damage."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; the rank "
-                              "folder is damaged: re-record the run (or delete this rank folder)") from None
+        if not committed:
+            return b""
+        raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; {_DAMAGED}") from None
     if len(data) < committed:
-        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); the rank folder "
-                              "is damaged: re-record the run (or delete this rank folder)")
+        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); {_DAMAGED}")
+    return data
+
+
+def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
+    data = _read_committed(path, committed)
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data[:committed])).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
@@ -87,14 +96,11 @@ def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
 
 def _read_journal(path: Path, committed: int, schema: pa.Schema) -> tuple[pa.Table, int]:
     """Rows journaled since the last compaction, up to the committed size."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        data = b""
+    data = _read_committed(path, committed)
     dtype = row_dtype(schema)
-    if len(data) < committed or committed % dtype.itemsize:
-        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); the rank folder "
-                              "is damaged: re-record the run (or delete this rank folder)")
+    if committed % dtype.itemsize:
+        raise NeuronProfError(f"{path}: committed size {committed} is not a whole number of "
+                              f"{dtype.itemsize}-byte rows; {_DAMAGED}")
     rows = np.frombuffer(data, dtype=dtype, count=committed // dtype.itemsize)
     table = pa.Table.from_arrays([pa.array(np.ascontiguousarray(rows[f.name]), type=f.type) for f in schema],
                                  schema=schema)
