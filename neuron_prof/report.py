@@ -33,7 +33,8 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         stats["self_ms_per_step"] = stats["self_ms"] / n_captured
     sync = sync_points(ops)
     failures = run.failures
-    sites = comp.graph_break_sites(run.graph_breaks, ops, n_captured)
+    runs = comp.region_runs(ops)  # one nesting pass over the ops serves both tables below
+    sites = comp.graph_break_sites(run.graph_breaks, runs, n_captured)
     recompiles = comp.recompile_summary(run.recompiles, run.compiles)
     ctime = comp.compile_time(run.compiles, run.compile_phases)
     return {
@@ -59,7 +60,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "compile_time": _records(ctime.head(top)),
             "cache": _records(comp.cache_stats(run.compile_cache)),
             "top_fusions": _records(comp.top_fusions(run.fusions, top)),
-            "graph_runs": _records(comp.graph_runs(ops, n_captured).head(top)),
+            "graph_runs": _records(comp.graph_runs(runs, n_captured).head(top)),
         },
         "health": {
             "ranks": _records(run.health),

@@ -55,10 +55,9 @@ def region_runs(ops: pd.DataFrame) -> pd.DataFrame:
     return runs.sort_values(["rank", "tid", "ts"], ignore_index=True)[cols]
 
 
-def graph_runs(ops: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
-    """Per compiled graph: runs, total and self ms (outside nested regions), per captured step."""
+def graph_runs(runs: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
+    """Per compiled graph (``runs`` from ``region_runs``): runs, total and self ms, per step."""
     cols = ["compile_id", "runs", "total_ms", "self_ms", "runs_per_step", "self_ms_per_step"]
-    runs = region_runs(ops)
     if runs.empty:
         return pd.DataFrame(columns=cols)
     g = runs.groupby("compile_id")
@@ -70,8 +69,9 @@ def graph_runs(ops: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
     return out.sort_values("self_ms", ascending=False, ignore_index=True)[cols]
 
 
-def graph_break_sites(breaks: pd.DataFrame, ops: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
-    """Graph breaks grouped by user source line and reason class, with their run-time cost.
+def graph_break_sites(breaks: pd.DataFrame, runs: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
+    """Graph breaks grouped by user source line and reason class, with their run-time cost
+    (``runs`` from ``region_runs``).
 
     ``hits`` counts runs of the graphs that end at this break (the break runs once after each);
     ``frame_ms_per_step`` is those regions' self time: the graph before the break plus the eager
@@ -82,7 +82,6 @@ def graph_break_sites(breaks: pd.DataFrame, ops: pd.DataFrame, captured_steps: i
     if breaks.empty:
         return pd.DataFrame(columns=cols)
     b = breaks.assign(cid=breaks["compile_id"].astype(str).map(normalize_compile_id))
-    runs = region_runs(ops)
     hits = runs.groupby("compile_id").size()
     self_ms = runs.groupby("compile_id")["self_ns"].sum() / 1e6
     n = max(captured_steps, 1)
