@@ -1,69 +1,76 @@
-"""The compiler collector: what ``torch.compile`` did, from torch's own structured trace.
+"""The compiler collector: what ``torch.compile`` did, from hooks in Dynamo and Inductor.
 
-Mechanism (DESIGN.md, "Mechanisms"): a ``logging.Handler`` on the structured trace logger
-``torch._logging._internal.trace_log``. torch builds a structured record (metadata + payload)
-only when that logger has a handler, so installing ours is what switches the records on; no
-``TORCH_TRACE`` file is written (torch's own lazy file handler, when no trace dir is configured,
-removes itself on the first record, as it would without us). Records used (torch 2.13):
+Mechanism: a handful of narrow hooks, each on a point where torch already hands over the fact we
+want, all put back at uninstall (and inert if someone wrapped them on top of us):
 
-================================================  =============================================
-record                                            table(s)
-================================================  =============================================
-``dynamo_start`` (user stack, interned files)     ``compiles.stack``, ``tid``, ``recompiles.func``
-``compilation_metrics``                           ``compiles`` (one row per frame compile)
-``chromium_event`` (``dynamo_timed`` B/E pairs)   ``compile_phases``; ``compiles.ts/dur`` from
-                                                  ``entire_frame_compile``
-artifact ``dynamo_graph_break_reason``            ``graph_breaks``
-artifact ``recompile_reasons``                    ``recompiles`` (one row per failed guard entry)
-artifact ``inductor_provenance_tracking_node_``   ``fusions`` (kernel -> FX nodes, with
-``mappings`` (``cppCodeToPost``, ``postToPre``)   ``trace.provenance_tracking_level=1``)
-artifacts ``fx_graph_cache_{hit,miss,bypass}``,   ``compile_cache``
-``fx_graph_bundled_cache_hit``,
-``aotautograd_cache_{hit,miss,bypass}``
-``str`` (torch's string interning)                file names of ``dynamo_start`` stacks
-================================================  =============================================
+======================================================  =========================================
+hook (torch 2.13)                                       table(s)
+======================================================  =========================================
+``torch._dynamo.utils.ChromiumEventLogger.``            ``compile_phases``; ``compiles.ts/dur``
+``_log_timed_event`` (Dynamo's ``dynamo_timed`` B/E     (``entire_frame_compile``); the caller
+events; torch's own work kept, its structured log       stack walked at its begin
+record left out)                                        (``compiles.stack``); the backend read off
+                                                        the tracer at ``backend_compile``
+``torch._dynamo.utils.log_compilation_event``           ``compiles`` (torch's CompilationMetrics,
+(called with every CompilationMetrics)                  one per frame compile); ``compile_cache``
+                                                        (Dynamo's cache counters, diffed per
+                                                        compile)
+the ``graph_breaks`` artifact loggers (what             ``graph_breaks``
+``TORCH_LOGS=graph_breaks`` prints), our handler only
+``torch._dynamo.convert_frame.``                        ``recompiles`` (one row per cache entry
+``get_and_maybe_log_recompilation_reasons``             whose guards failed)
+``torch._inductor.debug.dump_inductor_provenance_``     ``fusions`` (kernel -> FX nodes, with
+``info`` and ``FxGraphCache.cache_hit_post_compile``    ``trace.provenance_tracking_level=1``)
+======================================================  =========================================
 
-Beyond the records: the backend's name is read off the tracer
-(``InstructionTranslator.current_tx().output.compiler_fn``) while a graph is handed over, and the
-Python stack that called into a compiled frame is walked in the handler at ``dynamo_start`` (the
-record's own stack drops caller frames on some paths).
+Why not torch's structured trace log (``trace_log``, what tlparse reads): torch builds every
+structured record — graphs printed, guards, generated code, each JSON-encoded and md5-hashed — as
+soon as that logger has any handler. Measured on examples/graph_breaks.py (benchmarks/
+compile_overhead.py), a bare ``NullHandler`` there adds 23-29% to compile time; these hooks read
+the same facts where torch computes them anyway. A user's own ``TORCH_TRACE`` keeps working.
 
 Columns worth knowing: ``compiles.status`` is ``ok``, ``no graph`` (nothing to compile),
 ``skipped`` (a graph break dynamo could not resume from: the frame runs eagerly) or ``failed``
 (the error reached the user: backend error, ``fullgraph=True``...). ``compiles.stack`` is the
 user's stack *calling into* the frame (innermost first, torch frames left out); the frame itself
 is ``func/file/line`` (its ``def`` line). ``graph_breaks.reason`` is torch's message (graph-break
-type, explanation, hints, GBxxxx link) without the internal traceback; ``reason_class`` is
-:func:`reason_class` of it. ``compile_phases.depth`` is the nesting among phases (the compile
-itself and ``compile_attempt_N`` are not phases), so the depth-0 phases of a frame lie inside its
-``compiles`` span; the lazy backward compile (at the first ``backward()``) is ``backward compile``
-with ``(backward)`` phases under it. ``fusions.nodes`` are the names of the nodes of the graph
-dynamo handed to Inductor (pre-grad names via ``postToPre``; post-grad names where there is none,
-e.g. nodes made by the joint graph); extern kernels (``extern_kernels.addmm``) are one-node rows.
+type, explanation, hints, GBxxxx link); ``reason_class`` is :func:`reason_class` of it. Dynamo
+logs a break it has seen before under the same ``torch.compile`` (same type, same place) without
+its stack; such rows get the stack of the first one. ``compile_phases.depth`` is the nesting among
+phases (the compile itself and ``compile_attempt_N`` are not phases), so the depth-0 phases of a
+frame lie inside its ``compiles`` span; the lazy backward compile (at the first ``backward()``) is
+``backward compile`` with ``(backward)`` phases under it. ``fusions.nodes`` are the names of the
+nodes of the graph dynamo handed to Inductor (pre-grad names via ``postToPre``; post-grad names
+where there is none, e.g. nodes made by the joint graph); extern kernels
+(``extern_kernels.addmm``) are one-node rows. ``compile_cache`` counts Inductor's FX graph cache
+and AOTAutograd's cache (hit/miss/bypass) from ``torch._dynamo.utils.counters``.
 
-Cost: compile time only. With a handler on ``trace_log`` torch builds every structured record
-(graphs printed, guards, FX repro scripts...): about 3% of a cold Inductor compile and 10-20% of
-an ``aot_eager`` compile here. Compiled code that runs without recompiling logs nothing.
-
-The handler only files away the few records it needs (a tuple each); everything is parsed in
-``flush``. All rows are kept whatever ``keep`` says: compiles are rare and usually happen in the
-first, uncaptured steps. ``compile_id`` strings are torch's ``frame_id/frame_compile_id`` (with
+The hooks only file away what they are handed (a tuple each); everything is parsed in ``flush``.
+All rows are kept whatever ``keep`` says: compiles are rare and usually happen in the first,
+uncaptured steps. ``compile_id`` strings are torch's ``frame_id/frame_compile_id`` (with
 ``!<compiled_autograd_id>/`` in front under compiled autograd) without the ``_attempt`` suffix:
-a compile that restarts (every graph break restarts tracing once) is one compile.
+a compile that restarts (every graph break restarts tracing once) is one compile. Compiled code
+that runs without recompiling calls none of the hooks.
+
+If torch changed the shape of a hooked function, nothing is hooked: the collector records the
+failure (capture health) and the run goes on without compiler tables. With
+``torch._dynamo.config.log_compilation_metrics = False`` torch does not hand over its metrics,
+and the ``compiles`` table stays empty.
 
 Backends other than Inductor report their own fusion groups and cache results through
 :func:`report_fusion` and :func:`report_cache`.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
-import os
 import re
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -71,14 +78,15 @@ from neuron_prof.recording import Frame, Recorder, framework_prefixes
 
 __all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class"]
 
-# record names / artifact names the handler keeps; everything else is dropped at once
-_KEEP = frozenset({"dynamo_start", "compilation_metrics", "chromium_event", "str", "dynamo_output_graph"})
-_ARTIFACTS = frozenset({"dynamo_graph_break_reason", "recompile_reasons",
-                        "inductor_provenance_tracking_node_mappings"})
-_CACHE_ARTIFACT = re.compile(r"^(fx_graph_bundled|fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
-_CACHE_NAMES = {"fx_graph": "fx_graph", "fx_graph_bundled": "fx_graph", "aotautograd": "aot_autograd"}
-_IDS = ("frame_id", "frame_compile_id", "attempt", "compiled_autograd_id", "has_payload", "rank",
-        "stack", "subgraph_name")
+# (table name, counter group, counter) for torch._dynamo.utils.counters, per cache and result
+_CACHE_COUNTERS = (
+    ("fx_graph", "inductor", "fxgraph_cache_hit", "hit"),
+    ("fx_graph", "inductor", "fxgraph_cache_miss", "miss"),
+    ("fx_graph", "inductor", "fxgraph_cache_bypass", "bypass"),
+    ("aot_autograd", "aot_autograd", "autograd_cache_hit", "hit"),
+    ("aot_autograd", "aot_autograd", "autograd_cache_miss", "miss"),
+    ("aot_autograd", "aot_autograd", "autograd_cache_bypass", "bypass"),
+)
 
 # dynamo_timed / chromium event names -> compile phase names (unknown names are kept as they are)
 PHASE_NAMES = {
@@ -235,43 +243,46 @@ def reason_class(reason: str, gb_type: str | None = None, source_line: str = "")
     return text[:80]
 
 
-# ---------------------------------------------------------------- stack helpers
-def _cid(meta: dict) -> str:
-    """torch's CompileId string (without attempt) from a record's metadata."""
-    fid, fcid, ca = meta.get("frame_id"), meta.get("frame_compile_id"), meta.get("compiled_autograd_id")
-    frame = f"{fid}/{fcid}" if fid is not None and fcid is not None else ""
-    if ca is not None:
-        return f"!{ca}/{frame}" if frame else f"!{ca}"
-    return frame
+# ---------------------------------------------------------------- capture side: the hooks
+_DUP_BREAK = re.compile(r"in user code at (.+):(\d+)\n")
 
 
-class _Handler(logging.Handler):
-    """Files away the structured records the collector needs; never raises, never parses."""
+def _signature_is(fn: Callable, params: list[str]) -> None:
+    """Refuse to wrap a torch function whose parameters are not the ones the wrapper passes on."""
+    got = list(inspect.signature(fn).parameters)
+    if got != params:
+        raise RuntimeError(f"torch changed {getattr(fn, '__qualname__', fn)}{tuple(got)}; "
+                           f"neuron_prof expects {tuple(params)}")
+
+
+class _Patches:
+    """Attributes replaced by wrappers, put back in reverse order unless someone replaced ours."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, ours)
+
+    def replace(self, owner: Any, name: str, ours: Any) -> None:
+        original = vars(owner)[name]
+        setattr(owner, name, ours)
+        self._saved.append((owner, name, original, ours))
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, original, ours = self._saved.pop()
+            if vars(owner).get(name) is ours:
+                setattr(owner, name, original)
+
+
+class _BreakHandler(logging.Handler):
+    """On Dynamo's ``graph_breaks`` loggers: files the message away, never formats or raises."""
 
     def __init__(self, sink: "CompilerCollector") -> None:
         super().__init__(logging.DEBUG)
         self.sink = sink
 
-    def handle(self, record: logging.LogRecord) -> bool:  # skip Handler's lock/filters: cheap
+    def handle(self, record: logging.LogRecord) -> bool:  # skip Handler's lock and filters
         try:
-            meta = getattr(record, "metadata", None)
-            if not isinstance(meta, dict):
-                return False
-            for key in meta:
-                if key in _IDS:
-                    continue
-                if key == "artifact":
-                    name = meta[key].get("name", "") if isinstance(meta[key], dict) else ""
-                    if name in _ARTIFACTS:
-                        if name == "dynamo_graph_break_reason":
-                            self.sink._put(("backend", 0, 0, meta, _backend_name()))
-                        self.sink._put((key + ":" + name, time.monotonic_ns(), threading.get_native_id(),
-                                        meta, record.payload))
-                    elif _CACHE_ARTIFACT.match(name):
-                        self.sink._put(("cache:" + name, time.monotonic_ns(), threading.get_native_id(), meta, None))
-                elif key in _KEEP:
-                    self.sink._on_record(key, meta, record)
-                return True
+            self.sink._on_break(record)
         except Exception:
             pass
         return True
@@ -287,48 +298,47 @@ class CompilerCollector:
     ``compile_cache`` (see ``neuron_prof.schema``).
 
     ``provenance``: turn on Inductor's provenance tracking (``trace.provenance_tracking_level=1``)
-    while installed, for the ``fusions`` table (set at the first compile, restored at uninstall).
+    while installed, for the ``fusions`` table (restored at uninstall).
     """
 
     name = "compiler"
 
     def __init__(self, provenance: bool = True) -> None:
         self.provenance = provenance
-        self._handler: _Handler | None = None
-        self._raw: list[tuple] = []  # (kind, mono ns, tid, metadata, payload)
+        self._on = False  # wrappers left behind by someone wrapping ours call straight through
+        self._patches = _Patches()
+        self._handler: _BreakHandler | None = None
+        self._loggers: list[tuple[logging.Logger, int, bool] | tuple[logging.Logger, None, None]] = []
+        self._saved_provenance: int | None = None
+        self._raw: list[tuple] = []  # (kind, mono ns, tid, compile id, payload)
         self._reported: list[tuple] = []  # report_fusion / report_cache rows
         self._lock = threading.Lock()
-        self._saved: dict[str, Any] = {}
         self._wall_to_mono = time.monotonic_ns() - time.time_ns()
         self._prefixes: tuple[str, ...] = ()
-        self._strings: dict[int, str] = {}
+        self._counters: Any = None
+        self._last_counts: tuple[int, ...] = ()
         # parse state kept across flushes (a compile may be in flight during a flush)
         self._open: dict[tuple[int, str], list[tuple[str, int]]] = {}  # (tid, cid) -> [(name, ts)]
         self._spans: dict[str, tuple[int, int]] = {}  # cid -> entire_frame_compile (ts, end)
-        self._starts: dict[str, tuple[int, int, list]] = {}  # cid -> (ts, tid, stack frames)
+        self._starts: dict[str, tuple[int, int, list]] = {}  # cid -> (ts, tid, caller frames)
         self._backends: dict[str, str] = {}  # cid -> backend name
         self._pending_recompiles: dict[str, list[tuple[int, str]]] = {}
         self._break_cids: set[str] = set()  # compiles that logged a graph break (skip vs. error)
-        self._provenance_set = False
+        self._break_sites: dict[tuple[str, int], tuple[list[Frame], str]] = {}  # -> (stack, code)
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
         global _ACTIVE
         try:
-            from torch._logging._internal import trace_log
-
             self._wall_to_mono = time.monotonic_ns() - time.time_ns()
             self._prefixes = tuple(framework_prefixes())
-            self._saved = {"level": trace_log.level, "disabled": trace_log.disabled,
-                           "handlers": list(trace_log.handlers)}
-            self._handler = _Handler(self)
-            if trace_log.level == logging.NOTSET or trace_log.level > logging.DEBUG:
-                trace_log.setLevel(logging.DEBUG)
-            trace_log.disabled = False
-            trace_log.addHandler(self._handler)
-            self._hook_chromium_events()
-            if self.provenance and "torch._inductor.config" in sys.modules:
-                self._set_provenance()
+            self._hook_timed_events()
+            self._hook_metrics()
+            self._hook_recompiles()
+            self._hook_graph_break_logs()
+            if self.provenance:
+                self._hook_provenance()
+            self._on = True
             _ACTIVE = self
         except Exception as exc:  # noqa: BLE001 - training must never break
             rec.failure(self.name, exc)
@@ -353,77 +363,172 @@ class CompilerCollector:
     def uninstall(self) -> None:
         self._teardown()
 
-    def _hook_chromium_events(self) -> None:
-        """Take Dynamo's timed compile events (the phases) straight from its chromium event
-        logger instead of the structured log: they are ~3/4 of all structured records, and
-        torch builds each record (JSON payload, md5, log record) once anyone listens, which
-        costs more compile time than everything else here. Skipped if the method changed shape."""
-        import inspect
-
+    # ---- the hooks
+    def _hook_timed_events(self) -> None:
+        """Dynamo's timed compile events (phases, compile spans), without torch's structured-log
+        record of each (~3/4 of all records); torch's own bookkeeping still runs."""
         import torch._guards
         from torch._dynamo import utils as dynamo_utils
 
         cls = dynamo_utils.ChromiumEventLogger
         original = cls._log_timed_event
-        if list(inspect.signature(original).parameters) != ["self", "event_name", "time_ns", "phase", "metadata"]:
-            return
-        put, record_internal = self._put, dynamo_utils.record_chromium_event_internal
+        _signature_is(original, ["self", "event_name", "time_ns", "phase", "metadata"])
+        record_internal = dynamo_utils.record_chromium_event_internal
         current_trace_id = torch._guards.CompileContext.current_trace_id
+        col = self
 
-        def _log_timed_event(logger, event_name, time_ns, phase, metadata=None):  # torch's, minus the log
+        def _log_timed_event(logger, event_name, time_ns, phase, metadata=None):
+            if not col._on:
+                return original(logger, event_name, time_ns, phase, metadata)
             event = {"name": event_name, "ts": time_ns / 1000, "args": metadata, "ph": phase,
                      "cat": "dynamo_timed", "tid": 0, "pid": 0}
             try:
-                trace_id, meta = current_trace_id(), {}
-                if trace_id is not None and trace_id.compile_id is not None:
-                    cid = trace_id.compile_id
-                    for key in ("compiled_autograd_id", "frame_id", "frame_compile_id"):
-                        if getattr(cid, key, None) is not None:
-                            meta[key] = getattr(cid, key)
-                put(("chromium_event", time.monotonic_ns(), threading.get_native_id(), meta, event))
+                trace_id = current_trace_id()
+                cid = str(trace_id.compile_id) if trace_id is not None and trace_id.compile_id else ""
+                now, tid = time.monotonic_ns(), threading.get_native_id()
+                col._put(("timed", now, tid, cid, event))
+                if phase == "B" and event_name == "entire_frame_compile":
+                    col._put(("start", now, tid, cid, col._caller_stack()))
+                elif phase == "B" and event_name == "backend_compile":
+                    col._put(("backend", now, tid, cid, _backend_name()))
             except Exception:
                 pass
             record_internal(event)
             return event
 
-        self._saved["chromium"] = original
-        cls._log_timed_event = _log_timed_event
+        self._patches.replace(cls, "_log_timed_event", _log_timed_event)
 
-    # ---- capture side
-    def _on_record(self, key: str, meta: dict, record: logging.LogRecord) -> None:
-        now, tid = time.monotonic_ns(), threading.get_native_id()
-        if key == "str":
-            s = meta.get("str")
-            if isinstance(s, (tuple, list)) and len(s) == 2:
-                self._strings[int(s[1])] = str(s[0])
-            return
-        if key == "dynamo_start":
-            if self.provenance and not self._provenance_set:
-                self._set_provenance()
-            self._put((key, now, tid, meta, self._caller_stack()))
-        elif key == "dynamo_output_graph":
-            # the backend of this compile: read off the tracer (only reachable while compiling)
-            self._put(("backend", now, tid, meta, _backend_name()))
-        elif key == "chromium_event":
-            self._put((key, now, tid, meta, record.payload))
-        else:  # compilation_metrics
-            self._put((key, now, tid, meta, None))
+    def _hook_metrics(self) -> None:
+        """torch hands every CompilationMetrics (forward and backward compiles) to this function."""
+        from torch._dynamo import utils as dynamo_utils
 
+        original = dynamo_utils.log_compilation_event
+        _signature_is(original, ["metrics"])
+        self._counters = dynamo_utils.counters
+        self._last_counts = self._cache_counts()
+        col = self
+
+        def log_compilation_event(metrics):
+            if col._on:
+                try:
+                    counts = col._cache_counts()
+                    delta = tuple(b - a for a, b in zip(col._last_counts, counts))
+                    col._last_counts = counts
+                    col._put(("metrics", time.monotonic_ns(), threading.get_native_id(),
+                              str(getattr(metrics, "compile_id", "") or ""), (metrics, delta)))
+                except Exception:
+                    pass
+            return original(metrics)
+
+        self._patches.replace(dynamo_utils, "log_compilation_event", log_compilation_event)
+
+    def _hook_recompiles(self) -> None:
+        """Every failed guard of every cache entry, before Dynamo recompiles a frame."""
+        from torch._dynamo import convert_frame
+
+        original = convert_frame.get_and_maybe_log_recompilation_reasons
+        _signature_is(original, ["cache_entries", "frame", "backend", "skip_logging"])
+        col = self
+
+        def get_and_maybe_log_recompilation_reasons(cache_entries, frame, backend, skip_logging=False):
+            reasons = original(cache_entries, frame, backend, skip_logging)
+            if col._on and not skip_logging:
+                try:
+                    col._put(("recompile", time.monotonic_ns(), threading.get_native_id(),
+                              _current_compile_id(), [str(r) for r in reasons]))
+                except Exception:
+                    pass
+            return reasons
+
+        self._patches.replace(convert_frame, "get_and_maybe_log_recompilation_reasons",
+                              get_and_maybe_log_recompilation_reasons)
+
+    def _hook_graph_break_logs(self) -> None:
+        """Our handler on each ``graph_breaks`` artifact logger. One the user has not switched on
+        (``TORCH_LOGS``) is enabled for us alone: DEBUG, and not propagating to torch's console
+        handler while we hold it; one they did switch on keeps printing as before."""
+        import torch._dynamo  # noqa: F401 - creates the loggers
+        from torch._logging._internal import log_registry
+
+        loggers = [logging.getLogger(q) for q in sorted(log_registry.artifact_log_qnames)]
+        loggers = [lg for lg in loggers if getattr(lg, "artifact_name", None) == "graph_breaks"]
+        if not loggers:
+            raise RuntimeError("torch has no 'graph_breaks' artifact loggers")
+        self._handler = _BreakHandler(self)
+        for lg in loggers:
+            if lg.isEnabledFor(logging.DEBUG):
+                self._loggers.append((lg, None, None))
+            else:
+                self._loggers.append((lg, lg.level, lg.propagate))
+                lg.propagate = False
+                lg.setLevel(logging.DEBUG)
+            lg.addHandler(self._handler)
+
+    def _hook_provenance(self) -> None:
+        """Inductor's kernel -> FX node mapping, from a fresh compile and from an FX cache hit."""
+        import torch._inductor.codecache as codecache
+        import torch._inductor.config as inductor_config
+        import torch._inductor.debug as inductor_debug
+
+        dump = inductor_debug.dump_inductor_provenance_info
+        _signature_is(dump, [])
+        cache_hit = codecache.FxGraphCache.cache_hit_post_compile
+        _signature_is(cache_hit, ["graph", "cache_info", "constants"])
+        col = self
+
+        def dump_inductor_provenance_info():
+            mapping = dump()
+            if col._on:
+                try:
+                    col._put(("fusions", time.monotonic_ns(), threading.get_native_id(),
+                              _current_compile_id(), json.dumps(mapping)))
+                except Exception:
+                    pass
+            return mapping
+
+        def cache_hit_post_compile(graph, cache_info, constants):
+            out = cache_hit(graph, cache_info, constants)
+            mapping = getattr(graph, "inductor_provenance_mapping_str", None)
+            if col._on and mapping:
+                col._put(("fusions", time.monotonic_ns(), threading.get_native_id(),
+                          _current_compile_id(), mapping))
+            return out
+
+        self._patches.replace(inductor_debug, "dump_inductor_provenance_info", dump_inductor_provenance_info)
+        self._patches.replace(codecache.FxGraphCache, "cache_hit_post_compile", staticmethod(cache_hit_post_compile))
+        if inductor_config.trace.provenance_tracking_level == 0:
+            self._saved_provenance = 0
+            inductor_config.trace.provenance_tracking_level = 1
+
+    # ---- what the hooks call
     def _put(self, item: tuple) -> None:
         with self._lock:
             self._raw.append(item)
 
+    def _on_break(self, record: logging.LogRecord) -> None:
+        if not self._on:
+            return
+        cid = _current_compile_id()
+        now, tid = time.monotonic_ns(), threading.get_native_id()
+        self._put(("backend", now, tid, cid, _backend_name()))
+        self._put(("break", now, tid, cid, record.getMessage()))
+
+    def _cache_counts(self) -> tuple[int, ...]:
+        c = self._counters
+        return tuple(int(c[group][name]) for _, group, name, _ in _CACHE_COUNTERS)
+
     def _caller_stack(self) -> list[Frame]:
         """The Python stack that called into the frame being compiled, innermost first.
 
-        Walked here (the handler runs on the compiling thread) rather than read off
-        ``dynamo_start``, whose stack loses caller frames on some paths (skip counts vary).
+        Walked on the compiling thread when the frame's compile begins: past this collector,
+        torch's convert_frame/eval_frame and ``contextlib`` (``dynamo_timed`` is a context
+        manager) to the first user frame, then user frames only.
         """
         try:
             f = sys._getframe(1)
-            skip = self._prefixes + (os.path.dirname(logging.__file__),)
+            skip = self._prefixes + (contextlib.__file__,)
             while f is not None and f.f_code.co_filename.startswith(skip):
-                f = f.f_back  # this handler, logging, torch's trace/convert_frame/eval_frame
+                f = f.f_back
             out: list[Frame] = []
             while f is not None and len(out) < 128:
                 file = f.f_code.co_filename
@@ -442,121 +547,70 @@ class CompilerCollector:
         with self._lock:
             self._reported.append(("cache", ts, cid, cache, result))
 
-    def _set_provenance(self) -> None:
-        try:
-            import torch._inductor.config as inductor_config
-
-            if inductor_config.trace.provenance_tracking_level == 0 and "provenance" not in self._saved:
-                self._saved["provenance"] = 0
-                inductor_config.trace.provenance_tracking_level = 1
-            self._provenance_set = True
-        except Exception:
-            self._provenance_set = True  # do not try again on every compile
-
     def _teardown(self) -> None:
         global _ACTIVE
+        self._on = False
         if _ACTIVE is self:
             _ACTIVE = None
-        saved, self._saved = self._saved, {}
-        if "chromium" in saved:
-            try:
-                from torch._dynamo.utils import ChromiumEventLogger
-                ChromiumEventLogger._log_timed_event = saved["chromium"]
-            except Exception:
-                pass
         try:
-            from torch._logging._internal import trace_log
-
-            if self._handler is not None:
-                trace_log.removeHandler(self._handler)
-            if "level" in saved:
-                trace_log.setLevel(saved["level"])
-                trace_log.disabled = saved["disabled"]
-                for h in saved["handlers"]:  # torch's lazy trace handler may have removed itself
-                    if h not in trace_log.handlers:
-                        trace_log.addHandler(h)
+            self._patches.restore()
         except Exception:
             pass
-        finally:
-            self._handler = None
-        if "provenance" in saved:
+        for lg, level, propagate in self._loggers:
+            try:
+                lg.removeHandler(self._handler)
+                if level is not None:
+                    lg.setLevel(level)
+                    lg.propagate = propagate
+            except Exception:
+                pass
+        self._loggers, self._handler = [], None
+        if self._saved_provenance is not None:
             try:
                 import torch._inductor.config as inductor_config
 
                 if inductor_config.trace.provenance_tracking_level == 1:  # unless changed since
-                    inductor_config.trace.provenance_tracking_level = saved["provenance"]
+                    inductor_config.trace.provenance_tracking_level = self._saved_provenance
             except Exception:
                 pass
-        self._provenance_set = False
+            self._saved_provenance = None
 
     # ---- parse side (flush)
     def _mono(self, wall_us: float) -> int:
         return int(round(wall_us * 1000.0)) + self._wall_to_mono
 
-    def _filename(self, f: Any) -> str:
-        if isinstance(f, str):
-            return f
-        try:
-            i = int(f)
-        except (TypeError, ValueError):
-            return ""
-        s = self._strings.get(i)
-        if s is None:
-            try:
-                from torch._logging.structured import INTERN_TABLE
-
-                self._strings.update({v: k for k, v in INTERN_TABLE.items()})
-            except Exception:
-                pass
-            s = self._strings.get(i, "")
-        return s
-
     def _is_user(self, file: str) -> bool:
         return bool(file) and not file.startswith(self._prefixes)
 
     def _parse(self, raw: list[tuple], rows: "_Rows") -> None:
-        for kind, ts, tid, meta, payload in raw:
+        for kind, ts, tid, cid, payload in raw:
             try:
-                self._parse_one(kind, ts, tid, meta, payload, rows)
+                self._parse_one(kind, ts, tid, cid, payload, rows)
             except Exception:
                 continue  # one odd record must not lose the others
 
-    def _parse_one(self, kind: str, ts: int, tid: int, meta: dict, payload: Any, rows: "_Rows") -> None:
-        cid = _cid(meta)
-        if kind == "chromium_event":
-            self._chromium(payload if isinstance(payload, dict) else json.loads(payload), ts, tid, cid, rows)
-        elif kind == "dynamo_start":
-            frames = [(self._filename(f.get("filename")), str(f.get("name", "")), int(f.get("line") or 0))
-                      for f in (meta["dynamo_start"] or {}).get("stack", [])]
-            self._starts[cid] = (ts, tid, payload if payload else
-                                 [f for f in reversed(frames[:-1]) if self._is_user(f[0])])
-            func = ""
-            if frames:
-                file, name, line = frames[-1]
-                func = f"{name} ({file}:{line})"
-            for rts, reason in self._pending_recompiles.pop(cid, []):
-                rows.recompiles.append((rts, cid, func, reason))
+    def _parse_one(self, kind: str, ts: int, tid: int, cid: str, payload: Any, rows: "_Rows") -> None:
+        if kind == "timed":
+            self._timed(payload, ts, tid, cid, rows)
+        elif kind == "start":
+            self._starts[cid] = (ts, tid, payload)
         elif kind == "backend":
             if payload:
                 self._backends[cid] = payload
-        elif kind == "compilation_metrics":
-            self._compile(meta["compilation_metrics"] or {}, ts, tid, cid, rows)
-        elif kind == "artifact:dynamo_graph_break_reason":
-            self._graph_break(payload or "", ts, cid, rows)
-        elif kind == "artifact:recompile_reasons":
-            reasons = json.loads(payload) if payload and payload.lstrip().startswith(("[", '"')) else payload
-            if isinstance(reasons, str):
-                reasons = [reasons]
-            for r in reasons or []:
-                self._pending_recompiles.setdefault(cid, []).append((ts, str(r)))
-        elif kind == "artifact:inductor_provenance_tracking_node_mappings":
+        elif kind == "metrics":
+            metrics, delta = payload
+            for (cache, _, _, result), n in zip(_CACHE_COUNTERS, delta):
+                rows.cache.extend([(ts, cid, cache, result)] * max(0, n))
+            if getattr(metrics, "is_forward", True) is not False:  # backward compiles: phases only
+                self._compile(metrics, ts, tid, cid, rows)
+        elif kind == "break":
+            self._graph_break(payload, ts, cid, rows)
+        elif kind == "recompile":
+            self._pending_recompiles.setdefault(cid, []).extend((ts, r) for r in payload)
+        elif kind == "fusions":
             self._fusions(payload, ts, cid, rows)
-        elif kind.startswith("cache:"):
-            m = _CACHE_ARTIFACT.match(kind[len("cache:"):])
-            if m:
-                rows.cache.append((ts, cid, _CACHE_NAMES.get(m.group(1), m.group(1)), m.group(2)))
 
-    def _chromium(self, ev: dict, ts: int, tid: int, rec_cid: str, rows: "_Rows") -> None:
+    def _timed(self, ev: dict, ts: int, tid: int, rec_cid: str, rows: "_Rows") -> None:
         ph, name = ev.get("ph"), str(ev.get("name", ""))
         args = ev.get("args") or {}
         cid = str(args.get("compile_id") or rec_cid or "")
@@ -592,23 +646,22 @@ class CompilerCollector:
                 phase += " (outside frame compile)"
             rows.phases.append((t0, max(0, t - t0), tid, cid, phase, depth))
 
-    def _compile(self, cm: dict, ts: int, tid: int, cid: str, rows: "_Rows") -> None:
-        cid = str(cm.get("compile_id") or cid)
+    def _compile(self, cm: Any, ts: int, tid: int, cid: str, rows: "_Rows") -> None:
+        def get(key: str) -> Any:
+            return getattr(cm, key, None)
+
         start = self._starts.pop(cid, None)
         span = self._spans.pop(cid, None)
         if span is not None:
             t0, dur = span[0], span[1] - span[0]
-        elif cm.get("start_time_us") is not None:
-            t0 = self._mono(float(cm["start_time_us"]))
-            dur = int(cm.get("duration_us") or 0) * 1000
-        elif cm.get("start_time") is not None:
-            t0 = self._mono(float(cm["start_time"]) * 1e6)
-            dur = int(float(cm.get("entire_frame_compile_time_s") or 0.0) * 1e9)
+        elif get("start_time_us") is not None:
+            t0 = self._mono(float(get("start_time_us")))
+            dur = int(get("duration_us") or 0) * 1000
         else:
             t0, dur = ts, 0
         ctid = start[1] if start else tid
-        fail_type, fail_reason = cm.get("fail_type"), cm.get("fail_reason")
-        ops = cm.get("graph_op_count")
+        fail_type, fail_reason = get("fail_type"), get("fail_reason")
+        ops = get("graph_op_count")
         broke = cid in self._break_cids
         self._break_cids.discard(cid)
         if fail_type:
@@ -622,11 +675,12 @@ class CompilerCollector:
         reason = ""
         if fail_type or fail_reason:
             reason = f"{fail_type or ''}: {fail_reason or ''}".strip(": ")
-        callers = start[2] if start else []
+        func, file, line = str(get("co_name") or ""), str(get("co_filename") or ""), int(get("co_firstlineno") or 0)
+        for rts, r in self._pending_recompiles.pop(cid, []):
+            rows.recompiles.append((rts, cid, f"{func} ({file}:{line})", r))
         rows.compiles.append((
-            t0, max(0, dur), ctid, cid, str(cm.get("co_name") or ""), str(cm.get("co_filename") or ""),
-            int(cm.get("co_firstlineno") or 0), self._backends.pop(cid, ""), status, reason,
-            int(ops or 0), int(cm.get("guard_count") or 0), int(cm.get("cache_size") or 0), callers,
+            t0, max(0, dur), ctid, cid, func, file, line, self._backends.pop(cid, ""), status, reason,
+            int(ops or 0), int(get("guard_count") or 0), int(get("cache_size") or 0), start[2] if start else [],
         ))
         # a compile over: leftovers of its open spans (e.g. an exception mid-phase) go too
         for key in [k for k in self._open if k[1] == cid]:
@@ -655,12 +709,15 @@ class CompilerCollector:
                 if i + 1 < len(lines) and not _FILE_LINE.match(lines[i + 1]):
                     code[f] = lines[i + 1]
         frames = [f for f in reversed(frames) if self._is_user(f[0])]
-        if not frames:
-            lm = re.search(r"Graph break in user code at (.+):(\d+)", user_part)
-            if lm:
-                frames = [(lm.group(1), "", int(lm.group(2)))]
-        self._break_cids.add(cid)
         source_line = code.get(frames[0], "") if frames else ""
+        site = _DUP_BREAK.search(user_part)
+        if site:
+            key = (site.group(1), int(site.group(2)))
+            if frames:
+                self._break_sites.setdefault(key, (frames, source_line))
+            else:  # a break Dynamo logged before, without its stack: the first one's
+                frames, source_line = self._break_sites.get(key, ([(key[0], "", key[1])], ""))
+        self._break_cids.add(cid)
         rows.breaks.append((ts, cid, gb_id, reason, reason_class(reason, source_line=source_line), frames))
 
     def _fusions(self, payload: Any, ts: int, cid: str, rows: "_Rows") -> None:

@@ -334,40 +334,107 @@ def test_inductor_fusions_name_dynamo_graph_nodes():
         assert "inductor: codegen" in phases
 
 
-# ------------------------------------------------------------------ lifecycle and API
-def test_install_uninstall_restores_logging():
-    from torch._logging._internal import trace_log
+def test_inductor_fx_graph_cache_hit_still_reports_fusions():
+    """The second compile of the same graph loads it from Inductor's FX graph cache, which skips
+    the codegen that produces the provenance mapping: the cache-hit hook must supply it."""
+    x = torch.randn(8, 4)
+    runs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        runs.append(capture(lambda: torch.compile(gb.no_breaks)(x)))
+    second = runs[1].frame("compile_cache")
+    assert ["fx_graph", "hit"] in second[["cache", "result"]].values.tolist()
+    first, again = (r.frame("fusions")[["kernel", "nodes"]].values.tolist() for r in runs)
+    assert again == first and any("fused" in k for k, _ in again)
 
-    handlers, level = list(trace_log.handlers), trace_log.level
-    rec = FakeRecorder()
+
+# ------------------------------------------------------------------ lifecycle and API
+def _hook_points():
+    """What the collector replaces, as torch has it right now."""
+    import logging
+
+    import torch._inductor.codecache as codecache
+    import torch._inductor.debug as inductor_debug
+    from torch._dynamo import convert_frame
+    from torch._dynamo import utils as dynamo_utils
+    from torch._logging._internal import log_registry, trace_log
+
+    loggers = [logging.getLogger(q) for q in sorted(log_registry.artifact_log_qnames)]
+    return {
+        "timed": vars(dynamo_utils.ChromiumEventLogger)["_log_timed_event"],
+        "metrics": dynamo_utils.log_compilation_event,
+        "recompiles": convert_frame.get_and_maybe_log_recompilation_reasons,
+        "provenance": inductor_debug.dump_inductor_provenance_info,
+        "cache_hit": vars(codecache.FxGraphCache)["cache_hit_post_compile"],
+        "trace_log": list(trace_log.handlers),
+        "loggers": [(lg.name, lg.level, lg.propagate, list(lg.handlers)) for lg in loggers
+                    if getattr(lg, "artifact_name", None) == "graph_breaks"],
+    }
+
+
+def test_install_replaces_hooks_and_uninstall_puts_them_back():
+    before = _hook_points()
+    assert len(before["loggers"]) >= 2
     col = CompilerCollector()
-    col.install(rec)
-    assert any(isinstance(h, compiler_mod._Handler) for h in trace_log.handlers)
+    col.install(FakeRecorder())
+    during = _hook_points()
+    for key in ("timed", "metrics", "recompiles", "provenance", "cache_hit"):
+        assert during[key] is not before[key], key
+    # never a handler on torch's structured trace log: that is what makes torch build every record
+    assert during["trace_log"] == before["trace_log"]
+    for name, level, propagate, handlers in during["loggers"]:
+        assert [type(h) for h in handlers] == [compiler_mod._BreakHandler] and level == 10 and not propagate, name
     col.uninstall()
     col.uninstall()  # twice is fine
-    assert not any(isinstance(h, compiler_mod._Handler) for h in trace_log.handlers)
-    assert trace_log.level == level
-    assert all(h in trace_log.handlers for h in handlers)
+    assert _hook_points() == before
     assert compiler_mod._ACTIVE is None
 
 
-def test_install_failure_is_reported_not_raised(monkeypatch):
-    from torch._logging._internal import trace_log
+def test_graph_breaks_are_not_printed_unless_the_user_asked(capfd):
+    def once():
+        torch._dynamo.reset()
+        return capture(lambda: torch.compile(gb.step, backend="eager")(torch.randn(8, 4)))
 
-    def boom(h):
-        raise RuntimeError("no handlers today")
+    rec = once()
+    assert len(rec.frame("graph_breaks")) == 6
+    assert "Graph break" not in capfd.readouterr().err
+    torch._logging.set_logs(graph_breaks=True)  # TORCH_LOGS=graph_breaks
+    try:
+        before = _hook_points()["loggers"]
+        rec = once()
+        assert len(rec.frame("graph_breaks")) == 6
+        assert capfd.readouterr().err.count("Graph break in user code at") == 6  # still theirs
+        assert _hook_points()["loggers"] == before
+    finally:
+        torch._logging.set_logs()
 
-    monkeypatch.setattr(trace_log, "addHandler", boom)
+
+@pytest.mark.parametrize("breakage", ["logger refuses handlers", "torch changed a signature"])
+def test_install_failure_is_reported_not_raised(monkeypatch, breakage):
+    import logging
+
+    from torch._dynamo import utils as dynamo_utils
+
+    before = _hook_points()
+    if breakage == "logger refuses handlers":
+        def boom(h):
+            raise RuntimeError("no handlers today")
+
+        monkeypatch.setattr(logging.getLogger(before["loggers"][-1][0]), "addHandler", boom)
+        expected = "no handlers today"
+    else:
+        monkeypatch.setattr(dynamo_utils, "log_compilation_event", lambda metrics, extra: None)
+        expected = "torch changed"
     rec = FakeRecorder()
     col = CompilerCollector()
     col.install(rec)
-    assert [c for c, _ in rec.failures] == ["compiler"]
+    assert [c for c, _ in rec.failures] == ["compiler"] and expected in str(rec.failures[0][1])
     monkeypatch.undo()
+    assert _hook_points() == before  # the hooks installed before the failure are gone again
     torch.compile(gb.no_breaks, backend="eager")(torch.randn(2, 2))
     col.flush(rec, True)
     col.uninstall()
     assert not rec.tables
-    assert not any(isinstance(h, compiler_mod._Handler) for h in trace_log.handlers)
 
 
 def test_steady_state_calls_record_nothing():
