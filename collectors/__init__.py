@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from neuron_prof.collectors.compiler import CompilerCollector
 from neuron_prof.collectors.eager import EagerCollector
+from neuron_prof.collectors.memory import MemoryCollector
 
 REGISTRY = {
     EagerCollector.name: EagerCollector,
     CompilerCollector.name: CompilerCollector,
+    MemoryCollector.name: MemoryCollector,
 }

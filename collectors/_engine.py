@@ -161,18 +161,39 @@ class CppOpEngine:
     def now_ns(self) -> int:
         return self._ext.now_ns()
 
+    def extension(self):
+        """The compiled module, for the engine's other native parts (the memory tracker)."""
+        return self._ext
+
+    def strings_of(self, ids: list[int]) -> list[str]:
+        """Engine strings by id, without draining (collectors other than the eager one)."""
+        return list(self._ext.strings_of([int(i) for i in ids]))
+
+    def stacks_of(self, ids: list[int]) -> list[list[Frame]]:
+        """Engine stacks by id, innermost frame first (``[]`` for 0 or unknown)."""
+        return [[tuple(f) for f in frames] for frames in self._ext.stacks_of([int(i) for i in ids])]
+
 
 _lock = threading.Lock()
 _engine: CppOpEngine | None = None
 _build_seconds: float | None = None
 
 
-def _source() -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_observer.cpp")
+_SOURCES = ("_observer.cpp", "_memory.cpp")  # and _engine.h, which they share
+
+
+def _sources() -> list[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, s) for s in _SOURCES]
 
 
 def load_engine(verbose: bool = False) -> CppOpEngine:
-    """Build (or load from torch's extension cache) the observer; raises on failure."""
+    """Build (or load from torch's extension cache) the native engine; raises on failure.
+
+    One extension holds the op observer and the memory tracker (``_memory.cpp``), which reads the
+    observer's open op on the allocating thread. The memory tracker's Python side is
+    ``collectors/_memtrack.py``; it gets the extension from :meth:`CppOpEngine.extension`.
+    """
     global _engine, _build_seconds
     with _lock:
         if _engine is not None:
@@ -183,8 +204,8 @@ def load_engine(verbose: bool = False) -> CppOpEngine:
 
         t0 = time.perf_counter()
         ext = load(
-            name="neuron_prof_eager_observer",
-            sources=[_source()],
+            name="neuron_prof_engine",
+            sources=_sources(),
             extra_cflags=["-O2", "-DNDEBUG"],
             verbose=verbose,
         )

@@ -18,8 +18,11 @@
 #include <Python.h>
 #include <frameobject.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <ATen/record_function.h>
+
+#include "_engine.h"
 
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -1015,7 +1018,51 @@ py::dict py_stats() {
   return d;
 }
 
+// Names of engine string ids (for collectors other than the eager one: memory events).
+py::list py_strings_of(const std::vector<int32_t>& ids) {
+  py::list out;
+  auto& s = strings();
+  std::lock_guard<std::mutex> g(s.mu);
+  for (int32_t i : ids) out.append(py::str(i >= 0 && (size_t)i < s.strs.size() ? s.strs[i] : std::string()));
+  return out;
+}
+
+// Frames (file, function, line), innermost first, of engine stack ids (GIL held, as for drain).
+py::list py_stacks_of(const std::vector<int32_t>& ids) {
+  py::list out;
+  for (int32_t i : ids) {
+    py::list frames;
+    if (i > 0 && (size_t)i < g_stacks->size()) {
+      for (auto& fr : (*g_stacks)[i]) {
+        py::object co = py::reinterpret_borrow<py::object>(fr.first);
+        py::object func = py::hasattr(co, "co_qualname") ? co.attr("co_qualname") : co.attr("co_name");
+        frames.append(py::make_tuple(co.attr("co_filename"), func, PyCode_Addr2Line((PyCodeObject*)fr.first, fr.second)));
+      }
+    }
+    out.append(frames);
+  }
+  return out;
+}
+
 }  // namespace
+
+namespace neuron_prof {
+bool current_op(OpContext* out) {
+  ThreadState* st = tls_state;  // never created here: a thread without ops has nothing to say
+  if (!st || st->open.empty() || st->gen != g_gen.load(std::memory_order_relaxed)) return false;
+  const OpenFrame& in = st->open.back();
+  const OpenFrame& top = st->open.front();
+  out->op = in.name;
+  out->top_op = top.name;
+  out->module = in.module ? in.module : top.module;
+  out->stack = in.stack ? in.stack : top.stack;
+  out->bwd = in.bwd;
+  return true;
+}
+int64_t now_ns() { return ::now_ns(); }
+int32_t intern(const std::string& s) { return strings().intern(s); }
+bool in_forked_child() { return g_child.load(std::memory_order_relaxed); }
+}  // namespace neuron_prof
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   static bool fork_registered = false;
@@ -1032,4 +1079,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout", &py_layout);
   m.def("stats", &py_stats);
   m.def("now_ns", &now_ns);
+  m.def("strings_of", &py_strings_of);
+  m.def("stacks_of", &py_stacks_of);
+  neuron_prof::register_memory(m);
 }

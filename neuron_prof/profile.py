@@ -49,10 +49,12 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
             self._clock.install()
         return self
 
-    def stop(self) -> None:
+    def stop(self, exc: BaseException | None = None) -> None:
+        """End capture. ``exc``: the exception ending it, if any (an out-of-memory error gets a
+        snapshot of what was live); it is never swallowed."""
         if self._clock is not None:
             self._clock.uninstall()
-        self.session.stop()
+        self.session.stop(exc)
 
     def step(self) -> None:
         """End the current training step."""
@@ -61,5 +63,5 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     def __enter__(self) -> "profile":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(exc if isinstance(exc, BaseException) else None)

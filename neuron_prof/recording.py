@@ -67,3 +67,7 @@ class Collector(Protocol):
 
     def uninstall(self) -> None:
         """Remove every hook; the process must be as if the collector never ran."""
+
+    # Optional (the session calls them when a collector has them):
+    #   on_step(step: int, ts: int) -> None          every step boundary, windows or not: keep it cheap
+    #   on_error(rec, exc: BaseException, step: int)  the capture ends with this exception

@@ -25,7 +25,12 @@ _STRING_COLUMNS = {
     "recompiles": ("compile_id", "func", "reason"),
     "fusions": ("compile_id", "backend", "kernel"),
     "compile_cache": ("compile_id", "cache", "result"),
+    "memory_events": ("device", "op", "top_op", "module"),
+    "memory_steps": ("device",),
+    "memory_tensors": ("device", "category", "shape", "dtype"),
+    "memory_ooms": ("device", "message"),
 }
+_MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
 _STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 
 
@@ -185,6 +190,63 @@ class Run:
     def compile_cache(self) -> pd.DataFrame:
         """FX graph / AOT autograd cache lookups: cache, result (hit, miss, bypass)."""
         return self._table("compile_cache")
+
+    @functools.cached_property
+    def memory_events(self) -> pd.DataFrame:
+        """Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent), bytes
+        (negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op,
+        top_op, module, source; see collectors/memory.py."""
+        ev = self._table("memory_events")
+        ev["kind"] = pd.Categorical.from_codes(ev["kind"].to_numpy(np.int8), categories=list(_MEMORY_KINDS))
+        return self._with_step(ev)
+
+    @functools.cached_property
+    def memory_steps(self) -> pd.DataFrame:
+        """Live bytes (allocated since capture began) and peak per device at every step boundary."""
+        return self._table("memory_steps").sort_values(["rank", "device", "step"], ignore_index=True)
+
+    @functools.cached_property
+    def memory_tensors(self) -> pd.DataFrame:
+        """Parameters, gradients and optimizer state by storage address at captured step boundaries."""
+        return self._table("memory_tensors")
+
+    @functools.cached_property
+    def memory_ooms(self) -> pd.DataFrame:
+        """Out-of-memory errors that ended the capture: message, requested bytes, device, step."""
+        return self._table("memory_ooms")
+
+    @functools.cached_property
+    def memory_allocations(self) -> pd.DataFrame:
+        """One row per captured allocation: lifetime, attribution, category (analysis.memory)."""
+        from neuron_prof.analysis.memory import allocations
+        return allocations(self.memory_events, self.memory_tensors, self.steps)
+
+    @functools.cached_property
+    def memory_timeline(self) -> pd.DataFrame:
+        """Live bytes over time per device, total and per category, min/max downsampled."""
+        from neuron_prof.analysis.memory import timeline
+        return timeline(self.memory_allocations)
+
+    @functools.cached_property
+    def memory_peaks(self) -> pd.DataFrame:
+        """Each captured step's peak per device and the allocation that reached it."""
+        from neuron_prof.analysis.memory import peaks
+        return peaks(self.memory_allocations, self.steps)
+
+    @functools.cached_property
+    def memory_leaks(self) -> pd.DataFrame:
+        """Step-over-step growth of live memory and the sites whose allocations survive."""
+        from neuron_prof.analysis.memory import leaks
+        return leaks(self.memory_allocations, self.memory_steps, self.steps)
+
+    def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
+        """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,
+        module, op..."""
+        from neuron_prof.analysis.memory import snapshot
+        s = self.steps[(self.steps["rank"] == rank) & (self.steps["step"] == step)]
+        if s.empty:
+            raise KeyError(f"no step {step} on rank {rank} in {self.path}")
+        return snapshot(self.memory_allocations, int(s["ts"].iloc[0] + s["dur"].iloc[0]), by, rank)
 
     @functools.cached_property
     def failures(self) -> pd.DataFrame:

@@ -209,7 +209,7 @@ class Session:
         self._step_start = self._last_commit = self._last_compact = time.monotonic_ns()
         self._enter_step()
         self._started = True
-        atexit.register(self.stop)
+        atexit.register(self._stop_at_exit)
         return self
 
     def step(self) -> None:
@@ -220,19 +220,30 @@ class Session:
             now = time.monotonic_ns()
             action = self._action(self.step_num)
             self._append_step(now, complete=True, action=action)
+            for c in self.collectors:
+                if hasattr(c, "on_step"):
+                    self._guard(c, c.on_step, self.step_num, now)
             if action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS:
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
             self._step_start = now
             self._enter_step()
 
-    def stop(self) -> None:
-        """End capture: the step in progress is kept as incomplete, everything is committed."""
+    def stop(self, exc: BaseException | None = None) -> None:
+        """End capture: the step in progress is kept as incomplete, everything is committed.
+
+        ``exc``: the exception that ends the capture, if any (collectors may record what it
+        says, e.g. the memory collector on an out-of-memory error); it is not handled here.
+        """
         global _current
         if not self._started or self._closed:
             return
         with self._lock:
             self._closed = True
+            if exc is not None:
+                for c in self.collectors:
+                    if hasattr(c, "on_error"):
+                        self._guard(c, c.on_error, self, exc, self.step_num)
             self._flush(keep=self._action(self.step_num) is Action.RECORD, final=True)
             self._set_window(False)
             for c in self.collectors:
@@ -240,7 +251,11 @@ class Session:
         with _current_lock:
             if _current is self:
                 _current = None
-        atexit.unregister(self.stop)
+        atexit.unregister(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        # a script that dies of an exception has it in sys.last_value by the time atexit runs
+        self.stop(getattr(sys, "last_value", None))
 
     # ---- internals
     def _action(self, step: int) -> Action:

@@ -1,0 +1,30 @@
+// What the eager op observer (_observer.cpp) shares with the other native parts of the engine
+// (_memory.cpp): the calling thread's open op, the clock and the string table.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+namespace neuron_prof {
+
+// Attribution of the calling thread's innermost open op (engine string / stack ids).
+struct OpContext {
+  int32_t op = 0;      // innermost open op or range (aten::empty, ...)
+  int32_t top_op = 0;  // outermost open op on the thread (Optimizer.step#Adam.step, ...)
+  int32_t module = 0;  // module path of the op (the forward op's, for backward ops)
+  int32_t stack = 0;   // user Python stack of the top-level op (the forward op's, for backward)
+  bool bwd = false;    // the op runs in autograd's backward pass
+};
+
+// False when the thread has no open op the observer recorded (observer off, outside any op).
+bool current_op(OpContext* out);
+int64_t now_ns();
+int32_t intern(const std::string& s);
+bool in_forked_child();
+
+// Registers the memory functions (mem_*) on the extension module.
+void register_memory(pybind11::module_& m);
+
+}  // namespace neuron_prof

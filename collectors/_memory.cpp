@@ -1,0 +1,357 @@
+// neuron_prof memory tracker: the allocator events every PyTorch device reports to the profiler.
+//
+// Mechanism: allocators (CPU, CUDA, PrivateUse1 backends) call c10::reportMemoryUsageToProfiler
+// for every allocation and free while the thread's PROFILER_STATE debug info says memory
+// profiling is on. We push our own state there: a ProfilerStateBase whose config is *disabled*
+// (so torch sees no profiler running: profilerEnabled() stays false, torch.profiler can still be
+// started on top of it) but whose memoryProfilingEnabled() is true. Thread-local debug info is
+// carried into autograd's device threads and at::launch tasks, so backward allocations count too.
+//
+// What is kept
+//  * Always (cheap): every live allocation made since start, in a map (address -> size, time,
+//    attribution), and per device the live bytes and the peak since the last read.
+//  * While detail is on (a capture window): every alloc and free as an event with the op, module
+//    and user stack the eager observer has open on the allocating thread. When a window opens,
+//    allocations made before it that are still live are emitted first (kind BASELINE), so the
+//    events always describe everything live. A free outside a window of an allocation already
+//    emitted is still emitted (kind LATE_FREE): lifetimes stay complete.
+//  * A ring of the last kRing events of any kind, for an out-of-memory report outside windows.
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <pybind11/stl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "_engine.h"
+
+namespace py = pybind11;
+using torch::profiler::impl::ActiveProfilerType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+using torch::profiler::impl::ProfilerStateBase;
+
+namespace {
+
+enum Kind : uint8_t { ALLOC = 0, FREE = 1, BASELINE = 2, LATE_FREE = 3, LIVE = 4, OOM = 5 };
+
+struct MemEvent {
+  int64_t ts;        // event time (BASELINE/LIVE: the allocation's time)
+  int64_t addr;
+  int64_t bytes;     // > 0 allocation, < 0 free; OOM: the size that failed
+  int64_t alloc_ts;  // time of the allocation this event is about (pairs frees with allocs)
+  int64_t total_allocated;  // the allocator's own figures at the event (0 where it has none)
+  int64_t total_reserved;
+  int64_t tid;
+  int32_t op, top_op, module, stack;
+  int8_t device_type, device_index;
+  uint8_t bwd, kind;
+  int32_t pad_;
+};
+
+struct Live {
+  int64_t addr, bytes, ts, tid;
+  neuron_prof::OpContext ctx;
+  int8_t device_type, device_index;
+  bool emitted;
+};
+
+struct Device {
+  int8_t type, index;
+  int64_t live = 0, peak = 0, allocated = 0, reserved = 0;
+};
+
+constexpr size_t kRing = 4096;
+
+std::mutex g_mu;  // everything below
+std::unordered_map<uint64_t, Live>* g_live = new std::unordered_map<uint64_t, Live>();
+std::vector<MemEvent>* g_events = new std::vector<MemEvent>();
+std::vector<Device>* g_devices = new std::vector<Device>();
+std::vector<MemEvent>* g_ring = new std::vector<MemEvent>(kRing);
+size_t g_ring_n = 0;  // events ever put in the ring
+int64_t g_max_events = 1 << 22;
+int64_t g_dropped = 0;
+std::atomic<bool> g_on{false};
+std::atomic<bool> g_detail{false};
+
+inline uint64_t key_of(int64_t addr, int8_t type, int8_t index) {
+  return (uint64_t)addr ^ ((uint64_t)(uint8_t)type << 56) ^ ((uint64_t)(uint8_t)index << 48);
+}
+
+Device& device_of(int8_t type, int8_t index) {
+  for (auto& d : *g_devices)
+    if (d.type == type && d.index == index) return d;
+  g_devices->push_back(Device{type, index});
+  return g_devices->back();
+}
+
+void record(const MemEvent& e, bool keep) {  // g_mu held
+  (*g_ring)[g_ring_n++ % kRing] = e;
+  if (!keep) return;
+  if ((int64_t)g_events->size() >= g_max_events) {
+    ++g_dropped;
+    return;
+  }
+  g_events->push_back(e);
+}
+
+MemEvent event_of(const Live& l, int64_t addr, int64_t ts, int64_t bytes, uint8_t kind) {
+  MemEvent e;
+  std::memset(&e, 0, sizeof(e));
+  e.ts = ts;
+  e.addr = addr;
+  e.bytes = bytes;
+  e.alloc_ts = l.ts;
+  e.tid = l.tid;
+  e.op = l.ctx.op;
+  e.top_op = l.ctx.top_op;
+  e.module = l.ctx.module;
+  e.stack = l.ctx.stack;
+  e.bwd = l.ctx.bwd ? 1 : 0;
+  e.device_type = l.device_type;
+  e.device_index = l.device_index;
+  e.kind = kind;
+  return e;
+}
+
+struct Tracker final : public ProfilerStateBase {
+  Tracker() : ProfilerStateBase(ProfilerConfig(ProfilerState::Disabled, false, /*profile_memory=*/true)) {}
+
+  bool memoryProfilingEnabled() const override { return g_on.load(std::memory_order_relaxed); }
+  ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    if (!g_on.load(std::memory_order_relaxed) || neuron_prof::in_forked_child() || alloc_size == 0) return;
+    try {
+      const int64_t now = neuron_prof::now_ns();
+      const bool detail = g_detail.load(std::memory_order_relaxed);
+      neuron_prof::OpContext ctx;
+      if (detail) neuron_prof::current_op(&ctx);
+      const int8_t dt = (int8_t)device.type(), di = (int8_t)device.index();
+      const int64_t addr = (int64_t)(uintptr_t)ptr;
+      std::lock_guard<std::mutex> g(g_mu);
+      Device& d = device_of(dt, di);
+      d.allocated = (int64_t)total_allocated;
+      d.reserved = (int64_t)total_reserved;
+      const uint64_t key = key_of(addr, dt, di);
+      if (alloc_size > 0) {
+        d.live += alloc_size;
+        if (d.live > d.peak) d.peak = d.live;
+        Live l{addr, alloc_size, now, (int64_t)syscall(SYS_gettid), ctx, dt, di, detail};
+        (*g_live)[key] = l;
+        MemEvent e = event_of(l, addr, now, alloc_size, ALLOC);
+        e.total_allocated = (int64_t)total_allocated;
+        e.total_reserved = (int64_t)total_reserved;
+        record(e, detail);
+      } else {
+        auto it = g_live->find(key);
+        if (it == g_live->end()) return;  // allocated before the tracker started: not ours to count
+        d.live -= it->second.bytes;
+        MemEvent e = event_of(it->second, addr, now, -it->second.bytes, detail ? FREE : LATE_FREE);
+        e.tid = (int64_t)syscall(SYS_gettid);
+        if (detail) {
+          e.op = ctx.op;
+          e.top_op = ctx.top_op;
+          e.module = ctx.module;
+          e.stack = ctx.stack;
+          e.bwd = ctx.bwd ? 1 : 0;
+        }
+        e.total_allocated = (int64_t)total_allocated;
+        e.total_reserved = (int64_t)total_reserved;
+        record(e, it->second.emitted);
+        g_live->erase(it);
+      }
+    } catch (...) {
+    }
+  }
+
+  void reportOutOfMemory(int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    if (!g_on.load(std::memory_order_relaxed) || neuron_prof::in_forked_child()) return;
+    try {
+      Live l{0, alloc_size, neuron_prof::now_ns(), (int64_t)syscall(SYS_gettid), {}, (int8_t)device.type(),
+             (int8_t)device.index(), true};
+      neuron_prof::current_op(&l.ctx);
+      std::lock_guard<std::mutex> g(g_mu);
+      MemEvent e = event_of(l, 0, l.ts, alloc_size, OOM);
+      e.total_allocated = (int64_t)total_allocated;
+      e.total_reserved = (int64_t)total_reserved;
+      record(e, true);
+    } catch (...) {
+    }
+  }
+};
+
+std::shared_ptr<Tracker>* g_tracker = new std::shared_ptr<Tracker>();
+bool g_pushed = false;
+bool g_suspended = false;
+
+// ------------------------------------------------------------------ python API
+// Starts tracking on the calling thread (and the threads its work is handed to). Returns an
+// error message, "" on success: a torch.profiler already running on this thread owns the slot.
+std::string mem_start(int64_t max_events) {
+  if (neuron_prof::in_forked_child()) return "forked child";
+  if (g_pushed) return "memory tracking already started";
+  if (ProfilerStateBase::get(/*global=*/false) != nullptr)
+    return "torch.profiler is running on this thread; memory tracking needs it stopped first";
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_live->clear();
+    g_events->clear();
+    g_devices->clear();
+    g_ring_n = 0;
+    g_dropped = 0;
+    g_max_events = max_events > 0 ? max_events : 1;
+  }
+  *g_tracker = std::make_shared<Tracker>();
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, *g_tracker);
+  g_pushed = true;
+  g_on.store(true);
+  return "";
+}
+
+void mem_stop() {
+  g_detail.store(false);
+  g_on.store(false);
+  if (!g_pushed) return;
+  g_pushed = false;
+  if (g_suspended) {
+    g_suspended = false;
+    g_tracker->reset();
+    return;
+  }
+  // pop only if ours is the innermost state here; otherwise (a torch.profiler started later and
+  // still running, or another thread) it stays in the chain, switched off, and is dropped with it
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == g_tracker->get()) {
+    try {
+      c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+    } catch (...) {
+    }
+  }
+  g_tracker->reset();
+}
+
+// A torch.profiler is about to start on this thread: step aside (true if we did).
+bool mem_suspend() {
+  if (!g_pushed || g_suspended) return false;
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != g_tracker->get()) return false;
+  try {
+    c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+  } catch (...) {
+    return false;
+  }
+  g_suspended = true;
+  return true;
+}
+
+// The torch.profiler stopped: take the slot back (no-op unless suspended).
+void mem_resume() {
+  if (!g_suspended || !g_pushed) return;
+  if (ProfilerStateBase::get(/*global=*/false) != nullptr) return;  // still someone else's
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, *g_tracker);
+  g_suspended = false;
+}
+
+void mem_set_detail(bool on) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (on && !g_detail.load()) {
+    for (auto& kv : *g_live) {
+      Live& l = kv.second;
+      if (l.emitted) continue;
+      l.emitted = true;
+      record(event_of(l, l.addr, l.ts, l.bytes, BASELINE), true);
+    }
+  }
+  g_detail.store(on);
+}
+
+py::bytes pack(const std::vector<MemEvent>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(MemEvent));
+}
+
+py::tuple mem_drain() {
+  std::vector<MemEvent> out;
+  int64_t dropped;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    out.swap(*g_events);
+    dropped = g_dropped;
+    g_dropped = 0;
+  }
+  return py::make_tuple(pack(out), dropped);
+}
+
+// Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved).
+py::list mem_totals() {
+  py::list out;
+  std::lock_guard<std::mutex> g(g_mu);
+  for (auto& d : *g_devices) {
+    out.append(py::make_tuple((int)d.type, (int)d.index, d.live, d.peak, d.allocated, d.reserved));
+    d.peak = d.live;
+  }
+  return out;
+}
+
+// Everything live now (kind LIVE, attribution where it was captured) and the last events (ring).
+py::tuple mem_snapshot() {
+  std::vector<MemEvent> live, ring;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    live.reserve(g_live->size());
+    for (auto& kv : *g_live) {
+      live.push_back(event_of(kv.second, kv.second.addr, kv.second.ts, kv.second.bytes, LIVE));
+    }
+    size_t n = std::min(g_ring_n, kRing);
+    for (size_t i = g_ring_n - n; i < g_ring_n; ++i) ring.push_back((*g_ring)[i % kRing]);
+  }
+  return py::make_tuple(pack(live), pack(ring));
+}
+
+py::dict mem_layout() {
+  py::dict d;
+  py::list f;
+  auto add = [&](const char* n, size_t off, const char* t) { f.append(py::make_tuple(n, off, t)); };
+  add("ts", offsetof(MemEvent, ts), "<i8");
+  add("addr", offsetof(MemEvent, addr), "<i8");
+  add("bytes", offsetof(MemEvent, bytes), "<i8");
+  add("alloc_ts", offsetof(MemEvent, alloc_ts), "<i8");
+  add("total_allocated", offsetof(MemEvent, total_allocated), "<i8");
+  add("total_reserved", offsetof(MemEvent, total_reserved), "<i8");
+  add("tid", offsetof(MemEvent, tid), "<i8");
+  add("op", offsetof(MemEvent, op), "<i4");
+  add("top_op", offsetof(MemEvent, top_op), "<i4");
+  add("module", offsetof(MemEvent, module), "<i4");
+  add("stack", offsetof(MemEvent, stack), "<i4");
+  add("device_type", offsetof(MemEvent, device_type), "i1");
+  add("device_index", offsetof(MemEvent, device_index), "i1");
+  add("bwd", offsetof(MemEvent, bwd), "u1");
+  add("kind", offsetof(MemEvent, kind), "u1");
+  d["fields"] = f;
+  d["itemsize"] = sizeof(MemEvent);
+  return d;
+}
+
+}  // namespace
+
+namespace neuron_prof {
+void register_memory(py::module_& m) {
+  m.def("mem_start", &mem_start);
+  m.def("mem_stop", &mem_stop);
+  m.def("mem_set_detail", &mem_set_detail);
+  m.def("mem_suspend", &mem_suspend);
+  m.def("mem_resume", &mem_resume);
+  m.def("mem_drain", &mem_drain);
+  m.def("mem_totals", &mem_totals);
+  m.def("mem_snapshot", &mem_snapshot);
+  m.def("mem_layout", &mem_layout);
+}
+}  // namespace neuron_prof

@@ -1,0 +1,117 @@
+"""Python side of the native memory tracker (``_memory.cpp``, built into the engine extension).
+
+Rows (:meth:`MemoryTracker.drain`), one per allocator event, columns of equal length:
+
+==============  =======  ============================================================
+ts              int64    ns, ``CLOCK_MONOTONIC``; for BASELINE / LIVE rows the allocation's time
+addr            int64    the block's address (with ``device``: the allocation's identity)
+bytes           int64    > 0 allocation, < 0 free (OOM: the size that failed)
+alloc_ts        int64    time of the allocation the event is about: pairs a free with its alloc
+total_allocated int64    the allocator's own total at the event (CUDA: its allocated bytes)
+total_reserved  int64    the allocator's reserved bytes (0 where it has none)
+tid             int64    OS thread of the event
+op, top_op      int32    engine string ids: innermost / outermost open op on that thread
+module          int32    engine string id of the module path (0: none)
+stack           int32    engine stack id of the user's Python stack (0: none)
+device_type     int8     ``c10::DeviceType`` (0 cpu, 1 cuda, 20 PrivateUse1, ...)
+device_index    int8     -1 for the CPU
+bwd             uint8    the op ran in autograd's backward pass
+kind            uint8    :data:`KINDS`
+==============  =======  ============================================================
+"""
+from __future__ import annotations
+
+import numpy as np
+
+KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom")
+"""``alloc``/``free`` during a capture window; ``baseline``: made before the window opened and
+still live then; ``late_free``: freed outside a window, allocated (or baselined) in one;
+``live``: what was live when :meth:`MemoryTracker.snapshot` ran; ``oom``: the allocator reported
+an out-of-memory (devices that report it to the profiler: CUDA, some PrivateUse1 backends)."""
+
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 8: "maia", 9: "xla", 12: "xpu", 13: "mps", 14: "meta",
+                 15: "hpu", 19: "mtia"}
+_PRIVATEUSE1 = 20
+
+
+def device_name(device_type: int, index: int) -> str:
+    """``cpu``, ``cuda:0``, ``neuron:1`` (the PrivateUse1 backend's registered name)."""
+    if device_type == _PRIVATEUSE1:
+        import torch
+
+        name = torch._C._get_privateuse1_backend_name()
+    else:
+        name = _DEVICE_TYPES.get(int(device_type), f"device{int(device_type)}")
+    return name if index < 0 else f"{name}:{int(index)}"
+
+
+class MemoryTracker:
+    """The memory functions of the engine extension, plus the torch.profiler hand-over.
+
+    Only one profiler state can own a thread's allocator reports; torch.profiler refuses to start
+    while ours is there. So while tracking, ``torch.autograd.profiler._enable_profiler`` (what
+    ``torch.profiler.profile``, ``emit_nvtx`` and ``emit_itt`` call) first steps our tracker
+    aside on that thread and ``_disable_profiler`` puts it back: a torch.profiler session inside
+    a neuron_prof capture works, and allocations freed during it stay counted as live.
+    """
+
+    def __init__(self, ext) -> None:
+        self._ext = ext
+        lay = ext.mem_layout()
+        self.dtype = np.dtype({"names": [f[0] for f in lay["fields"]], "offsets": [f[1] for f in lay["fields"]],
+                               "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
+        self._saved: dict = {}
+
+    def start(self, max_events: int) -> None:
+        err = self._ext.mem_start(int(max_events))
+        if err:
+            raise RuntimeError(err)
+        import torch.autograd.profiler as autograd_profiler
+
+        enable, disable, ext = autograd_profiler._enable_profiler, autograd_profiler._disable_profiler, self._ext
+
+        def _enable_profiler(*args, **kwargs):
+            stepped_aside = ext.mem_suspend()
+            try:
+                return enable(*args, **kwargs)
+            except BaseException:
+                if stepped_aside:
+                    ext.mem_resume()
+                raise
+
+        def _disable_profiler(*args, **kwargs):
+            try:
+                return disable(*args, **kwargs)
+            finally:
+                ext.mem_resume()
+
+        self._saved = {"_enable_profiler": (enable, _enable_profiler), "_disable_profiler": (disable, _disable_profiler)}
+        autograd_profiler._enable_profiler = _enable_profiler
+        autograd_profiler._disable_profiler = _disable_profiler
+
+    def stop(self) -> None:
+        self._ext.mem_stop()
+        import torch.autograd.profiler as autograd_profiler
+
+        for name, (original, ours) in self._saved.items():
+            if getattr(autograd_profiler, name, None) is ours:
+                setattr(autograd_profiler, name, original)
+        self._saved = {}
+
+    def set_detail(self, on: bool) -> None:
+        """Window on: every event, attributed. Off: totals, lifetimes of emitted blocks, the ring."""
+        self._ext.mem_set_detail(bool(on))
+
+    def drain(self) -> tuple[np.ndarray, int]:
+        """Events since the last drain, and how many were dropped at the buffer cap."""
+        data, dropped = self._ext.mem_drain()
+        return np.frombuffer(data, dtype=self.dtype), int(dropped)
+
+    def totals(self) -> list[tuple[int, int, int, int, int, int]]:
+        """Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved)."""
+        return [tuple(int(v) for v in t) for t in self._ext.mem_totals()]
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Everything live now (kind ``live``) and the last events of any kind (newest last)."""
+        live, ring = self._ext.mem_snapshot()
+        return np.frombuffer(live, dtype=self.dtype), np.frombuffer(ring, dtype=self.dtype)

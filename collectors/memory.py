@@ -1,0 +1,257 @@
+"""The memory collector: every allocation and free, on any device that reports to the profiler.
+
+Mechanism: the engine's native memory tracker (``_memory.cpp``, Python side ``_memtrack``)
+receives the allocator reports PyTorch sends to profilers (``c10::reportMemoryUsageToProfiler``:
+the CPU allocator, CUDA's caching allocator, PrivateUse1 backends that report) and attributes
+each allocation to the op the eager observer has open on the allocating thread (op, module path,
+user stack: the lines that executed). Tables:
+
+* ``memory_events`` — during capture windows, every alloc/free; when a window opens, what was
+  allocated since capture started and is still live (``baseline``); frees of such blocks after
+  the window (``late_free``), so every captured allocation has its lifetime.
+* ``memory_steps`` — at every step boundary of the run, windows or not (cheap: counters), per
+  device: live bytes (allocated since capture started), the peak since the previous boundary,
+  and the allocator's own totals where it reports them (CUDA).
+* ``memory_tensors`` — at each captured step boundary, the tensors whose role Python knows:
+  ``parameter``, ``gradient`` and ``optimizer state`` of every optimizer that stepped (found
+  through ``torch.optim``'s global step hook), by storage address, with shape and dtype.
+  The analyses give an allocation alive at that moment at that address the same category.
+* ``memory_ooms`` — an out-of-memory error that ends the capture (``profile`` exits with it, or
+  the script dies of it under ``neuron-prof record``): its message and requested size; the
+  live set at that moment goes to ``memory_events`` as ``live`` rows, the last allocator events
+  before it as ``recent`` rows.
+
+Allocations made before capture started are not seen (their frees are ignored too): under
+``neuron-prof record`` capture starts with the interpreter, so everything is seen.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from neuron_prof.recording import Recorder
+
+DEFAULT_MAX_EVENTS = 4_000_000
+KIND_CODES = {"alloc": 0, "free": 1, "baseline": 2, "late_free": 3, "live": 4, "oom": 5, "recent": 6}
+_OOM_SIZE = re.compile(r"(?:allocate|alloc(?:ate)?)\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
+_UNITS = {None: 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError (any device), Python's MemoryError, or an allocator's RuntimeError."""
+    import torch
+
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
+
+
+def requested_bytes(message: str) -> int:
+    """The size an OOM message says could not be allocated (0 if it does not say)."""
+    m = _OOM_SIZE.search(message)
+    if not m:
+        return 0
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "bytes").lower()])
+
+
+class MemoryCollector:
+    """Collector (neuron_prof.recording) of allocator events: ``memory_events``, ``memory_steps``,
+    ``memory_tensors``, ``memory_ooms``."""
+
+    name = "memory"
+
+    def __init__(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self.max_events = max_events
+        self.engine = None
+        self.tracker = None
+        self._window = False
+        self._steps: list[tuple] = []  # (step, ts, device, live, peak, allocated, reserved)
+        self._tensors: list[tuple] = []  # (ts, step, addr, device, bytes, category, shape, dtype)
+        self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self._hook = None
+        self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # engine id -> rec id
+        self._devices: dict[tuple[int, int], str] = {}
+        self._lock = threading.Lock()
+
+    # ---- Collector protocol
+    def install(self, rec: Recorder) -> None:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            from neuron_prof.collectors._engine import load_engine
+            from neuron_prof.collectors._memtrack import MemoryTracker
+
+            self.engine = load_engine()
+            tracker = MemoryTracker(self.engine.extension())
+            tracker.start(self.max_events)
+            self.tracker = tracker
+            optimizers = self._optimizers
+            self._hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: optimizers.add(opt))
+        except Exception as exc:  # noqa: BLE001 - training must never break
+            rec.failure(self.name, exc)
+            self._teardown()
+
+    def window(self, on: bool) -> None:
+        self._window = on
+        if self.tracker is not None:
+            self.tracker.set_detail(on)
+
+    def on_step(self, step: int, ts: int) -> None:
+        """Every step boundary: live bytes and peak per device; in windows, the known tensors."""
+        if self.tracker is None:
+            return
+        rows = [(step, ts, self._device(t, i), live, peak, alloc, res)
+                for t, i, live, peak, alloc, res in self.tracker.totals()]
+        with self._lock:
+            self._steps.extend(rows)
+        if self._window:
+            self._note_tensors(step, ts)
+
+    def on_error(self, rec: Recorder, exc: BaseException, step: int) -> None:
+        """The capture ends with ``exc``: if it is an out-of-memory, record what was live."""
+        if self.tracker is None or not is_out_of_memory(exc):
+            return
+        now = time.monotonic_ns()
+        live, recent = self.tracker.snapshot()
+        message = f"{type(exc).__name__}: {exc}".strip()
+        devices = {self._device(int(t), int(i)) for t, i in zip(live["device_type"], live["device_index"])}
+        device = "cpu" if not devices or "cpu" in devices else sorted(devices)[0]
+        m = re.search(r"\b(cuda|xpu|mps|hpu|[a-z_]+):(\d+)\b", str(exc))
+        if m and m.group(0) in devices:
+            device = m.group(0)
+        rec.append("memory_ooms", {
+            "ts": np.array([now], np.int64), "step": np.array([step], np.int32),
+            "device": np.array([rec.intern(device)], np.int32),
+            "bytes": np.array([requested_bytes(str(exc))], np.int64),
+            "message": np.array([rec.intern(message.splitlines()[0][:2000])], np.int32)})
+        live = live.copy()
+        live["alloc_ts"], live["ts"] = live["ts"], now
+        self._append_events(rec, live)
+        recent = recent.copy()
+        recent["kind"] = KIND_CODES["recent"]
+        self._append_events(rec, recent)
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        """All memory rows are kept whatever ``keep`` says: a block allocated in a warmup step
+        and alive in an active one belongs to what is live then."""
+        if self.tracker is None:
+            return
+        events, dropped = self.tracker.drain()
+        self._append_events(rec, events)
+        if dropped:
+            rec.dropped("memory_events", dropped)
+        with self._lock:
+            steps, self._steps = self._steps, []
+            tensors, self._tensors = self._tensors, []
+        if steps:
+            c = list(zip(*steps))
+            rec.append("memory_steps", {
+                "step": np.array(c[0], np.int32), "ts": np.array(c[1], np.int64),
+                "device": np.array([rec.intern(d) for d in c[2]], np.int32),
+                "live": np.array(c[3], np.int64), "peak": np.array(c[4], np.int64),
+                "allocated": np.array(c[5], np.int64), "reserved": np.array(c[6], np.int64)})
+        if tensors:
+            c = list(zip(*tensors))
+            rec.append("memory_tensors", {
+                "ts": np.array(c[0], np.int64), "step": np.array(c[1], np.int32),
+                "addr": np.array(c[2], np.int64), "device": np.array([rec.intern(d) for d in c[3]], np.int32),
+                "bytes": np.array(c[4], np.int64), "category": np.array([rec.intern(s) for s in c[5]], np.int32),
+                "shape": np.array([rec.intern(s) for s in c[6]], np.int32),
+                "dtype": np.array([rec.intern(s) for s in c[7]], np.int32)})
+
+    def uninstall(self) -> None:
+        self._teardown()
+
+    # ---- internals
+    def _teardown(self) -> None:
+        if self._hook is not None:
+            try:
+                self._hook.remove()
+            finally:
+                self._hook = None
+        if self.tracker is not None:
+            try:
+                self.tracker.stop()
+            finally:
+                self.tracker = None
+
+    def _device(self, device_type: int, index: int) -> str:
+        key = (device_type, index)
+        name = self._devices.get(key)
+        if name is None:
+            from neuron_prof.collectors._memtrack import device_name
+
+            name = self._devices[key] = device_name(device_type, index)
+        return name
+
+    def _note_tensors(self, step: int, ts: int) -> None:
+        """Storages of parameters, gradients and optimizer state, by address (first role wins:
+        a parameter is never also counted as optimizer state)."""
+        seen: set[tuple[str, int]] = set()
+        rows = []
+
+        def add(t, category: str) -> None:
+            try:
+                st = t.untyped_storage()
+                key = (str(t.device), st.data_ptr())
+                if key in seen or st.nbytes() == 0:
+                    return
+                seen.add(key)
+                rows.append((ts, step, st.data_ptr(), str(t.device), st.nbytes(), category,
+                             str(list(t.shape)), str(t.dtype).replace("torch.", "")))
+            except Exception:
+                pass
+
+        import torch
+
+        for opt in list(self._optimizers):
+            params = [p for g in opt.param_groups for p in g["params"]]
+            for p in params:
+                add(p, "parameter")
+            for p in params:
+                if p.grad is not None:
+                    add(p.grad, "gradient")
+            for state in opt.state.values():
+                for v in state.values() if isinstance(state, dict) else ():
+                    if isinstance(v, torch.Tensor):
+                        add(v, "optimizer state")
+        with self._lock:
+            self._tensors.extend(rows)
+
+    def _map(self, rec: Recorder, ids: np.ndarray, which: str) -> np.ndarray:
+        """Engine string/stack ids -> the Recorder's (-1 in the table: not looked up yet)."""
+        ids = ids.astype(np.int64)
+        lut = self._luts[which]
+        top = int(ids.max(initial=0))
+        if top >= len(lut):
+            lut = np.concatenate([lut, np.full(max(top + 1, 2 * len(lut)) - len(lut), -1, np.int32)])
+        unknown = np.unique(ids[lut[ids] < 0]).tolist()
+        if unknown:
+            if which == "stacks":
+                for i, frames in zip(unknown, self.engine.stacks_of(unknown)):
+                    lut[i] = rec.intern_stack(frames) if frames else 0
+            else:
+                for i, s in zip(unknown, self.engine.strings_of(unknown)):
+                    lut[i] = rec.intern(s)
+        self._luts[which] = lut
+        return lut[ids]
+
+    def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
+        if len(ev) == 0:
+            return
+        dev = np.array([rec.intern(self._device(int(t), int(i)))
+                        for t, i in zip(ev["device_type"], ev["device_index"])], np.int32)
+        rec.append("memory_events", {
+            "ts": ev["ts"].astype(np.int64), "alloc_ts": ev["alloc_ts"].astype(np.int64),
+            "addr": ev["addr"].astype(np.int64), "bytes": ev["bytes"].astype(np.int64), "device": dev,
+            "tid": ev["tid"].astype(np.int64), "op": self._map(rec, ev["op"], "strings"),
+            "top_op": self._map(rec, ev["top_op"], "strings"), "module": self._map(rec, ev["module"], "strings"),
+            "stack": self._map(rec, ev["stack"], "stacks"), "bwd": ev["bwd"].astype(bool),
+            "kind": ev["kind"].astype(np.int8), "total_allocated": ev["total_allocated"].astype(np.int64),
+            "total_reserved": ev["total_reserved"].astype(np.int64)})

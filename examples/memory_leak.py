@@ -1,0 +1,56 @@
+"""Memory bugs on marked lines, for neuron_prof's memory tests and docs.
+
+    neuron-prof record -o runs/leak -- python -m neuron_prof.examples.memory_leak leak
+
+``leak``: each step also evaluates the model on a validation batch *with* autograd on and keeps
+the result for logging; every kept result holds its graph, and the graph holds its saved
+tensors: the validation input, the hidden activation and the output. ``clean`` keeps
+``.item()`` instead. ``spike``: one step makes a huge temporary (an ``expand(...).contiguous()``).
+All sizes follow from the constants below (float32: 4 bytes per element).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+BATCH, IN, HIDDEN, OUT = 32, 64, 128, 1
+SPIKE = 256  # copies of the batch in the spike's temporary
+
+
+def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def leaked_bytes_per_step() -> int:
+    """What one leaked validation result keeps alive: x_val, relu output, model output, scalar."""
+    return 4 * (BATCH * IN + BATCH * HIDDEN + BATCH * OUT + 1)
+
+
+def train(steps: int, mode: str = "leak", prof=None) -> list:
+    model, opt = model_and_optimizer()
+    history = []
+    for step in range(steps):
+        x = torch.randn(BATCH, IN)
+        y = torch.randn(BATCH, OUT)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if mode == "spike" and step == steps // 2:
+            loss = loss + x.unsqueeze(0).expand(SPIKE, BATCH, IN).contiguous().mean() * 0  # SPIKE-LINE
+        opt.step()
+        x_val = torch.randn(BATCH, IN)  # VAL-INPUT-LINE
+        if mode == "leak":
+            history.append(model(x_val).pow(2).mean())  # LEAK-LINE
+        else:
+            with torch.no_grad():
+                history.append(model(x_val).pow(2).mean().item())
+        if prof is not None:
+            prof.step()
+    return history
+
+
+if __name__ == "__main__":
+    train(int(sys.argv[2]) if len(sys.argv) > 2 else 8, sys.argv[1] if len(sys.argv) > 1 else "leak")

@@ -1,0 +1,315 @@
+"""Memory analyses: allocations with lifetimes and categories, timeline, peaks, leaks, diffs.
+
+Pandas in, pandas out; inputs are ``Run.memory_events``, ``Run.memory_tensors``,
+``Run.memory_steps`` and ``Run.steps``. Every byte figure is what the allocator was asked for
+(the CPU allocator and CUDA's caching allocator report requested sizes), per device.
+
+Categories (:func:`allocations`), decided in this order:
+
+``parameter``, ``gradient``, ``optimizer state``
+    the block holds, at a captured step boundary, a tensor an optimizer that stepped knows in that
+    role (its params, their ``.grad``, its ``state``) — exact, from Python, by storage address.
+``input``
+    made outside any module and outside backward/optimizer by a top-level factory or copy op
+    (``randn``, ``zeros``, ``empty``, ``tensor``, ``arange``, ``to``, ``_to_copy``, ``pin_memory``,
+    ...): the data the loop feeds the model.
+``activation``
+    made in the forward pass (not a backward op, not inside ``Optimizer.step``) and either freed by
+    a backward op (autograd released it after using it) or alive after its step ended (kept for a
+    backward that has not run, or never will: the classic leak of a retained graph).
+``temporary``
+    freed within the step it was made in, by an op of the same pass, or by a non-backward op.
+``other``
+    the rest: made outside any op, before capture windows (``baseline`` without a known role), or
+    in backward/optimizer and alive after the step.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
+NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended
+_LIFETIME_KINDS = {"alloc": 0, "free": 1, "baseline": 2, "late_free": 3}
+_INPUT_OPS = re.compile(
+    r"^aten::(randn|rand|randint|randperm|normal|zeros|ones|empty|empty_strided|full|tensor|scalar_tensor|"
+    r"arange|linspace|from_file|as_tensor|to|_to_copy|copy_|pin_memory|_pin_memory|clone|stack|cat)(_like)?$")
+_OPTIMIZER = "Optimizer."
+ALLOC_COLUMNS = ["rank", "device", "addr", "bytes", "alloc_ts", "free_ts", "step", "op", "top_op", "module",
+                 "source", "stack", "bwd", "free_op", "free_bwd", "baseline", "category"]
+
+
+def _step_of(ts: np.ndarray, rank: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Step each timestamp falls in, per rank (-1: before the first step)."""
+    out = np.full(len(ts), -1, dtype=np.int32)
+    for r in np.unique(rank):
+        s = steps[steps["rank"] == r].sort_values("ts")
+        idx = np.flatnonzero(rank == r)
+        if len(s) and len(idx):
+            pos = np.searchsorted(s["ts"].to_numpy(), ts[idx], side="right") - 1
+            out[idx] = np.where(pos >= 0, s["step"].to_numpy()[np.maximum(pos, 0)], -1)
+    return out
+
+
+def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
+                steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per captured allocation with its lifetime (``free_ts`` = :data:`NEVER` if it was
+    still live when capture ended), the step it was made in, attribution and category."""
+    kinds = events["kind"].astype(str)
+    life = events[kinds.isin(list(_LIFETIME_KINDS))]
+    made = life[life["kind"].astype(str).isin(["alloc", "baseline"])]
+    freed = life[life["kind"].astype(str).isin(["free", "late_free"])]
+    key = ["rank", "device", "addr", "alloc_ts"]
+    frees = freed[key + ["ts", "op", "bwd"]].rename(columns={"ts": "free_ts", "op": "free_op", "bwd": "free_bwd"})
+    frees = frees.drop_duplicates(key, keep="first")
+    a = made.drop_duplicates(key, keep="first").merge(frees, on=key, how="left")
+    a["free_ts"] = a["free_ts"].fillna(NEVER).astype(np.int64)
+    a["free_bwd"] = a["free_bwd"].astype("boolean").fillna(False).astype(bool)
+    a["baseline"] = a["kind"].astype(str) == "baseline"
+    a["bytes"] = a["bytes"].astype(np.int64)
+    if steps is not None and len(steps):
+        a["step"] = _step_of(a["alloc_ts"].to_numpy(), a["rank"].to_numpy(), steps)
+    else:
+        a["step"] = np.int32(-1)
+    a["category"] = _categories(a, tensors, steps)
+    a = a.sort_values(["rank", "alloc_ts"], ignore_index=True)
+    for c in ("device", "op", "top_op", "module", "source", "free_op"):
+        if c in a and a[c].dtype != "category":
+            a[c] = a[c].astype(str).astype("category")
+    return a[ALLOC_COLUMNS]
+
+
+def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFrame | None) -> pd.Categorical:
+    cat = np.full(len(a), "other", dtype=object)
+    op = a["op"].astype(str).to_numpy()
+    top = a["top_op"].astype(str).to_numpy()
+    module = a["module"].astype(str).to_numpy()
+    bwd = a["bwd"].to_numpy(bool)
+    in_opt = np.char.startswith(top.astype(str), _OPTIMIZER) if len(a) else np.zeros(0, bool)
+    forward = (op != "") & ~bwd & ~in_opt
+    # the end of each allocation's step (a block alive past it outlived its step)
+    step_end = np.full(len(a), NEVER, dtype=np.int64)
+    if steps is not None and len(steps):
+        ends = steps.assign(end=steps["ts"] + steps["dur"]).set_index(["rank", "step"])["end"]
+        idx = pd.MultiIndex.from_arrays([a["rank"].to_numpy(), a["step"].to_numpy()])
+        step_end = ends.reindex(idx).fillna(NEVER).to_numpy(np.int64)
+    free_ts = a["free_ts"].to_numpy(np.int64)
+    outlived = free_ts > step_end
+    is_input = forward & (module == "") & np.array([bool(_INPUT_OPS.match(t)) for t in top], dtype=bool)
+    cat[forward & ~is_input & ~outlived & ~a["free_bwd"].to_numpy(bool)] = "temporary"
+    cat[(bwd | in_opt) & ~outlived] = "temporary"
+    cat[forward & ~is_input & (outlived | a["free_bwd"].to_numpy(bool))] = "activation"
+    cat[is_input] = "input"
+    if tensors is not None and len(tensors):
+        role = _known_roles(a, tensors)
+        cat = np.where(role != "", role, cat)
+    return pd.Categorical(cat, categories=CATEGORIES)
+
+
+def _known_roles(a: pd.DataFrame, tensors: pd.DataFrame) -> np.ndarray:
+    """The Python-known role of each allocation alive at a boundary where its address had one."""
+    out = np.full(len(a), "", dtype=object)
+    left = a[["rank", "device", "addr", "alloc_ts", "free_ts"]].reset_index(names="i")
+    right = tensors[["rank", "device", "addr", "ts", "category"]].copy()
+    for df in (left, right):
+        df["device"] = df["device"].astype(str)
+    m = left.merge(right, on=["rank", "device", "addr"], how="inner")
+    m = m[(m["alloc_ts"] <= m["ts"]) & (m["ts"] < m["free_ts"])]
+    if len(m):
+        order = {c: i for i, c in enumerate(CATEGORIES)}
+        m = m.assign(o=m["category"].astype(str).map(order)).sort_values(["i", "o"]).drop_duplicates("i")
+        out[m["i"].to_numpy()] = m["category"].astype(str).to_numpy()
+    return out
+
+
+# ---------------------------------------------------------------- live memory over time
+def _deltas(allocs: pd.DataFrame) -> pd.DataFrame:
+    """+bytes at each allocation, -bytes at each free, time-ordered per rank and device."""
+    made = allocs[["rank", "device", "alloc_ts", "bytes", "category"]].rename(columns={"alloc_ts": "ts"})
+    gone = allocs[allocs["free_ts"] != NEVER][["rank", "device", "free_ts", "bytes", "category"]]
+    gone = gone.rename(columns={"free_ts": "ts"}).assign(bytes=lambda d: -d["bytes"])
+    d = pd.concat([made.assign(i=made.index), gone.assign(i=gone.index)], ignore_index=True)
+    return d.sort_values(["rank", "device", "ts", "bytes"], ascending=[True, True, True, False], ignore_index=True)
+
+
+def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
+    """Live bytes over time per rank and device, total and per category, downsampled to at most
+    about ``max_points`` rows per device keeping each bucket's minimum and maximum total (so the
+    peak is always a row)."""
+    cols = ["rank", "device", "ts", "total", *CATEGORIES]
+    if allocs.empty:
+        return pd.DataFrame(columns=cols)
+    d = _deltas(allocs)
+    parts = []
+    for (rank, device), g in d.groupby(["rank", "device"], observed=True, sort=True):
+        per = pd.crosstab(g.index, g["category"], values=g["bytes"], aggfunc="sum").reindex(columns=CATEGORIES)
+        per = per.fillna(0).astype(np.int64).cumsum()
+        per["total"] = per.sum(axis=1)
+        per["ts"] = g["ts"].to_numpy()
+        per = per.groupby("ts", sort=True).last()  # simultaneous events: the state after all of them
+        if len(per) > max_points:
+            buckets = np.minimum((np.arange(len(per)) * (max_points // 2)) // len(per), max_points // 2 - 1)
+            tot = per["total"].to_numpy()
+            keep = set()
+            for b_idx in np.split(np.arange(len(per)), np.flatnonzero(np.diff(buckets)) + 1):
+                keep.add(int(b_idx[np.argmin(tot[b_idx])]))
+                keep.add(int(b_idx[np.argmax(tot[b_idx])]))
+            per = per.iloc[sorted(keep)]
+        per = per.reset_index().assign(rank=rank, device=device)
+        parts.append(per[cols])
+    return pd.concat(parts, ignore_index=True)
+
+
+def live_at(allocs: pd.DataFrame, ts: int, rank: int | None = None, device: str | None = None) -> pd.DataFrame:
+    """The allocations alive at ``ts`` (made at or before it, freed after it)."""
+    m = (allocs["alloc_ts"] <= ts) & (allocs["free_ts"] > ts)
+    if rank is not None:
+        m &= allocs["rank"] == rank
+    if device is not None:
+        m &= allocs["device"].astype(str) == device
+    return allocs[m]
+
+
+def snapshot(allocs: pd.DataFrame, ts: int, by: str | list[str] = "category", rank: int | None = None,
+             device: str | None = None) -> pd.DataFrame:
+    """Live bytes and block count at ``ts`` grouped ``by`` (category, source, module, op, ...)."""
+    by = [by] if isinstance(by, str) else list(by)
+    live = live_at(allocs, ts, rank, device)
+    out = live.groupby(by, observed=True).agg(bytes=("bytes", "sum"), blocks=("bytes", "size")).reset_index()
+    return out.sort_values("bytes", ascending=False, ignore_index=True)
+
+
+def snapshot_diff(allocs: pd.DataFrame, ts_a: int, ts_b: int, by: str = "source", rank: int | None = None,
+                  device: str | None = None) -> pd.DataFrame:
+    """What appeared between two times (alive at ``ts_b``, not at ``ts_a``) and what went away,
+    by ``by``; ``net`` = appeared - gone, largest growth first."""
+    a = live_at(allocs, ts_a, rank, device)
+    b = live_at(allocs, ts_b, rank, device)
+    key = ["rank", "device", "addr", "alloc_ts"]
+    new = b.merge(a[key], on=key, how="left", indicator=True)
+    new = new[new["_merge"] == "left_only"]
+    gone = a.merge(b[key], on=key, how="left", indicator=True)
+    gone = gone[gone["_merge"] == "left_only"]
+    up = new.groupby(by, observed=True)["bytes"].agg(appeared="sum", appeared_blocks="size")
+    down = gone.groupby(by, observed=True)["bytes"].agg(gone="sum", gone_blocks="size")
+    out = up.join(down, how="outer").fillna(0).astype(np.int64)
+    out["net"] = out["appeared"] - out["gone"]
+    return out.reset_index().sort_values("net", ascending=False, ignore_index=True)
+
+
+def step_boundaries(steps: pd.DataFrame) -> pd.DataFrame:
+    """rank, step, ts of each complete step's end (the boundary after it)."""
+    s = steps[steps["complete"]]
+    return pd.DataFrame({"rank": s["rank"].to_numpy(), "step": s["step"].to_numpy(),
+                         "ts": (s["ts"] + s["dur"]).to_numpy(np.int64)})
+
+
+# ---------------------------------------------------------------- peaks
+PEAK_COLUMNS = ["rank", "device", "step", "ts", "bytes", "op", "source", "module", "alloc_bytes", "category"]
+
+
+def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device and captured step: the highest live bytes within the step, when, and what
+    caused it: the largest block made in the step and alive at the peak (its top-level op —
+    what the user called, e.g. ``aten::contiguous`` — source line, module, size, category)."""
+    if allocs.empty:
+        return pd.DataFrame(columns=PEAK_COLUMNS)
+    d = _deltas(allocs)
+    active = steps[steps["active"]]
+    rows = []
+    for (rank, device), g in d.groupby(["rank", "device"], observed=True, sort=True):
+        live = np.cumsum(g["bytes"].to_numpy())
+        ts = g["ts"].to_numpy()
+        mine = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == str(device))]
+        for _, s in active[active["rank"] == rank].iterrows():
+            lo, hi = np.searchsorted(ts, s["ts"], "left"), np.searchsorted(ts, s["ts"] + s["dur"], "right")
+            if hi <= lo:
+                continue
+            j = lo + int(np.argmax(live[lo:hi]))
+            t = int(ts[j])
+            made = mine[(mine["alloc_ts"] >= s["ts"]) & (mine["alloc_ts"] <= t) & (mine["free_ts"] > t)]
+            row = {"rank": rank, "device": device, "step": int(s["step"]), "ts": t, "bytes": int(live[j]),
+                   "op": "", "source": "", "module": "", "alloc_bytes": 0, "category": ""}
+            if len(made):
+                c = made.loc[made["bytes"][::-1].idxmax()]  # the largest; the latest of equals
+                row.update(op=str(c["top_op"]), source=str(c["source"]), module=str(c["module"]),
+                           alloc_bytes=int(c["bytes"]), category=str(c["category"]))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=PEAK_COLUMNS)
+
+
+def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
+    """The biggest contributors to live memory at ``ts``, by source line, module and op."""
+    return snapshot(allocs, ts, ["source", "module", "op", "category"], rank, device).head(top)
+
+
+# ---------------------------------------------------------------- leaks
+LEAK_COLUMNS = ["rank", "device", "growth_per_step", "steps_growing", "steps_checked", "confidence",
+                "source", "module", "op", "category", "bytes_per_step", "blocks_per_step", "steps_seen"]
+
+
+def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
+    """Step-over-step growth of live bytes at step boundaries, per rank and device.
+
+    ``growth_per_step`` is the median difference between consecutive boundaries after the first
+    (the first steps allocate optimizer state and caches); ``growing`` = how many of those
+    differences are positive."""
+    rows = []
+    for (rank, device), g in memory_steps.groupby(["rank", "device"], observed=True, sort=True):
+        live = g.sort_values("step")["live"].to_numpy(np.int64)
+        diffs = np.diff(live)[1:]
+        rows.append({"rank": rank, "device": str(device), "boundaries": len(live),
+                     "growth_per_step": float(np.median(diffs)) if len(diffs) else 0.0,
+                     "growing": int((diffs > 0).sum()), "checked": len(diffs),
+                     "first": int(live[0]) if len(live) else 0, "last": int(live[-1]) if len(live) else 0})
+    return pd.DataFrame(rows, columns=["rank", "device", "boundaries", "growth_per_step", "growing", "checked",
+                                       "first", "last"])
+
+
+def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
+          min_steps: int = 3) -> pd.DataFrame:
+    """Live memory that grows step over step, and the allocation sites that account for it.
+
+    A device leaks when, over at least ``min_steps`` step-to-step differences (after the first),
+    live bytes at the boundaries grow in at least 3/4 of them. Its sites are the (source, module,
+    op, category) groups whose allocations, made in a captured step before the last, are still
+    alive at the last boundary (``survivors``), in at least half of those steps. One row per
+    site: ``bytes_per_step`` (median over the steps it survived from), ``blocks_per_step``,
+    ``steps_seen`` of ``steps_checked``; ``confidence`` (0..1) = how much of the measured growth
+    the device's sites account for (capped at 1) x the share of growing differences.
+    """
+    out = []
+    g_all = growth(memory_steps)
+    horizon = memory_steps.groupby("rank")["ts"].max()
+    for _, g in g_all.iterrows():
+        if g["checked"] < min_steps or g["growth_per_step"] <= 0 or g["growing"] < 0.75 * g["checked"]:
+            continue
+        rank, device = g["rank"], g["device"]
+        done = steps[(steps["rank"] == rank) & steps["active"] & steps["complete"]]["step"]
+        last = memory_steps[memory_steps["rank"] == rank]["step"].max()
+        candidates = sorted(s for s in done if s < last)
+        a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)
+                   & allocs["step"].isin(candidates) & (allocs["free_ts"] > horizon.get(rank, NEVER))]
+        site = ["source", "module", "op", "category"]
+        per_step = a.groupby(site + ["step"], observed=True)["bytes"].agg(["sum", "size"]).reset_index()
+        sites = per_step.groupby(site, observed=True).agg(
+            bytes_per_step=("sum", "median"), blocks_per_step=("size", "median"), steps_seen=("step", "nunique"))
+        sites = sites[sites["steps_seen"] >= max(1, len(candidates) / 2)].reset_index()
+        sites = sites.sort_values("bytes_per_step", ascending=False, ignore_index=True)
+        explained = float(sites["bytes_per_step"].sum())
+        share = min(explained, g["growth_per_step"]) / max(explained, g["growth_per_step"]) if explained else 0.0
+        conf = round(share * g["growing"] / g["checked"], 3)
+        for _, s in sites.iterrows():
+            out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
+                        "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": conf,
+                        "source": str(s["source"]), "module": str(s["module"]), "op": str(s["op"]),
+                        "category": str(s["category"]), "bytes_per_step": int(s["bytes_per_step"]),
+                        "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
+        if sites.empty:
+            out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
+                        "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": 0.0,
+                        "source": "", "module": "", "op": "", "category": "", "bytes_per_step": 0,
+                        "blocks_per_step": 0, "steps_seen": 0})
+    return pd.DataFrame(out, columns=LEAK_COLUMNS)
