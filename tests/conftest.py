@@ -52,3 +52,25 @@ def demo_run(tmp_path_factory) -> Path:
     with neuron_prof.profile(run_dir, schedule=neuron_prof.schedule(wait=1, warmup=1, active=3)) as prof:
         train(6, prof)
     return run_dir
+
+
+MEMORY_STEPS = 8
+
+
+@pytest.fixture(scope="session")
+def memory_runs(tmp_path_factory):
+    """``memory_runs(mode)``: a captured run of examples/memory_leak.py (``leak``, ``clean`` or
+    ``spike``; eager + memory collectors, every step captured), made once per session."""
+    import neuron_prof
+    from neuron_prof.examples import memory_leak
+    root = tmp_path_factory.mktemp("memory_runs")
+    made: dict[str, Path] = {}
+
+    def get(mode: str) -> Path:
+        if mode not in made:
+            with neuron_prof.profile(root / mode, collectors=["eager", "memory"]) as prof:
+                memory_leak.train(MEMORY_STEPS, mode, prof)
+            made[mode] = root / mode
+        return made[mode]
+
+    return get
