@@ -37,7 +37,7 @@ from neuron_prof.recording import Recorder
 
 DEFAULT_MAX_EVENTS = 4_000_000
 KIND_CODES = {"alloc": 0, "free": 1, "baseline": 2, "late_free": 3, "live": 4, "oom": 5, "recent": 6}
-_OOM_SIZE = re.compile(r"(?:allocate|alloc(?:ate)?)\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
+_OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
 _UNITS = {None: 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
           "gib": 2**30, "tib": 2**40}
 
@@ -49,7 +49,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
+    return isinstance(exc, RuntimeError) and any(
+        k in text for k in ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory"))
 
 
 def requested_bytes(message: str) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from neuron_prof.analysis import compile as comp
+from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import op_stats
 from neuron_prof.analysis.steps import PHASES, step_breakdown, step_stats
 from neuron_prof.analysis.sync import sync_points, sync_summary
@@ -62,12 +63,84 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "top_fusions": _records(comp.top_fusions(run.fusions, top)),
             "graph_runs": _records(comp.graph_runs(runs, n_captured).head(top)),
         },
+        "memory": _memory(run, top),
         "health": {
             "ranks": _records(run.health),
             "failures": _records(failures[["rank", "collector", "message"]]) if len(failures) else [],
             "stale_rank_dirs": [str(d) for d in run.stale_rank_dirs],
         },
     }
+
+
+def _memory(run: Run, top: int) -> dict[str, Any]:
+    """Peak per device with what made it, growth per step, leak findings, OOMs."""
+    ms = run.memory_steps
+    if ms.empty and run.memory_events.empty:
+        return {"captured": False}
+    allocs = run.memory_allocations
+    peaks = run.memory_peaks
+    devices = []
+    for _, g in mem.growth(ms).iterrows():
+        d = {"rank": int(g["rank"]), "device": g["device"], "live_first": int(g["first"]), "live_last": int(g["last"]),
+             "growth_per_step": float(g["growth_per_step"]), "boundaries": int(g["boundaries"]),
+             "peak_between_boundaries": int(ms[(ms["rank"] == g["rank"]) & (ms["device"].astype(str) == g["device"])]
+                                            ["peak"].max())}
+        p = peaks[(peaks["rank"] == g["rank"]) & (peaks["device"].astype(str) == g["device"])]
+        if len(p):
+            best = p.loc[p["bytes"].idxmax()]
+            d["peak"] = {k: (best[k].item() if hasattr(best[k], "item") else best[k])
+                         for k in ("step", "bytes", "op", "source", "module", "alloc_bytes", "category")}
+            d["peak_by_category"] = _records(mem.snapshot(allocs, int(best["ts"]), "category", int(g["rank"]),
+                                                          g["device"]))
+            d["peak_sites"] = _records(mem.peak_sites(allocs, int(g["rank"]), g["device"], int(best["ts"]), top))
+        devices.append(d)
+    return {"captured": True, "devices": devices, "leaks": _records(run.memory_leaks),
+            "ooms": _records(run.memory_ooms[["rank", "step", "device", "bytes", "message"]])
+            if len(run.memory_ooms) else []}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB" if abs(n) >= 2**10 else f"{n:.0f} B"
+
+
+def _render_memory(m: dict[str, Any]) -> list[str]:
+    if not m["captured"]:
+        return ["", "Memory", "  not captured (collector `memory`: --collectors eager,compiler,memory)"]
+    out = ["", "Memory (bytes allocated since capture began, per device)"]
+    for d in m["devices"]:
+        out.append(f"  rank {d['rank']} {d['device']}: live {_mb(d['live_first'])} -> {_mb(d['live_last'])} over "
+                   f"{d['boundaries']} step boundaries ({_mb(d['growth_per_step'])}/step), "
+                   f"highest peak between boundaries {_mb(d['peak_between_boundaries'])}")
+        p = d.get("peak")
+        if p:
+            out.append(f"  peak of the captured steps: {_mb(p['bytes'])} in step {p['step']}, reached with "
+                       f"{_mb(p['alloc_bytes'])} from {p['op'] or '?'} at {p['source'] or '?'}"
+                       + (f" ({p['module']})" if p["module"] else "") + f" [{p['category']}]")
+            out.append("    by category: " + ", ".join(f"{c['category']} {_mb(c['bytes'])}" for c in d["peak_by_category"]))
+            out += ["  " + line for line in _table(
+                [{**x, "size": _mb(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
+                 for x in d["peak_sites"]],
+                [("source", "live at the peak: source line", ""), ("module", "module", ""), ("op", "op", ""),
+                 ("category", "category", ""), ("blocks", "blocks", "d"), ("size", "bytes", "")])]
+    if m["leaks"]:
+        by_dev: dict[tuple, list] = {}
+        for x in m["leaks"]:
+            by_dev.setdefault((x["rank"], x["device"]), []).append(x)
+        for (rank, device), rows in by_dev.items():
+            x = rows[0]
+            out.append(f"  !! LEAK on rank {rank} {device}: +{_mb(x['growth_per_step'])} per step "
+                       f"(grew in {x['steps_growing']} of the step boundaries checked), confidence {x['confidence']:.2f}")
+            out += ["  " + line for line in _table(
+                [{**r, "size": _mb(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
+                  "module": r["module"] or "-"} for r in rows if r["source"] or r["op"]],
+                [("source", "surviving allocations from", ""), ("module", "module", ""), ("op", "op", ""),
+                 ("category", "category", ""), ("size", "bytes/step", ""), ("blocks_per_step", "blocks/step", "d"),
+                 ("seen", "steps", "")])]
+    else:
+        out.append("  no leak: live memory does not grow step over step")
+    for o in m["ooms"]:
+        out.append(f"  !! OUT OF MEMORY on rank {o['rank']} {o['device']} in step {o['step']}: {o['message']}")
+    return out
 
 
 def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list[str]:
@@ -158,6 +231,7 @@ def render_text(s: dict[str, Any]) -> str:
     else:
         out.append("  none")
     out += _render_compile(s["compile"])
+    out += _render_memory(s["memory"])
     h = s["health"]
     out += ["", "Capture health"]
     for x in h["ranks"]:

@@ -65,7 +65,8 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     frees = freed[key + ["ts", "op", "bwd"]].rename(columns={"ts": "free_ts", "op": "free_op", "bwd": "free_bwd"})
     frees = frees.drop_duplicates(key, keep="first")
     a = made.drop_duplicates(key, keep="first").merge(frees, on=key, how="left")
-    a["free_ts"] = a["free_ts"].fillna(NEVER).astype(np.int64)
+    free = a["free_ts"]  # float after the merge (NaN: no free); ns times are < 2**53, exact
+    a["free_ts"] = np.where(free.isna(), NEVER, free.fillna(0).astype(np.int64))
     a["free_bwd"] = a["free_bwd"].astype("boolean").fillna(False).astype(bool)
     a["baseline"] = a["kind"].astype(str) == "baseline"
     a["bytes"] = a["bytes"].astype(np.int64)
@@ -241,8 +242,11 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
-    """The biggest contributors to live memory at ``ts``, by source line, module and op."""
-    return snapshot(allocs, ts, ["source", "module", "op", "category"], rank, device).head(top)
+    """The biggest contributors to live memory at ``ts``, by source line, module, top-level op
+    (``op``: what the user called, e.g. ``aten::relu`` rather than the ``aten::empty`` inside it)
+    and category."""
+    sites = snapshot(allocs, ts, ["source", "module", "top_op", "category"], rank, device)
+    return sites.rename(columns={"top_op": "op"}).head(top)
 
 
 # ---------------------------------------------------------------- leaks
@@ -292,7 +296,7 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         candidates = sorted(s for s in done if s < last)
         a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)
                    & allocs["step"].isin(candidates) & (allocs["free_ts"] > horizon.get(rank, NEVER))]
-        site = ["source", "module", "op", "category"]
+        site = ["source", "module", "top_op", "category"]  # top_op: what the user called
         per_step = a.groupby(site + ["step"], observed=True)["bytes"].agg(["sum", "size"]).reset_index()
         sites = per_step.groupby(site, observed=True).agg(
             bytes_per_step=("sum", "median"), blocks_per_step=("size", "median"), steps_seen=("step", "nunique"))
@@ -304,7 +308,7 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         for _, s in sites.iterrows():
             out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
                         "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": conf,
-                        "source": str(s["source"]), "module": str(s["module"]), "op": str(s["op"]),
+                        "source": str(s["source"]), "module": str(s["module"]), "op": str(s["top_op"]),
                         "category": str(s["category"]), "bytes_per_step": int(s["bytes_per_step"]),
                         "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
         if sites.empty:
