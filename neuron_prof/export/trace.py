@@ -3,22 +3,31 @@
 One process per rank, a thread track per thread with nested op and mark slices, a Steps track,
 a Sync points track of instants, a Compile track (frame compiles with their phases nested, graph
 breaks and recompiles as instants carrying reason and user line, a flow from each compile to the
-first run of the graph it produced). Timestamps are wall-clock ns (each rank's monotonic clock plus
-its recorded offset), so ranks on different hosts line up.
+first run of the graph it produced) and, where the memory collector ran, memory tracks: live bytes
+per device (total and per category) as counters, a Memory events track with each step's peak and any
+out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as slices spanning their
+lifetime. Timestamps are wall-clock ns (each rank's monotonic clock plus its recorded offset), so ranks
+on different hosts line up.
 """
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.compile import REGION_PREFIX, normalize_compile_id
+from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
 
 OP_ARGS = ("module", "source", "shapes", "dtypes", "devices")
+LARGE_ALLOCATION_BYTES = 1 << 20
+"""Allocations this big or bigger become slices: few enough to draw one by one, big enough to matter."""
+EXPORT_TIMELINE_POINTS = 200_000
+"""Counter samples per device: the analysis default (sized for plots) would thin out a zoomed-in trace."""
 
 
 def _thread_tracks(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict[int, str]):
@@ -33,7 +42,12 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI."""
     ops, marks, steps, threads = run.ops, run.marks, run.steps, run.threads
     sync = sync_points(ops)
-    counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0}
+    counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
+              "memory_samples": 0, "memory_events": 0, "large_allocations": 0}
+    allocs = run.memory_allocations
+    # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
+    mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
+    peaks, ooms = run.memory_peaks, run.memory_ooms
     used_pids: set[int] = set()
     for rd in run.rank_data:
         rank = rd.rank
@@ -71,6 +85,13 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
                             r_sync["name"].astype(str).to_numpy(dtype=object),
                             {"source": r_sync["source"].astype(str).to_numpy(dtype=object),
                              "why": r_sync["kind"].astype(str).to_numpy(dtype=object)})
+        r_allocs = allocs[allocs["rank"] == rank]
+        r_ooms = ooms[ooms["rank"] == rank]
+        counts["memory_samples"] += _write_memory_counters(writer, proc, offset,
+                                                           mem_timeline[mem_timeline["rank"] == rank])
+        counts["memory_events"] += _write_memory_events(writer, proc, offset, peaks[peaks["rank"] == rank], r_ooms)
+        counts["large_allocations"] += _write_large_allocations(
+            writer, proc, offset, r_allocs, _last_event(r_ops, r_marks, r_steps, r_allocs, r_ooms))
         counts["ranks"] += 1
         counts["op_slices"] += len(r_ops)
         counts["mark_slices"] += len(r_marks)
@@ -126,3 +147,116 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
                         np.array([f"recompile {f}" for f in recompiles["func"].astype(str)], dtype=object),
                         {"reason": recompiles["reason"], "compile_id": recompiles["compile_id"]})
     return len(compiles)
+
+
+def _size(n: int) -> str:
+    """Bytes as a short label (binary units, like the allocator's block sizes)."""
+    if abs(n) >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 10):.1f} KiB" if abs(n) >= 1 << 10 else f"{n} B"
+
+
+def _strings(col: pd.Series) -> np.ndarray:
+    """A (categorical) column as the object array of strings the writer takes for string args."""
+    return col.astype(str).to_numpy(dtype=object)
+
+
+def _write_memory_counters(writer: TraceWriter, proc: int, offset: int, tl: pd.DataFrame) -> int:
+    """Live bytes per device: the total, and each category that ever held bytes (an always-zero
+    category track would only push the useful ones out of view)."""
+    written = 0
+    for device, g in tl.groupby("device", observed=True, sort=True):
+        ts = g["ts"].to_numpy(np.int64) + offset
+        named = [(f"Memory {device} (live bytes)", "total"), *((f"Memory {device}: {c}", c) for c in CATEGORIES)]
+        for name, col in named:
+            values = g[col].to_numpy(np.int64)
+            if col != "total" and not values.any():
+                continue
+            # a counter holds its value until the next sample: only changes need writing (a category
+            # is unchanged at most of the timeline's rows, which are changes of the total)
+            changed = np.ones(len(values), bool)
+            changed[1:] = values[1:] != values[:-1]
+            writer.counters(writer.counter_track(proc, name, "bytes"), ts[changed], values[changed])
+            written += int(changed.sum())
+    return written
+
+
+def _write_memory_events(writer: TraceWriter, proc: int, offset: int, peaks: pd.DataFrame,
+                         ooms: pd.DataFrame) -> int:
+    """Each captured step's peak (what reached it is in the name, so it reads without a click) and
+    any out-of-memory error, as instants on one track."""
+    if peaks.empty and ooms.empty:
+        return 0
+    track = writer.track(proc, "Memory events")
+    if len(peaks):
+        several = peaks["device"].nunique() > 1  # name the device only where it tells peaks apart
+        names = []
+        for step, device, size, op, source in zip(peaks["step"], peaks["device"].astype(str), peaks["bytes"],
+                                                  peaks["op"].astype(str), peaks["source"].astype(str)):
+            where = " at ".join(x for x in (op, source) if x)
+            names.append(f"peak step {step}" + (f" on {device}" if several else "") + f": {_size(int(size))}"
+                         + (f", {where}" if where else ""))
+        writer.instants(track, peaks["ts"].to_numpy(np.int64) + offset, np.array(names, dtype=object),
+                        {"bytes": peaks["bytes"].to_numpy(np.int64), "device": _strings(peaks["device"]),
+                         "op": _strings(peaks["op"]), "source": _strings(peaks["source"]),
+                         "module": _strings(peaks["module"]), "category": _strings(peaks["category"]),
+                         "alloc_bytes": peaks["alloc_bytes"].to_numpy(np.int64)})
+    if len(ooms):
+        writer.instants(track, ooms["ts"].to_numpy(np.int64) + offset,
+                        np.full(len(ooms), "out of memory", dtype=object),
+                        {"message": _strings(ooms["message"]), "bytes": ooms["bytes"].to_numpy(np.int64),
+                         "device": _strings(ooms["device"])})
+    return len(peaks) + len(ooms)
+
+
+def _last_event(r_ops: pd.DataFrame, r_marks: pd.DataFrame, r_steps: pd.DataFrame, r_allocs: pd.DataFrame,
+                r_ooms: pd.DataFrame) -> int:
+    """The latest time this rank recorded anything (its own clock): where a block still live when
+    capture ended stops being drawn."""
+    ends = [int((df["ts"] + df["dur"]).max()) for df in (r_ops, r_marks, r_steps) if len(df)]
+    freed = r_allocs["free_ts"][r_allocs["free_ts"] != NEVER]
+    ends += [int(c.max()) for c in (r_allocs["alloc_ts"], freed, r_ooms["ts"]) if len(c)]
+    return max(ends, default=0)
+
+
+def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Greedy interval partitioning: in start order each interval takes the lowest lane free by its
+    start, so intervals on one lane never overlap (slices on one track must nest) and there are
+    only as many lanes as intervals alive at once. O(n log n)."""
+    lane = np.empty(len(start), np.int64)
+    busy: list[tuple[int, int]] = []   # (end, lane)
+    free: list[int] = []
+    opened = 0
+    for i in np.argsort(start, kind="stable").tolist():
+        while busy and busy[0][0] <= start[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane[i] = heapq.heappop(free)
+        else:
+            lane[i] = opened
+            opened += 1
+        heapq.heappush(busy, (int(end[i]), int(lane[i])))
+    return lane
+
+
+def _write_large_allocations(writer: TraceWriter, proc: int, offset: int, r_allocs: pd.DataFrame,
+                             run_end: int) -> int:
+    """Blocks of at least ``LARGE_ALLOCATION_BYTES`` as slices over their lifetime, per device on
+    as many "Large allocations <device> #k" tracks as were alive at once; a block never freed
+    during capture ends at ``run_end``."""
+    big = r_allocs[r_allocs["bytes"] >= LARGE_ALLOCATION_BYTES]
+    for device, g in big.groupby("device", observed=True, sort=True):
+        start = g["alloc_ts"].to_numpy(np.int64)
+        never = g["free_ts"].to_numpy(np.int64) == NEVER
+        end = np.where(never, run_end, g["free_ts"].to_numpy(np.int64))
+        lane = _lanes(start, end)
+        tracks = np.array([writer.track(proc, f"Large allocations {device} #{k + 1}")
+                           for k in range(int(lane.max()) + 1)], dtype=np.int64)
+        names = np.array([f"{_size(int(b))} {op or alloc_op}".rstrip() for b, op, alloc_op in
+                          zip(g["bytes"], g["top_op"].astype(str), g["op"].astype(str))], dtype=object)
+        writer.slices(tracks[lane], start + offset, end - start, names,
+                      {"bytes": g["bytes"].to_numpy(np.int64), "op": _strings(g["op"]),
+                       "source": _strings(g["source"]), "module": _strings(g["module"]),
+                       "category": _strings(g["category"]), "step": g["step"].to_numpy(np.int64),
+                       "freed": np.where(never, "no (live when capture ended)", "").astype(object)})
+    return len(big)
