@@ -75,6 +75,7 @@ class MemoryCollector:
         self._steps: list[tuple] = []  # (step, ts, device, live, peak, allocated, reserved)
         self._tensors: list[tuple] = []  # (ts, step, addr, device, bytes, category, shape, dtype)
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self._noted: dict[tuple[int, int], str] = {}  # (id(tensor), storage address) -> role noted
         self._hook = None
         self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # engine id -> rec id
         self._devices: dict[tuple[int, int], str] = {}
@@ -193,23 +194,38 @@ class MemoryCollector:
 
     def _note_tensors(self, step: int, ts: int) -> None:
         """Storages of parameters, gradients and optimizer state, by address (first role wins:
-        a parameter is never also counted as optimizer state)."""
+        a parameter is never also counted as optimizer state). A parameter or state storage
+        already noted under the same tensor object is not noted again: its earlier row lies
+        inside the same allocation's lifetime, which is all the category join needs. Gradients
+        are noted at every boundary: they are new blocks every step."""
+        import torch
+
         seen: set[tuple[str, int]] = set()
         rows = []
+        noted = self._noted
 
         def add(t, category: str) -> None:
             try:
+                ptr = t.data_ptr()
+                # the common case for parameters and optimizer state: same tensor, same block.
+                # Never for gradients: a new one can reuse a freed one's id() and address
+                if category != "gradient" and noted.get((id(t), ptr)) == category:
+                    seen.add((t.device, ptr))
+                    return
                 st = t.untyped_storage()
-                key = (str(t.device), st.data_ptr())
-                if key in seen or st.nbytes() == 0:
+                ptr, device = st.data_ptr(), t.device
+                key = (device, ptr)
+                if key in seen:
                     return
                 seen.add(key)
-                rows.append((ts, step, st.data_ptr(), str(t.device), st.nbytes(), category,
-                             str(list(t.shape)), str(t.dtype).replace("torch.", "")))
+                nbytes = st.nbytes()
+                if nbytes:
+                    if category != "gradient":
+                        noted[(id(t), t.data_ptr())] = category
+                    rows.append((ts, step, ptr, str(device), nbytes, category, str(list(t.shape)),
+                                 str(t.dtype).replace("torch.", "")))
             except Exception:
                 pass
-
-        import torch
 
         for opt in list(self._optimizers):
             params = [p for g in opt.param_groups for p in g["params"]]
@@ -222,6 +238,8 @@ class MemoryCollector:
                 for v in state.values() if isinstance(state, dict) else ():
                     if isinstance(v, torch.Tensor):
                         add(v, "optimizer state")
+        if len(noted) > 1 << 16:  # parameters replaced many times over: forget the old
+            noted.clear()
         with self._lock:
             self._tensors.extend(rows)
 
@@ -232,7 +250,10 @@ class MemoryCollector:
         top = int(ids.max(initial=0))
         if top >= len(lut):
             lut = np.concatenate([lut, np.full(max(top + 1, 2 * len(lut)) - len(lut), -1, np.int32)])
-        unknown = np.unique(ids[lut[ids] < 0]).tolist()
+        mapped = lut[ids]
+        if mapped.min(initial=0) >= 0:
+            return mapped
+        unknown = np.unique(ids[mapped < 0]).tolist()
         if unknown:
             if which == "stacks":
                 for i, frames in zip(unknown, self.engine.stacks_of(unknown)):
@@ -246,8 +267,10 @@ class MemoryCollector:
     def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
         if len(ev) == 0:
             return
-        dev = np.array([rec.intern(self._device(int(t), int(i)))
-                        for t, i in zip(ev["device_type"], ev["device_index"])], np.int32)
+        code = ev["device_type"].astype(np.int32) * 256 + ev["device_index"].astype(np.int32) + 128
+        uniq, inverse = np.unique(code, return_inverse=True)
+        ids = np.array([rec.intern(self._device(int(c) // 256, int(c) % 256 - 128)) for c in uniq], np.int32)
+        dev = ids[inverse.reshape(-1)]
         rec.append("memory_events", {
             "ts": ev["ts"].astype(np.int64), "alloc_ts": ev["alloc_ts"].astype(np.int64),
             "addr": ev["addr"].astype(np.int64), "bytes": ev["bytes"].astype(np.int64), "device": dev,

@@ -12,7 +12,7 @@ import pyarrow as pa
 SCHEMA_VERSION = 1
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
-JOURNALED = ("ops", "steps", "marks")
+JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""

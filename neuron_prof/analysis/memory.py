@@ -62,12 +62,15 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     made = life[life["kind"].astype(str).isin(["alloc", "baseline"])]
     freed = life[life["kind"].astype(str).isin(["free", "late_free"])]
     key = ["rank", "device", "addr", "alloc_ts"]
-    frees = freed[key + ["ts", "op", "bwd"]].rename(columns={"ts": "free_ts", "op": "free_op", "bwd": "free_bwd"})
-    frees = frees.drop_duplicates(key, keep="first")
-    a = made.drop_duplicates(key, keep="first").merge(frees, on=key, how="left")
-    free = a["free_ts"]  # float after the merge (NaN: no free); ns times are < 2**53, exact
-    a["free_ts"] = np.where(free.isna(), NEVER, free.fillna(0).astype(np.int64))
-    a["free_bwd"] = a["free_bwd"].astype("boolean").fillna(False).astype(bool)
+    a = made.drop_duplicates(key, keep="first").reset_index(drop=True)
+    frees = freed.drop_duplicates(key, keep="first")
+    # each allocation's free by exact key lookup (a merge would turn missing int64 times into floats)
+    as_key = lambda df: pd.MultiIndex.from_arrays([df[k].astype(str) if k == "device" else df[k] for k in key])
+    pos = as_key(frees).get_indexer(as_key(a)) if len(frees) else np.full(len(a), -1)
+    hit = pos >= 0
+    a["free_ts"] = np.where(hit, frees["ts"].to_numpy(np.int64)[np.maximum(pos, 0)] if len(frees) else 0, NEVER)
+    a["free_op"] = np.where(hit, frees["op"].astype(str).to_numpy()[np.maximum(pos, 0)] if len(frees) else "", "")
+    a["free_bwd"] = hit & (frees["bwd"].to_numpy(bool)[np.maximum(pos, 0)] if len(frees) else False)
     a["baseline"] = a["kind"].astype(str) == "baseline"
     a["bytes"] = a["bytes"].astype(np.int64)
     if steps is not None and len(steps):
@@ -95,7 +98,7 @@ def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFra
     if steps is not None and len(steps):
         ends = steps.assign(end=steps["ts"] + steps["dur"]).set_index(["rank", "step"])["end"]
         idx = pd.MultiIndex.from_arrays([a["rank"].to_numpy(), a["step"].to_numpy()])
-        step_end = ends.reindex(idx).fillna(NEVER).to_numpy(np.int64)
+        step_end = ends.reindex(idx, fill_value=NEVER).to_numpy(np.int64)
     free_ts = a["free_ts"].to_numpy(np.int64)
     outlived = free_ts > step_end
     is_input = forward & (module == "") & np.array([bool(_INPUT_OPS.match(t)) for t in top], dtype=bool)
@@ -223,6 +226,8 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     for (rank, device), g in d.groupby(["rank", "device"], observed=True, sort=True):
         live = np.cumsum(g["bytes"].to_numpy())
         ts = g["ts"].to_numpy()
+        settled = np.r_[ts[1:] != ts[:-1], True]  # the state after all events of one instant, as timeline()
+        live, ts = live[settled], ts[settled]
         mine = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == str(device))]
         for _, s in active[active["rank"] == rank].iterrows():
             lo, hi = np.searchsorted(ts, s["ts"], "left"), np.searchsorted(ts, s["ts"] + s["dur"], "right")
