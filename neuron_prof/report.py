@@ -105,7 +105,7 @@ def _mb(n: float) -> str:
 
 def _render_memory(m: dict[str, Any]) -> list[str]:
     if not m["captured"]:
-        return ["", "Memory", "  not captured (collector `memory`: --collectors eager,compiler,memory)"]
+        return ["", "Memory", "  not captured (the `memory` collector was off; it is on by default)"]
     out = ["", "Memory (bytes allocated since capture began, per device)"]
     for d in m["devices"]:
         out.append(f"  rank {d['rank']} {d['device']}: live {_mb(d['live_first'])} -> {_mb(d['live_last'])} over "

@@ -26,7 +26,7 @@ from neuron_prof.store import RankWriter, write_run_meta
 
 log = logging.getLogger("neuron_prof")
 
-DEFAULT_COLLECTORS = ("eager", "compiler")
+DEFAULT_COLLECTORS = ("eager", "compiler", "memory")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s

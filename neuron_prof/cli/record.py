@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--schedule", type=parse_schedule, metavar="WAIT,WARMUP,ACTIVE[,REPEAT]",
                    help="capture only these steps in detail (default: every step, up to --max-events)")
-    p.add_argument("--collectors", default="eager,compiler",
-                   help="comma-separated event sources (default: eager,compiler)")
+    p.add_argument("--collectors", default="eager,compiler,memory",
+                   help="comma-separated event sources (default: eager,compiler,memory)")
     p.add_argument("--max-events", type=int, default=50_000_000, help="event cap per rank (default 50M)")
     p.add_argument("-q", "--quiet", action="store_true", help="don't print where the run went")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
