@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/overhead.py [--rounds 5] [--steps 30]
 
 Two MLPs: 512 wide (compute-bound) and 64 wide (launch-bound: per-op cost dominates). Modes run
-interleaved (round-robin) so machine noise hits all alike; we report the median step time and
-the ratio to the uncaptured run. torch.profiler is configured at the detail neuron_prof records:
+interleaved (round-robin, the order rotating per round) so machine noise hits all alike; we
+report the median step time and the ratio to the uncaptured run. neuron_prof runs twice: op
+capture (collectors eager + compiler) and op capture plus memory tracking (+ memory), so the
+memory collector's own cost is the ratio of the two. torch.profiler is configured at the detail neuron_prof records:
 record_shapes=True, with_stack=True, profile_memory=True. "end-to-end" adds each tool's
 teardown (torch.profiler's trace processing, neuron_prof's final flush) per step.
 """
@@ -23,7 +25,8 @@ import torch.nn as nn
 
 import neuron_prof
 
-MODES = ("none", "neuron_prof", "torch.profiler")
+MODES = ("none", "neuron_prof ops", "neuron_prof ops+memory", "torch.profiler")
+COLLECTORS = {"neuron_prof ops": ["eager", "compiler"], "neuron_prof ops+memory": ["eager", "compiler", "memory"]}
 
 
 def make_model(width: int, depth: int = 4) -> nn.Module:
@@ -34,8 +37,8 @@ def make_model(width: int, depth: int = 4) -> nn.Module:
 
 
 def capture(mode: str, tmp: Path):
-    if mode == "neuron_prof":
-        return neuron_prof.profile(tmp / f"run-{time.monotonic_ns()}")
+    if mode in COLLECTORS:
+        return neuron_prof.profile(tmp / f"run-{time.monotonic_ns()}", collectors=COLLECTORS[mode])
     if mode == "torch.profiler":
         return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                       with_stack=True, profile_memory=True)
@@ -59,7 +62,7 @@ def run_once(mode: str, width: int, steps: int, tmp: Path) -> tuple[list[float],
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-            if mode == "neuron_prof":
+            if mode in COLLECTORS:
                 prof.step()
             times.append(time.perf_counter() - t0)
     if mode == "torch.profiler":
@@ -78,12 +81,12 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        run_once("neuron_prof", 64, 2, tmp)  # build/load the extension outside the measurement
+        run_once("neuron_prof ops+memory", 64, 2, tmp)  # build/load the extension outside the measurement
         for width in map(int, args.widths.split(",")):
             steps: dict[str, list[float]] = {m: [] for m in MODES}
             e2e: dict[str, list[float]] = {m: [] for m in MODES}
-            for _ in range(args.rounds):
-                for mode in MODES:
+            for r in range(args.rounds):
+                for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
                     t, e = run_once(mode, width, args.steps, tmp)
                     steps[mode] += t
                     e2e[mode].append(e)
@@ -91,10 +94,12 @@ def main() -> None:
             med_e2e = {m: statistics.median(v) * 1e3 for m, v in e2e.items()}
             results[f"mlp{width}"] = {"step_ms": med, "end_to_end_ms_per_step": med_e2e}
             print(f"MLP {width}-wide (4 layers, batch 64, Adam, 1 thread), median of {args.rounds}x{args.steps} steps")
-            print(f"  {'mode':<16}{'step ms':>9}{'ratio':>8}{'e2e ms/step':>13}{'ratio':>8}")
+            print(f"  {'mode':<24}{'step ms':>9}{'ratio':>8}{'e2e ms/step':>13}{'ratio':>8}")
             for m in MODES:
-                print(f"  {m:<16}{med[m]:>9.3f}{med[m] / med['none']:>8.2f}{med_e2e[m]:>13.3f}"
+                print(f"  {m:<24}{med[m]:>9.3f}{med[m] / med['none']:>8.2f}{med_e2e[m]:>13.3f}"
                       f"{med_e2e[m] / med_e2e['none']:>8.2f}")
+            mem = med["neuron_prof ops+memory"] / med["neuron_prof ops"]
+            print(f"  memory tracking on top of op capture: {mem:.3f}x per step")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
