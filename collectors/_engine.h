@@ -2,6 +2,7 @@
 // (_memory.cpp): the calling thread's open op, the clock and the string table.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -16,13 +17,18 @@ struct OpContext {
   int32_t module = 0;  // module path of the op (the forward op's, for backward ops)
   int32_t stack = 0;   // user Python stack of the top-level op (the forward op's, for backward)
   bool bwd = false;    // the op runs in autograd's backward pass
+  int32_t shape = 0;   // an allocation op's (aten::empty...) size argument, e.g. "[64, 512]"
+  int32_t dtype = 0;   // and the dtype it allocates
 };
 
 // False when the thread has no open op the observer recorded (observer off, outside any op).
 bool current_op(OpContext* out);
 int64_t now_ns();
+const char* dtype_name(c10::ScalarType t);  // "float32", "int64"... (as the ops table spells them)
 int32_t intern(const std::string& s);
 bool in_forked_child();
+// Whether the observer works out the shape/dtype allocation ops make (costs a little per op).
+void set_alloc_meta(bool on);
 
 // Registers the memory functions (mem_*) on the extension module.
 void register_memory(pybind11::module_& m);

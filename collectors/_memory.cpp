@@ -18,6 +18,7 @@
 //  * A ring of the last kRing events of any kind, for an out-of-memory report outside windows.
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <pybind11/stl.h>
@@ -51,7 +52,7 @@ struct MemEvent {
   int64_t total_allocated;  // the allocator's own figures at the event (0 where it has none)
   int64_t total_reserved;
   int64_t tid;
-  int32_t op, top_op, module, stack;
+  int32_t op, top_op, module, stack, shape, dtype;
   int8_t device_type, device_index;
   uint8_t bwd, kind;
   int32_t pad_;
@@ -62,6 +63,8 @@ struct Live {
   neuron_prof::OpContext ctx;
   int8_t device_type, device_index;
   bool emitted;
+  int64_t event = -1;  // its alloc event's index in g_events while not drained (see g_drains)
+  uint64_t drains = 0;
 };
 
 struct Device {
@@ -78,6 +81,8 @@ std::vector<Device>* g_devices = new std::vector<Device>();
 std::vector<MemEvent>* g_ring = new std::vector<MemEvent>(kRing);
 size_t g_ring_n = 0;  // events ever put in the ring
 int64_t g_max_events = 1 << 22;
+uint64_t g_drains = 0;  // g_events handed to Python so far: an index from another drain is stale
+at::CallbackHandle g_outputs = 0;  // the op-output callback, registered while detail is on
 int64_t g_dropped = 0;
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_detail{false};
@@ -93,14 +98,15 @@ Device& device_of(int8_t type, int8_t index) {
   return g_devices->back();
 }
 
-void record(const MemEvent& e, bool keep) {  // g_mu held
+int64_t record(const MemEvent& e, bool keep) {  // g_mu held; the event's index in g_events or -1
   (*g_ring)[g_ring_n++ % kRing] = e;
-  if (!keep) return;
+  if (!keep) return -1;
   if ((int64_t)g_events->size() >= g_max_events) {
     ++g_dropped;
-    return;
+    return -1;
   }
   g_events->push_back(e);
+  return (int64_t)g_events->size() - 1;
 }
 
 MemEvent event_of(const Live& l, int64_t addr, int64_t ts, int64_t bytes, uint8_t kind) {
@@ -115,6 +121,8 @@ MemEvent event_of(const Live& l, int64_t addr, int64_t ts, int64_t bytes, uint8_
   e.top_op = l.ctx.top_op;
   e.module = l.ctx.module;
   e.stack = l.ctx.stack;
+  e.shape = l.ctx.shape;
+  e.dtype = l.ctx.dtype;
   e.bwd = l.ctx.bwd ? 1 : 0;
   e.device_type = l.device_type;
   e.device_index = l.device_index;
@@ -147,11 +155,12 @@ struct Tracker final : public ProfilerStateBase {
         d.live += alloc_size;
         if (d.live > d.peak) d.peak = d.live;
         Live l{addr, alloc_size, now, (int64_t)syscall(SYS_gettid), ctx, dt, di, detail};
-        (*g_live)[key] = l;
         MemEvent e = event_of(l, addr, now, alloc_size, ALLOC);
         e.total_allocated = (int64_t)total_allocated;
         e.total_reserved = (int64_t)total_reserved;
-        record(e, detail);
+        l.event = record(e, detail);
+        l.drains = g_drains;
+        (*g_live)[key] = l;
       } else {
         auto it = g_live->find(key);
         if (it == g_live->end()) return;  // allocated before the tracker started: not ours to count
@@ -191,6 +200,46 @@ struct Tracker final : public ProfilerStateBase {
   }
 };
 
+// ------------------------------------------------------------------ shapes of what ops made
+// Most kernels allocate their outputs without a dispatched aten::empty, so the allocation itself
+// carries no shape. The first op that returns a tensor over a block we saw allocated (the op that
+// made it: it ends before anyone can use its output) gives the block its shape and dtype.
+std::unique_ptr<at::ObserverContext> outputs_start(const at::RecordFunction&) { return nullptr; }
+
+void outputs_end(const at::RecordFunction& rf, at::ObserverContext*) {
+  if (!g_detail.load(std::memory_order_relaxed) || neuron_prof::in_forked_child()) return;
+  try {
+    for (const c10::IValue& iv : rf.outputs()) {
+      if (!iv.isTensor()) continue;
+      const at::Tensor& t = iv.toTensor();
+      if (!t.defined() || !t.has_storage()) continue;
+      const c10::Storage& st = t.unsafeGetTensorImpl()->storage();
+      const c10::Device d = st.device();
+      const uint64_t key = key_of((int64_t)(uintptr_t)st.data(), (int8_t)d.type(), (int8_t)d.index());
+      std::lock_guard<std::mutex> g(g_mu);
+      auto it = g_live->find(key);
+      if (it == g_live->end() || it->second.ctx.shape) continue;
+      std::string shape = "[";
+      bool first = true;
+      for (const auto& dim : t.sym_sizes()) {
+        if (!first) shape += ", ";
+        first = false;
+        auto m = dim.maybe_as_int();
+        shape += m ? std::to_string(*m) : std::string("?");
+      }
+      shape.push_back(']');
+      Live& l = it->second;
+      l.ctx.shape = neuron_prof::intern(shape);
+      l.ctx.dtype = neuron_prof::intern(neuron_prof::dtype_name(t.scalar_type()));
+      if (l.event >= 0 && l.drains == g_drains && l.event < (int64_t)g_events->size()) {
+        (*g_events)[l.event].shape = l.ctx.shape;
+        (*g_events)[l.event].dtype = l.ctx.dtype;
+      }
+    }
+  } catch (...) {
+  }
+}
+
 std::shared_ptr<Tracker>* g_tracker = new std::shared_ptr<Tracker>();
 bool g_pushed = false;
 bool g_suspended = false;
@@ -219,8 +268,10 @@ std::string mem_start(int64_t max_events) {
   return "";
 }
 
+void mem_set_detail(bool on);
+
 void mem_stop() {
-  g_detail.store(false);
+  mem_set_detail(false);
   g_on.store(false);
   if (!g_pushed) return;
   g_pushed = false;
@@ -268,10 +319,20 @@ void mem_set_detail(bool on) {
       Live& l = kv.second;
       if (l.emitted) continue;
       l.emitted = true;
-      record(event_of(l, l.addr, l.ts, l.bytes, BASELINE), true);
+      l.event = record(event_of(l, l.addr, l.ts, l.bytes, BASELINE), true);
+      l.drains = g_drains;
     }
   }
   g_detail.store(on);
+  neuron_prof::set_alloc_meta(on);
+  if (on && g_outputs == 0) {
+    g_outputs = at::addGlobalCallback(at::RecordFunctionCallback(outputs_start, outputs_end)
+                                          .needsOutputs(true)
+                                          .scopes({at::RecordScope::FUNCTION}));
+  } else if (!on && g_outputs != 0) {
+    at::removeCallback(g_outputs);
+    g_outputs = 0;
+  }
 }
 
 py::bytes pack(const std::vector<MemEvent>& v) {
@@ -284,6 +345,7 @@ py::tuple mem_drain() {
   {
     std::lock_guard<std::mutex> g(g_mu);
     out.swap(*g_events);
+    ++g_drains;
     dropped = g_dropped;
     g_dropped = 0;
   }
@@ -331,6 +393,8 @@ py::dict mem_layout() {
   add("top_op", offsetof(MemEvent, top_op), "<i4");
   add("module", offsetof(MemEvent, module), "<i4");
   add("stack", offsetof(MemEvent, stack), "<i4");
+  add("shape", offsetof(MemEvent, shape), "<i4");
+  add("dtype", offsetof(MemEvent, dtype), "<i4");
   add("device_type", offsetof(MemEvent, device_type), "i1");
   add("device_index", offsetof(MemEvent, device_index), "i1");
   add("bwd", offsetof(MemEvent, bwd), "u1");

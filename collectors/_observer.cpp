@@ -110,6 +110,7 @@ struct OpenFrame {
   int64_t seq;
   int64_t fwd_tid;
   int32_t name, module, stack, shapes, dtypes, devices;
+  int32_t alloc_shape, alloc_dtype;  // allocation ops (aten::empty...): the tensor they make
   int16_t depth;
   bool bwd;
   bool unresolved;  // backward wrapper whose forward attribution is not known yet
@@ -122,6 +123,7 @@ struct NameEntry {
   int32_t id;
   bool skip;
   bool eval_fn;
+  bool alloc_op;  // aten::empty, empty_strided, resize_: their size argument is what they allocate
 };
 
 struct MetaIds {
@@ -663,12 +665,14 @@ const NameEntry& lookup_name(ThreadState* st, const char* nm) {
     c.id = strings().intern(c.s);
     c.skip = c.s.rfind("profiler::_record_function", 0) == 0;
     c.eval_fn = c.s.rfind("autograd::engine::evaluate_function", 0) == 0;
+    c.alloc_op = c.s == "aten::empty" || c.s == "aten::empty_strided" || c.s == "aten::resize_";
   }
   e.p = nm;
   e.s = c.s;
   e.id = c.id;
   e.skip = c.skip;
   e.eval_fn = c.eval_fn;
+  e.alloc_op = c.alloc_op;
   return e;
 }
 
@@ -732,6 +736,36 @@ void foreign_end(uint64_t owner_logical, const void* rf, int64_t te) {
       return;
     }
   }
+}
+
+// The shape and dtype of the tensor an allocation op makes, from its arguments: the first int
+// list is the size (empty_strided's second is the stride); the dtype is the first tensor's
+// (resize_) or the first int argument (a ScalarType), else the default dtype.
+std::atomic<bool> g_alloc_meta{false};  // set by the memory tracker while it records in detail
+
+void alloc_meta(const at::RecordFunction& rf, OpenFrame& f) {
+  std::string shape;
+  const char* dtype = nullptr;
+  for (const c10::IValue& iv : rf.inputs()) {
+    if (iv.isIntList() && shape.empty()) {
+      shape.push_back('[');
+      bool first = true;
+      for (int64_t d : iv.toIntVector()) {
+        if (!first) shape += ", ";
+        first = false;
+        shape += std::to_string(d);
+      }
+      shape.push_back(']');
+    } else if (iv.isTensor() && !dtype && iv.toTensor().defined()) {
+      dtype = dtype_name(iv.toTensor().scalar_type());
+    } else if (iv.isInt() && !dtype && !shape.empty()) {
+      dtype = dtype_name(static_cast<c10::ScalarType>(iv.toInt()));
+    }
+  }
+  if (!dtype) dtype = dtype_name(c10::typeMetaToScalarType(c10::get_default_dtype()));
+  auto& st = strings();
+  f.alloc_shape = st.intern(shape);
+  f.alloc_dtype = st.intern(dtype);
 }
 
 void start_impl(const at::RecordFunction& rf) {
@@ -811,6 +845,8 @@ void start_impl(const at::RecordFunction& rf) {
   f.shapes = mi.shapes;
   f.dtypes = mi.dtypes;
   f.devices = mi.devices;
+  f.alloc_shape = f.alloc_dtype = 0;
+  if (ne.alloc_op && g_alloc_meta.load(std::memory_order_relaxed) && rf.needsInputs()) alloc_meta(rf, f);
   f.ts = now_ns();  // after our own work (stack walk, metadata): it stays out of the op's time
   st->open.push_back(f);
 }
@@ -1057,11 +1093,15 @@ bool current_op(OpContext* out) {
   out->module = in.module ? in.module : top.module;
   out->stack = in.stack ? in.stack : top.stack;
   out->bwd = in.bwd;
+  out->shape = in.alloc_shape;
+  out->dtype = in.alloc_dtype;
   return true;
 }
 int64_t now_ns() { return ::now_ns(); }
+const char* dtype_name(c10::ScalarType t) { return ::dtype_name(t); }
 int32_t intern(const std::string& s) { return strings().intern(s); }
 bool in_forked_child() { return g_child.load(std::memory_order_relaxed); }
+void set_alloc_meta(bool on) { g_alloc_meta.store(on); }
 }  // namespace neuron_prof
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -53,6 +53,20 @@ def is_out_of_memory(exc: BaseException) -> bool:
         k in text for k in ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory"))
 
 
+def oom_device(message: str, devices: set[str]) -> str:
+    """The device an OOM message is about: the CPU allocator's and MemoryError are the CPU's; a
+    message naming a device type (``CUDA out of memory``, ``neuron:0``...) picks the first
+    tracked device of that type; else the CPU."""
+    text = message.lower()
+    if "cpuallocator" in text or message.startswith("MemoryError"):
+        return "cpu"
+    for d in sorted(devices):
+        kind = d.split(":")[0]
+        if kind != "cpu" and (d in text or kind in text):
+            return d
+    return "cpu"
+
+
 def requested_bytes(message: str) -> int:
     """The size an OOM message says could not be allocated (0 if it does not say)."""
     m = _OOM_SIZE.search(message)
@@ -75,7 +89,8 @@ class MemoryCollector:
         self._steps: list[tuple] = []  # (step, ts, device, live, peak, allocated, reserved)
         self._tensors: list[tuple] = []  # (ts, step, addr, device, bytes, category, shape, dtype)
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
-        self._noted: dict[tuple[int, int], str] = {}  # (id(tensor), storage address) -> role noted
+        self._counts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (params, states)
+        self._fresh_window = False
         self._hook = None
         self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # engine id -> rec id
         self._devices: dict[tuple[int, int], str] = {}
@@ -101,6 +116,7 @@ class MemoryCollector:
 
     def window(self, on: bool) -> None:
         self._window = on
+        self._fresh_window = on
         if self.tracker is not None:
             self.tracker.set_detail(on)
 
@@ -123,10 +139,7 @@ class MemoryCollector:
         live, recent = self.tracker.snapshot()
         message = f"{type(exc).__name__}: {exc}".strip()
         devices = {self._device(int(t), int(i)) for t, i in zip(live["device_type"], live["device_index"])}
-        device = "cpu" if not devices or "cpu" in devices else sorted(devices)[0]
-        m = re.search(r"\b(cuda|xpu|mps|hpu|[a-z_]+):(\d+)\b", str(exc))
-        if m and m.group(0) in devices:
-            device = m.group(0)
+        device = oom_device(message, devices)
         rec.append("memory_ooms", {
             "ts": np.array([now], np.int64), "step": np.array([step], np.int32),
             "device": np.array([rec.intern(device)], np.int32),
@@ -193,53 +206,44 @@ class MemoryCollector:
         return name
 
     def _note_tensors(self, step: int, ts: int) -> None:
-        """Storages of parameters, gradients and optimizer state, by address (first role wins:
-        a parameter is never also counted as optimizer state). A parameter or state storage
-        already noted under the same tensor object is not noted again: its earlier row lies
-        inside the same allocation's lifetime, which is all the category join needs. Gradients
-        are noted at every boundary: they are new blocks every step."""
+        """Storages of parameters, gradients and optimizer state, by address; the first role
+        wins (a parameter is never also counted as optimizer state). Parameters and state are
+        noted at the first boundary of a window and whenever an optimizer's parameter or state
+        count changes (Adam makes its state at its first step): their blocks outlive steps, and
+        one row inside an allocation's lifetime is all the category join needs. Gradients are
+        noted at every boundary: they are new blocks every step."""
         import torch
 
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[object, int]] = set()
         rows = []
-        noted = self._noted
 
         def add(t, category: str) -> None:
             try:
-                ptr = t.data_ptr()
-                # the common case for parameters and optimizer state: same tensor, same block.
-                # Never for gradients: a new one can reuse a freed one's id() and address
-                if category != "gradient" and noted.get((id(t), ptr)) == category:
-                    seen.add((t.device, ptr))
-                    return
                 st = t.untyped_storage()
-                ptr, device = st.data_ptr(), t.device
-                key = (device, ptr)
-                if key in seen:
+                key = (t.device, st.data_ptr())
+                if key in seen or not st.nbytes():
                     return
                 seen.add(key)
-                nbytes = st.nbytes()
-                if nbytes:
-                    if category != "gradient":
-                        noted[(id(t), t.data_ptr())] = category
-                    rows.append((ts, step, ptr, str(device), nbytes, category, str(list(t.shape)),
-                                 str(t.dtype).replace("torch.", "")))
+                rows.append((ts, step, key[1], str(t.device), st.nbytes(), category, str(list(t.shape)),
+                             str(t.dtype).replace("torch.", "")))
             except Exception:
                 pass
 
         for opt in list(self._optimizers):
             params = [p for g in opt.param_groups for p in g["params"]]
-            for p in params:
-                add(p, "parameter")
+            counts = (len(params), len(opt.state))
+            if self._fresh_window or self._counts.get(opt) != counts:
+                self._counts[opt] = counts
+                for p in params:
+                    add(p, "parameter")
+                for state in opt.state.values():
+                    for v in state.values() if isinstance(state, dict) else ():
+                        if isinstance(v, torch.Tensor):
+                            add(v, "optimizer state")
             for p in params:
                 if p.grad is not None:
                     add(p.grad, "gradient")
-            for state in opt.state.values():
-                for v in state.values() if isinstance(state, dict) else ():
-                    if isinstance(v, torch.Tensor):
-                        add(v, "optimizer state")
-        if len(noted) > 1 << 16:  # parameters replaced many times over: forget the old
-            noted.clear()
+        self._fresh_window = False
         with self._lock:
             self._tensors.extend(rows)
 
@@ -276,6 +280,7 @@ class MemoryCollector:
             "addr": ev["addr"].astype(np.int64), "bytes": ev["bytes"].astype(np.int64), "device": dev,
             "tid": ev["tid"].astype(np.int64), "op": self._map(rec, ev["op"], "strings"),
             "top_op": self._map(rec, ev["top_op"], "strings"), "module": self._map(rec, ev["module"], "strings"),
-            "stack": self._map(rec, ev["stack"], "stacks"), "bwd": ev["bwd"].astype(bool),
+            "stack": self._map(rec, ev["stack"], "stacks"), "shape": self._map(rec, ev["shape"], "strings"),
+            "dtype": self._map(rec, ev["dtype"], "strings"), "bwd": ev["bwd"].astype(bool),
             "kind": ev["kind"].astype(np.int8), "total_allocated": ev["total_allocated"].astype(np.int64),
             "total_reserved": ev["total_reserved"].astype(np.int64)})

@@ -25,7 +25,7 @@ _STRING_COLUMNS = {
     "recompiles": ("compile_id", "func", "reason"),
     "fusions": ("compile_id", "backend", "kernel"),
     "compile_cache": ("compile_id", "cache", "result"),
-    "memory_events": ("device", "op", "top_op", "module"),
+    "memory_events": ("device", "op", "top_op", "module", "shape", "dtype"),
     "memory_steps": ("device",),
     "memory_tensors": ("device", "category", "shape", "dtype"),
     "memory_ooms": ("device", "message"),

@@ -67,8 +67,8 @@ TABLES: dict[str, pa.Schema] = {
     # memory (collector "memory"); kind: 0 alloc, 1 free, 2 baseline, 3 late_free, 4 live, 5 oom, 6 recent
     "memory_events": pa.schema([
         ("ts", _i64), ("alloc_ts", _i64), ("addr", _i64), ("bytes", _i64), ("device", _i32), ("tid", _i64),
-        ("op", _i32), ("top_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()), ("kind", _i8),
-        ("total_allocated", _i64), ("total_reserved", _i64),
+        ("op", _i32), ("top_op", _i32), ("module", _i32), ("stack", _i32), ("shape", _i32), ("dtype", _i32),
+        ("bwd", pa.bool_()), ("kind", _i8), ("total_allocated", _i64), ("total_reserved", _i64),
     ]),
     "memory_steps": pa.schema([
         ("step", _i32), ("ts", _i64), ("device", _i32), ("live", _i64), ("peak", _i64), ("allocated", _i64),

@@ -228,3 +228,16 @@ def test_leak_found_when_only_a_few_steps_are_captured(tmp_path):
     assert leaks["growth_per_step"].iloc[0] == ml.leaked_bytes_per_step()
     by_site = leaks.groupby("source")["bytes_per_step"].sum()
     assert by_site.sum() == ml.leaked_bytes_per_step() and set(leaks["steps_checked"]) == {3}  # steps 3-5
+
+
+def test_oom_messages_give_size_and_device():
+    from neuron_prof.collectors.memory import is_out_of_memory, oom_device, requested_bytes
+    cpu = "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes."
+    cuda = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 1; 15.78 GiB total capacity; "
+            "14.90 GiB already allocated)")
+    assert requested_bytes(cpu) == 1 << 32 and requested_bytes(cuda) == 20 << 20 and requested_bytes("boom") == 0
+    assert oom_device(cpu, {"cpu", "cuda:0"}) == "cpu"
+    assert oom_device(cuda, {"cpu", "cuda:1"}) == "cuda:1"
+    assert oom_device("MemoryError: ", {"cpu"}) == "cpu"
+    assert is_out_of_memory(RuntimeError(cpu)) and is_out_of_memory(MemoryError())
+    assert is_out_of_memory(torch.OutOfMemoryError("x")) and not is_out_of_memory(ValueError("out of memory"))

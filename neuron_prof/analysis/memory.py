@@ -38,7 +38,7 @@ _INPUT_OPS = re.compile(
     r"arange|linspace|from_file|as_tensor|to|_to_copy|copy_|pin_memory|_pin_memory|clone|stack|cat)(_like)?$")
 _OPTIMIZER = "Optimizer."
 ALLOC_COLUMNS = ["rank", "device", "addr", "bytes", "alloc_ts", "free_ts", "step", "op", "top_op", "module",
-                 "source", "stack", "bwd", "free_op", "free_bwd", "baseline", "category"]
+                 "source", "stack", "shape", "dtype", "bwd", "free_op", "free_bwd", "baseline", "category"]
 
 
 def _step_of(ts: np.ndarray, rank: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -65,12 +65,16 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     a = made.drop_duplicates(key, keep="first").reset_index(drop=True)
     frees = freed.drop_duplicates(key, keep="first")
     # each allocation's free by exact key lookup (a merge would turn missing int64 times into floats)
-    as_key = lambda df: pd.MultiIndex.from_arrays([df[k].astype(str) if k == "device" else df[k] for k in key])
-    pos = as_key(frees).get_indexer(as_key(a)) if len(frees) else np.full(len(a), -1)
+    pos = _lifetime_key(frees).get_indexer(_lifetime_key(a)) if len(frees) else np.full(len(a), -1)
     hit = pos >= 0
     a["free_ts"] = np.where(hit, frees["ts"].to_numpy(np.int64)[np.maximum(pos, 0)] if len(frees) else 0, NEVER)
     a["free_op"] = np.where(hit, frees["op"].astype(str).to_numpy()[np.maximum(pos, 0)] if len(frees) else "", "")
     a["free_bwd"] = hit & (frees["bwd"].to_numpy(bool)[np.maximum(pos, 0)] if len(frees) else False)
+    # an allocation drained before the op that made it ended learns its shape from its free
+    for col in ("shape", "dtype"):
+        if len(frees):
+            late = np.where(hit, frees[col].astype(str).to_numpy()[np.maximum(pos, 0)], "")
+            a[col] = np.where(a[col].astype(str).to_numpy() == "", late, a[col].astype(str).to_numpy())
     a["baseline"] = a["kind"].astype(str) == "baseline"
     a["bytes"] = a["bytes"].astype(np.int64)
     if steps is not None and len(steps):
@@ -79,10 +83,15 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
         a["step"] = np.int32(-1)
     a["category"] = _categories(a, tensors, steps)
     a = a.sort_values(["rank", "alloc_ts"], ignore_index=True)
-    for c in ("device", "op", "top_op", "module", "source", "free_op"):
+    for c in ("device", "op", "top_op", "module", "source", "shape", "dtype", "free_op"):
         if c in a and a[c].dtype != "category":
             a[c] = a[c].astype(str).astype("category")
     return a[ALLOC_COLUMNS]
+
+
+def _lifetime_key(df: pd.DataFrame) -> pd.MultiIndex:
+    """An allocation's identity: rank, device, address and the time it was made."""
+    return pd.MultiIndex.from_arrays([df["rank"], df["device"].astype(str), df["addr"], df["alloc_ts"]])
 
 
 def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFrame | None) -> pd.Categorical:
@@ -134,14 +143,14 @@ def _deltas(allocs: pd.DataFrame) -> pd.DataFrame:
     made = allocs[["rank", "device", "alloc_ts", "bytes", "category"]].rename(columns={"alloc_ts": "ts"})
     gone = allocs[allocs["free_ts"] != NEVER][["rank", "device", "free_ts", "bytes", "category"]]
     gone = gone.rename(columns={"free_ts": "ts"}).assign(bytes=lambda d: -d["bytes"])
-    d = pd.concat([made.assign(i=made.index), gone.assign(i=gone.index)], ignore_index=True)
+    d = pd.concat([made, gone], ignore_index=True)
     return d.sort_values(["rank", "device", "ts", "bytes"], ascending=[True, True, True, False], ignore_index=True)
 
 
 def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
     """Live bytes over time per rank and device, total and per category, downsampled to at most
-    about ``max_points`` rows per device keeping each bucket's minimum and maximum total (so the
-    peak is always a row)."""
+    ``max_points`` rows per device keeping each bucket's minimum and maximum total (so the peak is
+    always a row) and the first and last state."""
     cols = ["rank", "device", "ts", "total", *CATEGORIES]
     if allocs.empty:
         return pd.DataFrame(columns=cols)
@@ -154,13 +163,11 @@ def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
         per["ts"] = g["ts"].to_numpy()
         per = per.groupby("ts", sort=True).last()  # simultaneous events: the state after all of them
         if len(per) > max_points:
-            buckets = np.minimum((np.arange(len(per)) * (max_points // 2)) // len(per), max_points // 2 - 1)
-            tot = per["total"].to_numpy()
-            keep = set()
-            for b_idx in np.split(np.arange(len(per)), np.flatnonzero(np.diff(buckets)) + 1):
-                keep.add(int(b_idx[np.argmin(tot[b_idx])]))
-                keep.add(int(b_idx[np.argmax(tot[b_idx])]))
-            per = per.iloc[sorted(keep)]
+            half = max(max_points // 2 - 1, 1)
+            buckets = pd.Series(np.minimum(np.arange(len(per)) * half // len(per), half - 1))
+            tot = pd.Series(per["total"].to_numpy())
+            keep = np.union1d(tot.groupby(buckets).idxmin().to_numpy(), tot.groupby(buckets).idxmax().to_numpy())
+            per = per.iloc[np.union1d(keep, [0, len(per) - 1])]  # and the first and last state
         per = per.reset_index().assign(rank=rank, device=device)
         parts.append(per[cols])
     return pd.concat(parts, ignore_index=True)
