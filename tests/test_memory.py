@@ -73,6 +73,12 @@ def test_huge_temporary_is_the_peak_with_its_line_and_size(memory_runs):
     # the temporary lives and dies inside its line's op: it is freed before the step ends
     spike = run.memory_allocations[run.memory_allocations["bytes"] == size]
     assert len(spike) == 1 and spike["step"].iloc[0] == spike_step and spike["free_ts"].iloc[0] != mem.NEVER
+    assert (spike["shape"].iloc[0], spike["dtype"].iloc[0]) == (f"[{ml.SPIKE}, {ml.BATCH}, {ml.IN}]", "float32")
+    # shapes of blocks whose kernels allocate without a dispatched aten::empty come from outputs
+    a = run.memory_allocations
+    relu = a[(a["top_op"] == "aten::relu") & (a["step"] == 1)]
+    assert set(relu["shape"]) == {f"[{ml.BATCH}, {ml.HIDDEN}]"} and (relu["bytes"] == F32 * ml.BATCH * ml.HIDDEN).all()
+    assert a[a["shape"].astype(str) != ""]["bytes"].sum() >= 0.99 * a["bytes"].sum()
     js = json.loads(cli("report", memory_runs("spike"), "--json").stdout)["memory"]
     assert js["devices"][0]["peak"]["source"] == src("SPIKE-LINE") and js["devices"][0]["peak"]["alloc_bytes"] == size
 
