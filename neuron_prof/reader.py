@@ -33,8 +33,15 @@ class RankData:
     ignored_bytes: dict[str, int] = field(default_factory=dict)
 
     def table(self, name: str) -> pa.Table:
+        """The table with today's columns; a column a run written by an earlier version lacks
+        reads as zeros (ids: the empty string)."""
         t = self.tables.get(name)
-        return t if t is not None else TABLES[name].empty_table()
+        if t is None:
+            return TABLES[name].empty_table()
+        for f in TABLES[name]:
+            if f.name not in t.column_names:
+                t = t.append_column(f, pa.nulls(t.num_rows, f.type).fill_null(0))
+        return t.select(TABLES[name].names)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import pandas as pd
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import op_stats
-from neuron_prof.analysis.steps import PHASES, step_breakdown, step_stats
+from neuron_prof.analysis.steps import PHASES, TIME_KINDS, step_breakdown, step_stats, time_split
+from neuron_prof.findings import findings
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.run import Run
 
@@ -47,6 +48,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         },
         "steps": _records(step_stats(steps)),
         "step_breakdown": _records(step_breakdown(ops, steps)),
+        "time_split": _records(time_split(ops, steps, run.compiles, sync)),
         "ops": {"captured_steps": n_captured, "events": int(len(ops)), "top_by_self_time": _records(stats)},
         "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, n_captured))},
         "compile": {
@@ -195,6 +197,12 @@ def render_text(s: dict[str, Any]) -> str:
            f"  command: {cmd}",
            f"  torch {r['torch_version']} on {r['device']}, world size {r['world_size']}, "
            f"ranks {r['ranks']}, started {r['start_time']}", ""]
+    found = findings(s)
+    if found:
+        out.append("Findings")
+        out += [f"  {'!!' if f['severity'] == 'high' else '! ' if f['severity'] == 'medium' else '- '} {f['text']}"
+                for f in found]
+        out.append("")
     out.append("Steps")
     if s["steps"]:
         out += _table(s["steps"], [("rank", "rank", ""), ("steps", "steps", "d"), ("captured", "captured", "d"),
@@ -209,6 +217,8 @@ def render_text(s: dict[str, Any]) -> str:
             label = p.replace("_", " ")
             cols += [(f"{p}_ms", label, ".2f"), (f"{p}_pct", "%", ".0f")]
         out += _table(s["step_breakdown"], cols)
+    for t in s["time_split"]:
+        out.append(f"  rank {t['rank']}: " + ", ".join(f"{k} {t[f'{k}_ms']:.2f} ms" for k in TIME_KINDS))
     o = s["ops"]
     out += ["", f"Top ops by self time ({o['captured_steps']} captured steps, {o['events']} op events)"]
     if o["top_by_self_time"]:

@@ -1,0 +1,8 @@
+"""neuron_prof's browser viewer: a Streamlit app over a run directory (``neuron-prof view RUN``).
+
+``app.py`` is the entry script (navigation), ``data.py`` the cached loading every page shares,
+``pages/`` one script per page. Pages only lay out what ``neuron_prof`` analyses compute.
+"""
+
+RUN_ENV = "NEURON_PROF_RUN"  # the run directory the viewer shows (``neuron-prof view`` sets it)
+DIFF_ENV = "NEURON_PROF_DIFF_RUN"  # a second run for the Diff page (``--diff``)

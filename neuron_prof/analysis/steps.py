@@ -60,3 +60,41 @@ def step_breakdown(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         rows.append({"rank": rank, "steps": n, "step_ms": step_ms, **{f"{p}_ms": v for p, v in ms.items()},
                      **{f"{p}_pct": 100 * v / step_ms if step_ms else 0.0 for p, v in ms.items()}})
     return pd.DataFrame(rows, columns=cols)
+
+
+TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
+_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
+
+
+def time_split(ops: pd.DataFrame, steps: pd.DataFrame, compiles: pd.DataFrame,
+               sync: pd.DataFrame) -> pd.DataFrame:
+    """Where a captured step's time goes, per rank, mean ms per step: ``compute`` (top-level
+    ops that are neither communication nor sync points), ``communication`` (top-level
+    collective ops: ``c10d::``, NCCL/Gloo ranges), ``sync`` (sync points: the host waiting for
+    the device), ``compile`` (torch.compile frame compiles inside the steps) and ``idle`` (step
+    time on the busiest thread outside any op, less compile time: Python, data loading).
+    ``sync`` is ``analysis.sync.sync_points`` of the ops."""
+    cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
+    done = steps[steps["complete"] & steps["active"]]
+    top = ops[(ops["depth"] == 0) & ops["step"].isin(done["step"])]
+    if done.empty or top.empty:
+        return pd.DataFrame(columns=cols)
+    names = top["name"].astype(str)
+    comm = names.str.startswith(_COMM_PREFIXES).to_numpy()
+    rows = []
+    for rank, s in done.groupby("rank"):
+        n = len(s)
+        t = top[top["rank"] == rank]
+        c = comm[(top["rank"] == rank).to_numpy()]
+        busiest = t.groupby(["step", "tid"])["dur"].sum().groupby("step").max().sum()
+        sy = sync[(sync["rank"] == rank) & sync["step"].isin(s["step"])]["dur"].sum() if len(sync) else 0
+        comp = compiles[(compiles["rank"] == rank) & compiles["step"].isin(s["step"])]["dur"].sum() \
+            if len(compiles) else 0
+        comm_ns = t["dur"].to_numpy()[c].sum()
+        ops_ns = t["dur"].sum()
+        idle = max(s["dur"].sum() - busiest - comp, 0)
+        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
+              "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
+        rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
+                     **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})
+    return pd.DataFrame(rows, columns=cols)

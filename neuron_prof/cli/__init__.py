@@ -1,4 +1,4 @@
-"""``neuron-prof``: one module per command (record, report, export, demo)."""
+"""``neuron-prof``: one module per command (record, report, export, inspect, view, demo)."""
 from __future__ import annotations
 
 import argparse
@@ -16,10 +16,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neuron_prof.cli import demo, export, inspect, record, report
+    from neuron_prof.cli import demo, export, inspect, record, report, view
     parser = _Parser(prog="neuron-prof", description="Profile PyTorch training: ops, steps, sync points.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (record, report, export, inspect, demo):
+    for module in (record, report, export, inspect, view, demo):
         module.add_parser(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""``neuron-prof demo``: train a small transformer on CPU under capture, report it, export it."""
+"""``neuron-prof demo``: train a small transformer on CPU under capture, report it, export it, view it."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +9,14 @@ DEMO_STEPS = 12
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="capture a small CPU training run, print its report and trace path",
+    p = sub.add_parser("demo", help="capture a small CPU training run, report it, export it, open the viewer",
                        description="Trains examples/train_transformer.py for a few steps under "
-                                   "neuron_prof.profile (wait 2, warmup 1, active 5), then reports and exports.")
+                                   "neuron_prof.profile (wait 2, warmup 1, active 5), then reports, exports "
+                                   "a Perfetto trace and serves the browser viewer until Ctrl+C.")
     p.add_argument("-o", "--output", type=Path, default=Path("runs/demo"), help="run directory (default runs/demo)")
     p.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
+    p.add_argument("--no-view", action="store_true", help="don't start the browser viewer at the end")
+    p.add_argument("--no-browser", action="store_true", help="start the viewer but don't open a browser")
     p.set_defaults(func=run)
 
 
@@ -29,4 +32,7 @@ def run(args: argparse.Namespace) -> int:
     print(render_text(summarize(neuron_prof.load(args.output))))
     trace, _ = export_run(args.output)
     print(f"run:   {args.output}\ntrace: {trace}  (open it in https://ui.perfetto.dev)")
-    return 0
+    if args.no_view:
+        return 0
+    from neuron_prof.cli.view import serve
+    return serve(args.output, browser=not args.no_browser)

@@ -1,0 +1,101 @@
+"""``neuron-prof view RUN``: the browser viewer (a Streamlit server on 127.0.0.1)."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import webbrowser
+from pathlib import Path
+
+from neuron_prof.errors import NeuronProfError
+
+READY_TIMEOUT_S = 90
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("view", help="open a run in the browser viewer",
+                       description="Starts the viewer (Streamlit) on 127.0.0.1, prints its address and opens "
+                                   "the browser. The run is read on the server: no upload, no size limit.")
+    p.add_argument("run", type=Path, help="run directory")
+    p.add_argument("--diff", type=Path, help="a second run for the Diff page")
+    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; anything else exposes your run to the network)")
+    p.add_argument("--no-browser", action="store_true", help="print the address, don't open a browser")
+    p.set_defaults(func=run)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _check_viewer_installed() -> None:
+    try:
+        import plotly  # noqa: F401
+        import streamlit  # noqa: F401
+    except ImportError as exc:
+        raise NeuronProfError(f"the viewer needs {exc.name}: pip install 'neuron_prof[viewer]'") from None
+
+
+def start(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path | None = None,
+          quiet: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start the server for ``run_dir`` and wait until it answers; returns (process, url)."""
+    from neuron_prof.run import Run
+    from neuron_prof.viewer import DIFF_ENV, RUN_ENV
+
+    _check_viewer_installed()
+    Run(run_dir)  # a missing or damaged run is a one-line error here, not a broken page
+    if diff is not None:
+        Run(diff)
+    import neuron_prof.viewer
+
+    app = Path(neuron_prof.viewer.__file__).resolve().parent / "app.py"
+    port = port or free_port(host)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host, "--server.port", str(port),
+           "--server.headless", "true", "--server.enableXsrfProtection", "true", "--server.fileWatcherType", "none",
+           "--browser.gatherUsageStats", "false", "--global.developmentMode", "false",
+           "--client.toolbarMode", "minimal"]
+    env = {**os.environ, RUN_ENV: str(run_dir.resolve())}
+    if diff is not None:
+        env[DIFF_ENV] = str(diff.resolve())
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise NeuronProfError(f"the viewer exited with code {proc.returncode} before serving {url}; "
+                                  "run it again without --quiet output to see why")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.terminate()
+    raise NeuronProfError(f"the viewer did not answer on {url} within {READY_TIMEOUT_S} s")
+
+
+def serve(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path | None = None,
+          browser: bool = True) -> int:
+    """Start, print the address, open the browser, and serve until Ctrl+C."""
+    proc, url = start(run_dir, port=port, host=host, diff=diff, quiet=True)
+    print(f"neuron_prof viewer for {run_dir}: {url}  (Ctrl+C to stop)", flush=True)
+    if browser:
+        webbrowser.open(url)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return serve(args.run, port=args.port, host=args.host, diff=args.diff, browser=not args.no_browser)

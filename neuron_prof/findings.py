@@ -1,0 +1,80 @@
+"""The headline findings of a run: one line each, most severe first, each naming where to look.
+
+Computed from :func:`neuron_prof.report.summarize` (so every number is the report's), shown at
+the top of ``neuron-prof report`` and as cards on the viewer's Overview page.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+SEVERITIES = ("high", "medium", "info")
+PAGES = ("overview", "timeline", "compile", "memory", "collectives", "ops", "diff")
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def findings(s: dict[str, Any]) -> list[dict[str, str]]:
+    """``[{"severity", "page", "text"}]`` from a report summary, most severe first."""
+    out: list[dict[str, str]] = []
+
+    def add(severity: str, page: str, text: str) -> None:
+        out.append({"severity": severity, "page": page, "text": text})
+
+    for f in s["health"]["failures"]:
+        add("high", "overview", f"collector {f['collector']} failed on rank {f['rank']} and was off: {f['message']}")
+    m = s.get("memory") or {}
+    for o in m.get("ooms", []):
+        add("high", "memory", f"out of memory on rank {o['rank']} {o['device']} in step {o['step']}: {o['message']}")
+    seen: set[tuple] = set()
+    for x in m.get("leaks", []):
+        key = (x["rank"], x["device"])
+        if key in seen:
+            continue
+        seen.add(key)
+        where = f" from {x['source']} ({x['op']})" if x["source"] else ""
+        add("high", "memory", f"memory grows {_size(x['growth_per_step'])} per step on rank {x['rank']} "
+                              f"{x['device']}{where}, confidence {x['confidence']:.2f}")
+    c = s["compile"]
+    if c["cache_limit_hit"]:
+        add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
+    if c["break_sites"]:
+        cost = sum(b.get("frame_ms_per_step") or 0.0 for b in c["break_sites"])
+        top = c["break_sites"][0]
+        add("medium", "compile", f"{c['graph_breaks']} graph break sites ({c['graph_break_events']} breaks) cost "
+                                 f"{cost:.2f} ms/step; first: {top['reason_class']} at {top['source']}")
+    if c["recompiles"]:
+        r = c["recompiles_by_frame"][0]
+        add("medium", "compile", f"{c['recompiles']} recompiles; most in {r['func']}: "
+                                 f"{(r['reasons'] or ['?'])[0]}")
+    sp = s["sync_points"]
+    if sp["by_source"]:
+        top = sp["by_source"][0]
+        add("medium", "timeline", f"{sp['events']} sync points (the host waits for the device); most at "
+                                  f"{top['source'] or '?'} ({top['name']}, {top['per_step']:.1f}/step)")
+    for st in s["steps"]:
+        if st.get("p90_ms") and st.get("median_ms") and st["p90_ms"] > 1.5 * st["median_ms"]:
+            add("medium", "overview", f"step time varies on rank {st['rank']}: p90 {st['p90_ms']:.1f} ms vs "
+                                      f"median {st['median_ms']:.1f} ms")
+    for b in s["step_breakdown"]:
+        if b.get("outside_ops_pct", 0) > 30:
+            add("medium", "timeline", f"{b['outside_ops_pct']:.0f}% of a step on rank {b['rank']} runs outside "
+                                      "any op (Python, data loading, waiting)")
+    for d in m.get("devices", []):
+        p = d.get("peak")
+        if p:
+            add("info", "memory", f"peak memory {_size(p['bytes'])} on rank {d['rank']} {d['device']} in step "
+                                  f"{p['step']}, reached with {_size(p['alloc_bytes'])} from {p['op']} at "
+                                  f"{p['source'] or '?'}")
+    if c["frames_compiled"]:
+        add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s")
+    ops = s["ops"]["top_by_self_time"]
+    if ops:
+        o = ops[0]
+        add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
+            f": {o['self_pct']:.0f}% of op self time")
+    return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))

@@ -1,0 +1,28 @@
+"""Entry script of the viewer (``streamlit run viewer/app.py``; ``neuron-prof view`` does it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from neuron_prof.viewer import data
+
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+PAGES = (  # (page script, title, icon)
+    ("overview", "Overview", ":material/dashboard:"),
+    ("timeline", "Timeline", ":material/view_timeline:"),
+    ("compile", "Graph breaks / Compile", ":material/call_split:"),
+    ("memory", "Memory", ":material/memory:"),
+    ("collectives", "Collectives", ":material/hub:"),
+    ("ops", "Ops", ":material/table_chart:"),
+    ("diff", "Diff", ":material/compare_arrows:"),
+)
+
+st.set_page_config(page_title="neuron_prof", page_icon=":material/speed:", layout="wide")
+nav = st.navigation([st.Page(PAGES_DIR / f"{name}.py", title=title, icon=icon, url_path=name,
+                             default=name == "overview") for name, title, icon in PAGES])
+path = data.run_path()
+with st.sidebar:
+    st.caption("run")
+    st.code(str(path), language=None)
+nav.run()

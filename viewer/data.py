@@ -1,0 +1,69 @@
+"""What every page shares: which run, loaded once per process and cached by the run's mtime.
+
+The run directory comes from ``$NEURON_PROF_RUN`` (``neuron-prof view`` sets it); it is read on
+the server, so there is no upload limit. A run that grows while the viewer is open (a capture
+in progress) is reloaded on the next interaction: the cache key is the newest manifest's mtime.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.run import Run
+from neuron_prof.viewer import DIFF_ENV, RUN_ENV
+
+__all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "summary", "no_data"]
+
+
+def run_path() -> Path:
+    """The run this viewer shows; stops the page with a one-line error if there is none."""
+    raw = os.environ.get(RUN_ENV, "")
+    if not raw:
+        st.error(f"no run given: start the viewer with `neuron-prof view RUN` (or set ${RUN_ENV})")
+        st.stop()
+    return Path(raw).resolve()
+
+
+def stamp(path: Path) -> float:
+    """Changes whenever a rank commits more of the run (its manifest is appended to)."""
+    try:
+        return max([p.stat().st_mtime for p in path.glob("rank-*/manifest.jsonl")] or [path.stat().st_mtime])
+    except OSError:
+        return 0.0
+
+
+@st.cache_resource(max_entries=4, show_spinner="loading the run ...")
+def _load(path: str, mtime: float) -> Run:
+    return Run(path)
+
+
+def load(path: Path | None = None) -> Run:
+    """The run (cached); a missing or damaged run stops the page with the reader's one-line error."""
+    path = path or run_path()
+    try:
+        return _load(str(path), stamp(path))
+    except NeuronProfError as exc:
+        st.error(str(exc))
+        st.stop()
+
+
+@st.cache_data(max_entries=8, show_spinner="summarizing ...")
+def _summary(path: str, mtime: float) -> dict[str, Any]:
+    from neuron_prof.report import summarize
+    return summarize(_load(path, mtime))
+
+
+def summary(path: Path | None = None) -> dict[str, Any]:
+    """``neuron_prof.report.summarize`` of the run (the numbers the report prints), cached."""
+    path = path or run_path()
+    load(path)  # turns a bad run into its one-line error first
+    return _summary(str(path), stamp(path))
+
+
+def no_data(what: str, how: str) -> None:
+    """The plain message a page shows when the run has nothing for it."""
+    st.info(f"This run has no {what}. {how}")
