@@ -142,14 +142,15 @@ class Run:
     def ops(self) -> pd.DataFrame:
         """One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step."""
         ops = self._table("ops")
-        threads = self.threads
-        thread = pd.Series(index=ops.index, dtype=object)
-        for rank, idx in ops.groupby("rank", observed=True).indices.items():
-            t = threads[threads["rank"] == rank]
-            names = dict(zip(t["tid"], t["name"].astype(str)))
-            tids = ops["tid"].iloc[idx]
-            thread.iloc[idx] = tids.map(names).fillna(tids.astype(str)).to_numpy()
-        ops.insert(ops.columns.get_loc("tid") + 1, "thread", thread.astype("category"))
+        # thread names as a categorical built from the few distinct (rank, tid) pairs, not per row
+        names = {(int(r), int(t)): str(n) for r, t, n in zip(self.threads["rank"], self.threads["tid"],
+                                                             self.threads["name"])}
+        key = ops["rank"].to_numpy(np.int64) * (1 << 40) + ops["tid"].to_numpy(np.int64)
+        codes, uniq = pd.factorize(key)
+        labels = [names.get((int(k >> 40), int(k & ((1 << 40) - 1))), str(int(k & ((1 << 40) - 1)))) for k in uniq]
+        cats, remap = np.unique(np.array(labels, dtype=object), return_inverse=True)
+        thread = pd.Categorical.from_codes(remap.reshape(-1)[codes.reshape(-1)].astype(np.int32), categories=cats)
+        ops.insert(ops.columns.get_loc("tid") + 1, "thread", thread)
         return self._with_step(ops)
 
     @functools.cached_property
