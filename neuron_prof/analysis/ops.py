@@ -62,3 +62,80 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module")) -> pd.
     total_self = out["self_ms"].sum()
     out["self_pct"] = 100 * out["self_ms"] / total_self if total_self else 0.0
     return out.sort_values("self_ms", ascending=False, ignore_index=True)[cols]
+
+
+def captured_ops(ops: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The ops of the captured (active, complete) steps and the number of captured steps per rank
+    (the most on any rank): the scope of the report's op table. Without a captured step: all ops, 0."""
+    captured = steps[steps["active"] & steps["complete"]]
+    if not len(captured):
+        return ops, 0
+    return ops[ops["step"].isin(captured["step"])], int(captured.groupby("rank").size().max())
+
+
+MODULE_ROOT = "(all ops)"
+
+
+def module_tree(ops: pd.DataFrame, self_ns: np.ndarray | None = None) -> pd.DataFrame:
+    """Self time aggregated along the dot-separated module path (``layers.0.self_attn``) as a tree.
+
+    One row per node: ``id`` (the module path; ``MODULE_ROOT`` for the root), ``parent`` (``""``
+    for the root), ``label`` (last path component), ``depth``, ``calls`` and ``self_ms`` of the ops
+    whose module is exactly this path, and ``total_ms``: self time of the ops in this module and
+    every module below it. Ops outside any module count to the root, so the root's ``total_ms`` is
+    all self time. ``self_ns`` (from ``self_time(ops)``) is computed when not given. One groupby
+    over the ops; the loop runs over distinct module paths only.
+    """
+    cols = ["id", "parent", "label", "depth", "calls", "self_ms", "total_ms"]
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    if self_ns is None:
+        self_ns = self_time(ops)
+    grp = pd.Series(np.asarray(self_ns, dtype=np.float64), index=ops.index).groupby(ops["module"], observed=True)
+    own = pd.DataFrame({"self_ns": grp.sum(), "calls": grp.size()})
+    own.index = own.index.astype(str)
+    own = own.groupby(level=0).sum()  # category values that print alike
+    nodes: dict[str, dict] = {MODULE_ROOT: {"parent": "", "label": MODULE_ROOT, "depth": 0,
+                                            "calls": 0, "self_ns": 0.0, "total_ns": 0.0}}
+    for path, row in own.iterrows():
+        s, calls = float(row["self_ns"]), int(row["calls"])
+        nodes[MODULE_ROOT]["total_ns"] += s
+        if not path:
+            nodes[MODULE_ROOT]["self_ns"] += s
+            nodes[MODULE_ROOT]["calls"] += calls
+            continue
+        parts = path.split(".")
+        parent = MODULE_ROOT
+        for i in range(1, len(parts) + 1):
+            node = ".".join(parts[:i])
+            n = nodes.setdefault(node, {"parent": parent, "label": parts[i - 1], "depth": i,
+                                        "calls": 0, "self_ns": 0.0, "total_ns": 0.0})
+            n["total_ns"] += s
+            parent = node
+        nodes[path]["self_ns"] += s
+        nodes[path]["calls"] += calls
+    out = pd.DataFrame.from_dict(nodes, orient="index").rename_axis("id").reset_index()
+    out["self_ms"] = out["self_ns"] / 1e6
+    out["total_ms"] = out["total_ns"] / 1e6
+    out["calls"] = out["calls"].astype(np.int64)
+    return out.sort_values(["depth", "total_ms"], ascending=[True, False], ignore_index=True)[cols]
+
+
+def filter_tree(tree: pd.DataFrame, text: str) -> pd.DataFrame:
+    """The nodes of ``module_tree`` whose path contains ``text`` (case-insensitive), with their
+    ancestors up to the root and everything below them; all of it for an empty ``text``, nothing
+    when no module matches. Values are unchanged (an ancestor keeps its whole total)."""
+    text = (text or "").strip().lower()
+    if not text or tree.empty:
+        return tree
+    ids = tree["id"].astype(str)
+    hit = [i for i in ids if i != MODULE_ROOT and text in i.lower()]
+    if not hit:
+        return tree.iloc[0:0]
+    keep = {MODULE_ROOT}
+    for i in hit:
+        parts = i.split(".")
+        keep.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+    below = tuple(i + "." for i in hit)
+    mask = ids.isin(keep) | ids.str.startswith(below)
+    return tree[mask.to_numpy()].reset_index(drop=True)

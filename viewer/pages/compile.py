@@ -1,0 +1,196 @@
+"""Graph breaks / Compile: break sites with their stack and source, recompiles and their failed
+guards, compile time by frame and phase, compile caches, fusion groups, compiled graphs at run time.
+
+Every table is a ``neuron_prof.analysis.compile`` function over the run (the report's numbers)."""
+from __future__ import annotations
+
+import os
+import stat
+from itertools import islice
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from neuron_prof.analysis import compile as comp
+from neuron_prof.analysis.ops import captured_ops
+from neuron_prof.viewer import data
+
+CONTEXT_LINES = 6  # source lines shown on each side of a break
+MAX_SOURCE_BYTES = 8 * 2**20  # don't open anything larger as "source"
+MAX_LINE_CHARS = 300
+
+
+@st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
+def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
+    run = data.load(Path(path))
+    _, n_captured = captured_ops(run.ops, run.steps)
+    return comp.graph_runs(comp.region_runs(run.ops), n_captured)
+
+
+def _recorded_files(run, stack_ids) -> set[str]:
+    """Every file named by the given recorded stacks: the only files this page will ever open."""
+    return {f for rank, sid in stack_ids for f, _, _ in run.stack(int(rank), int(sid))}
+
+
+def _source_window(file: str, line: int, allowed: set[str],
+                   cwd: str | None) -> tuple[str, list[tuple[int, str]]] | None:
+    """Up to CONTEXT_LINES lines either side of ``line`` of a recorded file, or None when the file
+    is not a recorded one, not Python source, not a regular file here, too large, or unreadable."""
+    if file not in allowed or not file.endswith(".py") or line < 1:
+        return None
+    p = Path(file)
+    if not p.is_absolute() and cwd:
+        p = Path(cwd) / p
+    try:
+        st_ = os.stat(p)
+        if not stat.S_ISREG(st_.st_mode) or st_.st_size > MAX_SOURCE_BYTES:
+            return None
+        first = max(line - CONTEXT_LINES, 1)
+        with open(p, encoding="utf-8", errors="replace") as f:
+            lines = list(islice(f, first - 1, line + CONTEXT_LINES))
+    except OSError:
+        return None
+    if len(lines) < line - first + 1:
+        return None  # the file no longer has that line: it changed since the capture
+    return str(p), [(first + i, text.rstrip("\n")[:MAX_LINE_CHARS]) for i, text in enumerate(lines)]
+
+
+def _show_site(run, site: dict) -> None:
+    rows = run.graph_breaks[(run.graph_breaks["source"].astype(str) == site["source"])
+                            & (run.graph_breaks["reason_class"].astype(str) == site["reason_class"])]
+    st.markdown(f"**{site['reason_class']}** at `{site['source']}` · {site['gb_id']} · {site['breaks']} breaks · "
+                f"{site['hits_per_step']:.1f} hits/step · {site['frame_ms_per_step']:.3f} frame ms/step · "
+                f"compile ids {', '.join(site['compile_ids'])}")
+    with st.expander("full reason", expanded=False):
+        st.code(site["reason"], language=None)
+    if rows.empty:
+        return
+    # the stack recorded most often for this site (they normally all agree)
+    rank, sid = rows.groupby(["rank", "stack"], observed=True).size().idxmax()
+    frames = run.stack(int(rank), int(sid))
+    left, right = st.columns(2)
+    with left:
+        st.caption("user stack (innermost first)")
+        st.dataframe(pd.DataFrame([{"#": i, "function": fn, "file": f, "line": ln} for i, (f, fn, ln) in
+                                   enumerate(frames)]), hide_index=True)
+    with right:
+        if not frames:
+            st.caption("no stack was recorded for this break")
+            return
+        file, _, line = frames[0]
+        allowed = _recorded_files(run, rows[["rank", "stack"]].drop_duplicates().itertuples(index=False))
+        window = _source_window(file, line, allowed, run.meta.get("cwd"))
+        if window is None:
+            st.caption(f"source of `{file}` is not readable here (moved, changed or not a regular file)")
+            return
+        shown, lines = window
+        st.caption(f"`{shown}`, line {line} (marked `>>`)")
+        width = len(str(lines[-1][0]))
+        st.code("\n".join(f"{'>>' if n == line else '  '} {n:>{width}} | {text}" for n, text in lines),
+                language=None)
+
+
+run = data.load()
+s = data.summary()
+c = s["compile"]
+path = data.run_path()
+runs = _graph_runs(str(path), data.stamp(path))
+
+st.title("Graph breaks / Compile")
+if not c["frames_compiled"] and not c["graph_break_events"] and runs.empty:
+    data.no_data("torch.compile activity",
+                 "Run a `torch.compile`d model under `neuron_prof.profile(...)` or `neuron-prof record` with the "
+                 "`compiler` collector on (it is by default): graph breaks, recompiles, compile time, caches, "
+                 "fusions and the compiled graphs' run time show up here.")
+    st.stop()
+
+cols = st.columns(4)
+cols[0].metric("frame compiles", c["frames_compiled"])
+cols[1].metric("compile time", f"{c['compile_ms']:.0f} ms")
+cols[2].metric("graph break sites", c["graph_breaks"], help=f"{c['graph_break_events']} graph breaks in all")
+cols[3].metric("recompiles", c["recompiles"])
+if c["cache_limit_hit"]:
+    hit = [r["func"] for r in c["recompiles_by_frame"] if r["cache_limit_hit"]]
+    st.error(f"**The recompile (cache size) limit was hit** for {', '.join(f'`{f}`' for f in hit)}: "
+             "those frames run eagerly, uncompiled, for the rest of the run. Fix the recompiles below "
+             "(or mark the changing dimension dynamic) rather than raising the limit.",
+             icon=":material/error:")
+
+st.subheader("Graph breaks by site")
+sites = c["break_sites"]
+if not sites:
+    st.success("No graph breaks: every compiled frame traced in one graph.")
+else:
+    st.dataframe(pd.DataFrame(sites)[["source", "reason_class", "breaks", "hits_per_step", "frame_ms_per_step",
+                                      "gb_id", "compile_ids", "reason"]],
+                 hide_index=True, column_config={
+                     "reason_class": "class",
+                     "hits_per_step": st.column_config.NumberColumn("hits/step", format="%.1f"),
+                     "frame_ms_per_step": st.column_config.NumberColumn("frame ms/step", format="%.3f"),
+                     "gb_id": "gb id", "compile_ids": st.column_config.ListColumn("compile ids")})
+    st.caption("frame ms/step: the graph before the break plus the break's eager code, until the resumed frame.")
+    pick = st.selectbox("break site", range(len(sites)), key="compile_site",
+                        format_func=lambda i: f"{sites[i]['source']} · {sites[i]['reason_class']}")
+    _show_site(run, sites[pick])
+
+st.subheader("Recompiles by frame")
+rec = pd.DataFrame(c["recompiles_by_frame"])
+if rec.empty:
+    st.caption("no recompiles: every frame's guards held")
+else:
+    st.dataframe(rec[["func", "recompiles", "cache_limit_hit", "reasons"]], hide_index=True, column_config={
+        "func": "frame", "cache_limit_hit": st.column_config.CheckboxColumn("cache limit hit"),
+        "reasons": st.column_config.ListColumn("failed guards", width="large")})
+    with st.expander("failed guards, one per line"):
+        for r in c["recompiles_by_frame"]:
+            st.markdown(f"**{r['func']}** ({r['recompiles']} recompiles"
+                        + (", :red[CACHE LIMIT HIT]" if r["cache_limit_hit"] else "") + ")")
+            st.code("\n".join(r["reasons"]) or "(no failed guard recorded)", language=None)
+
+st.subheader("Compile time by frame and phase")
+ctime = comp.compile_time(run.compiles, run.compile_phases)
+if ctime.empty:
+    st.caption("no frame compiles recorded (the `compiler` collector was off)")
+else:
+    base = ["compile_id", "func", "backend", "status", "graph_ops", "total_ms"]
+    phases = [col for col in ctime.columns if col not in base]
+    st.dataframe(ctime, hide_index=True, column_config={
+        "func": "frame", "graph_ops": "ops", "total_ms": st.column_config.NumberColumn("total ms", format="%.1f"),
+        **{p: st.column_config.NumberColumn(f"{p} ms", format="%.1f") for p in phases}})
+    if phases:
+        long = ctime.assign(frame=ctime["compile_id"] + " " + ctime["func"].astype(str)).melt(
+            id_vars=["frame", "total_ms"], value_vars=phases, var_name="phase", value_name="ms").dropna(subset=["ms"])
+        fig = px.bar(long, x="ms", y="frame", color="phase", orientation="h",
+                     labels={"ms": "compile time (ms)", "frame": "compile"})
+        fig.update_yaxes(categoryorder="total ascending")
+        st.plotly_chart(fig, width="stretch")
+
+st.subheader("FX graph / AOT autograd caches")
+cache = comp.cache_stats(run.compile_cache)
+if cache.empty:
+    st.caption("no cache lookups recorded (the inductor backend looks its caches up; eager and aot_eager don't)")
+else:
+    st.dataframe(cache, hide_index=True, column_config={
+        "hit_rate": st.column_config.ProgressColumn("hit rate", format="percent", min_value=0, max_value=1)})
+
+st.subheader("Fusion groups per kernel")
+fus = comp.top_fusions(run.fusions, len(run.fusions))
+if fus.empty:
+    st.caption("no fused kernels recorded (inductor generates them; eager and aot_eager don't fuse)")
+else:
+    st.dataframe(fus, hide_index=True, column_config={
+        "fused": "fused nodes", "nodes": st.column_config.ListColumn("FX nodes", width="large")})
+
+st.subheader("Compiled graphs at run time")
+if runs.empty:
+    st.caption("no compiled region ran inside the captured ops (capture with the `eager` collector)")
+else:
+    st.dataframe(runs, hide_index=True, column_config={
+        "compile_id": "compile id", "runs_per_step": st.column_config.NumberColumn("runs/step", format="%.1f"),
+        "total_ms": st.column_config.NumberColumn("total ms", format="%.3f"),
+        "self_ms": st.column_config.NumberColumn("self ms", format="%.3f"),
+        "self_ms_per_step": st.column_config.NumberColumn("self ms/step", format="%.3f")})
+    st.caption("self: time inside the compiled region outside the regions nested in it (frames resumed after "
+               "a break run inside the frame that broke).")

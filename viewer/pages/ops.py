@@ -1,0 +1,83 @@
+"""Ops: the op table of the captured steps (``analysis.ops.op_stats``), optionally split by input
+shapes, and self time along the module path as a treemap (``analysis.ops.module_tree``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from neuron_prof.analysis.ops import captured_ops, filter_tree, module_tree, op_stats, self_time
+from neuron_prof.viewer import data
+
+MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by self time first)
+
+
+@st.cache_data(max_entries=8, show_spinner="aggregating ops ...")
+def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int, int]:
+    run = data.load(Path(path))
+    ops, n = captured_ops(run.ops, run.steps)
+    stats = op_stats(ops, ("name", "module", "shapes") if shapes else ("name", "module"))
+    if n:
+        stats["self_ms_per_step"] = stats["self_ms"] / n
+        stats["total_ms_per_step"] = stats["total_ms"] / n
+    return stats, n, len(ops)
+
+
+@st.cache_data(max_entries=4, show_spinner="building the module tree ...")
+def _tree(path: str, mtime: float) -> pd.DataFrame:
+    run = data.load(Path(path))
+    ops, _ = captured_ops(run.ops, run.steps)
+    return module_tree(ops, self_time(ops))
+
+
+path = data.run_path()
+data.load(path)
+mtime = data.stamp(path)
+
+st.title("Ops")
+shapes = st.toggle("split by input shapes", key="ops_shapes",
+                   help="group by (op, module, input shapes) instead of (op, module)")
+stats, n_captured, n_ops = _op_table(str(path), mtime, shapes)
+if stats.empty:
+    data.no_data("op events", "Capture with the `eager` collector (on by default) and call `prof.step()` once "
+                              "per iteration (or use an optimizer under `neuron-prof record`).")
+    st.stop()
+
+scope = f"{n_captured} captured steps" if n_captured else "all ops (no complete captured step)"
+st.caption(f"{scope}, {n_ops:,} op events, {len(stats):,} groups · self time = time not spent in nested ops · "
+           "click a column header to sort")
+cols = ["name", "module", *(["shapes"] if shapes else []), "calls", "self_ms", "self_pct",
+        *(["self_ms_per_step", "total_ms_per_step"] if n_captured else []), "total_ms", "mean_us", "backward"]
+st.dataframe(stats[cols].head(MAX_ROWS), hide_index=True, column_config={
+    "name": "op", "self_ms": st.column_config.NumberColumn("self ms", format="%.3f"),
+    "self_pct": st.column_config.NumberColumn("self %", format="%.1f"),
+    "self_ms_per_step": st.column_config.NumberColumn("self ms/step", format="%.3f"),
+    "total_ms_per_step": st.column_config.NumberColumn("total ms/step", format="%.3f"),
+    "total_ms": st.column_config.NumberColumn("total ms", format="%.3f"),
+    "mean_us": st.column_config.NumberColumn("mean µs", format="%.1f"),
+    "backward": st.column_config.CheckboxColumn("backward")})
+if len(stats) > MAX_ROWS:
+    st.caption(f"showing the top {MAX_ROWS:,} of {len(stats):,} groups by self time")
+
+st.subheader("Self time by module path")
+tree = _tree(str(path), mtime)
+text = st.text_input("filter modules", key="ops_module_filter", placeholder="e.g. self_attn or layers.0")
+shown = filter_tree(tree, text)
+if shown.empty:
+    st.info(f"no module path contains {text!r}")
+else:
+    fig = px.treemap(shown, ids="id", parents="parent", names="label", values="total_ms",
+                     branchvalues="total", hover_data={"self_ms": ":.3f", "calls": True})
+    fig.update_traces(root_color="lightgrey", hovertemplate="%{id}<br>self time here and below: %{value:.3f} ms"
+                                                            "<br>own self time: %{customdata[0]:.3f} ms"
+                                                            "<br>own ops: %{customdata[1]}<extra></extra>")
+    fig.update_layout(margin=dict(t=10, l=0, r=0, b=0))
+    st.plotly_chart(fig, width="stretch")
+    st.caption(f"area = self time of a module's ops and its submodules' ({tree['total_ms'].iloc[0]:.3f} ms in all); "
+               "ops outside any module count to the root")
+    st.dataframe(shown.rename(columns={"id": "module"}).drop(columns=["parent", "label"]), hide_index=True,
+                 column_config={"self_ms": st.column_config.NumberColumn("own self ms", format="%.3f"),
+                                "total_ms": st.column_config.NumberColumn("self ms incl. submodules", format="%.3f"),
+                                "calls": "own ops"})
