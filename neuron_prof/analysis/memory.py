@@ -157,11 +157,15 @@ def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
     d = _deltas(allocs)
     parts = []
     for (rank, device), g in d.groupby(["rank", "device"], observed=True, sort=True):
-        per = pd.crosstab(g.index, g["category"], values=g["bytes"], aggfunc="sum").reindex(columns=CATEGORIES)
-        per = per.fillna(0).astype(np.int64).cumsum()
-        per["total"] = per.sum(axis=1)
-        per["ts"] = g["ts"].to_numpy()
-        per = per.groupby("ts", sort=True).last()  # simultaneous events: the state after all of them
+        # running sum per category (numpy: a crosstab of millions of events takes seconds)
+        codes = pd.Categorical(g["category"], categories=CATEGORIES).codes
+        delta = g["bytes"].to_numpy(np.int64)
+        ts = g["ts"].to_numpy(np.int64)
+        settled = np.r_[ts[1:] != ts[:-1], True]  # simultaneous events: the state after all of them
+        per = pd.DataFrame({c: np.cumsum(np.where(codes == i, delta, 0))[settled] for i, c in enumerate(CATEGORIES)},
+                           index=pd.Index(ts[settled], name="ts"))
+        per["total"] = per[list(CATEGORIES)].sum(axis=1)
+        per.columns.name = "category"
         if len(per) > max_points:
             half = max(max_points // 2 - 1, 1)
             buckets = pd.Series(np.minimum(np.arange(len(per)) * half // len(per), half - 1))
@@ -259,6 +263,34 @@ def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int =
     and category."""
     sites = snapshot(allocs, ts, ["source", "module", "top_op", "category"], rank, device)
     return sites.rename(columns={"top_op": "op"}).head(top)
+
+
+SITE_DETAIL_COLUMNS = ["source", "module", "op", "category", "bytes", "blocks", "shape", "dtype", "shapes",
+                       "largest", "stack"]
+
+
+def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
+    """:func:`peak_sites` (same rows, same order) with, per site, its largest live block: ``shape``,
+    ``dtype``, size (``largest``) and ``stack`` (the stack id of the line that made it:
+    ``Run.stack(rank, stack)`` gives its frames); and ``shapes``, how many distinct shapes the
+    site's live blocks have. Equal sizes: the latest-made block."""
+    sites = peak_sites(allocs, rank, device, ts, top)
+    if sites.empty:
+        return pd.DataFrame(columns=SITE_DETAIL_COLUMNS)
+    key = ["source", "module", "top_op", "category"]
+    live = live_at(allocs, ts, rank, device)[key + ["bytes", "alloc_ts", "shape", "dtype", "stack"]]
+    live = live.astype({k: str for k in key + ["shape", "dtype"]})
+    by_site = live.sort_values(["bytes", "alloc_ts"], kind="stable").groupby(key, sort=False)
+    largest = by_site.tail(1).set_index(key).rename(columns={"bytes": "largest"})
+    largest["shapes"] = by_site["shape"].nunique()
+    extra = largest.reindex(pd.MultiIndex.from_arrays(
+        [sites[c].astype(str).to_numpy() for c in ("source", "module", "op", "category")], names=key))
+    out = sites.copy()
+    for c in ("shape", "dtype"):
+        out[c] = extra[c].to_numpy()
+    for c in ("shapes", "largest", "stack"):
+        out[c] = extra[c].to_numpy(np.int64)
+    return out[SITE_DETAIL_COLUMNS]
 
 
 # ---------------------------------------------------------------- leaks
