@@ -26,7 +26,7 @@ def _page(monkeypatch, run_dir: Path, diff: Path | None = None) -> AppTest:
         monkeypatch.setenv("NEURON_PROF_DIFF_RUN", str(diff))
     at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
     at.run()
-    at.switch_page("pages/diff.py").run()
+    at.switch_page("views/diff.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title] == ["Diff"]
     return at

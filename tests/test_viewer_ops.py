@@ -25,7 +25,7 @@ def _page(monkeypatch, run_dir: Path) -> AppTest:
     monkeypatch.delenv("NEURON_PROF_DIFF_RUN", raising=False)
     at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
     at.run()
-    at.switch_page("pages/ops.py").run()
+    at.switch_page("views/ops.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title] == ["Ops"]
     return at

@@ -33,7 +33,7 @@ def _page(monkeypatch, run_dir: Path) -> AppTest:
     monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
     at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
     at.run()
-    at.switch_page("pages/timeline.py").run()
+    at.switch_page("views/timeline.py").run()
     _ok(at)
     return at
 

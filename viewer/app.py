@@ -7,7 +7,7 @@ import streamlit as st
 
 from neuron_prof.viewer import data
 
-PAGES_DIR = Path(__file__).resolve().parent / "pages"
+VIEWS_DIR = Path(__file__).resolve().parent / "views"  # not pages/: Streamlit would also serve that as a legacy app
 PAGES = (  # (page script, title, icon)
     ("overview", "Overview", ":material/dashboard:"),
     ("timeline", "Timeline", ":material/view_timeline:"),
@@ -19,7 +19,7 @@ PAGES = (  # (page script, title, icon)
 )
 
 st.set_page_config(page_title="neuron_prof", page_icon=":material/speed:", layout="wide")
-nav = st.navigation([st.Page(PAGES_DIR / f"{name}.py", title=title, icon=icon, url_path=name,
+nav = st.navigation([st.Page(VIEWS_DIR / f"{name}.py", title=title, icon=icon, url_path=name,
                              default=name == "overview") for name, title, icon in PAGES])
 path = data.run_path()
 with st.sidebar:

@@ -37,7 +37,7 @@ for f in found:
         left, right = st.columns([5, 1])
         left.markdown(f"{_ICONS[f['severity']]} {f['text']}")
         if f["page"] != "overview":
-            right.page_link(f"pages/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
+            right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
 
 st.subheader("Step time")
 all_steps = run.steps[run.steps["complete"]].assign(ms=lambda d: d["dur"] / 1e6,
