@@ -4,14 +4,15 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis.ops import op_stats
+from neuron_prof.analysis.ops import op_stats, parent_index, self_time
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, step_breakdown, step_stats, time_split
-from neuron_prof.findings import findings
 from neuron_prof.analysis.sync import sync_points, sync_summary
+from neuron_prof.findings import findings
 from neuron_prof.run import Run
 
 TOP_N = 10
@@ -28,14 +29,19 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     steps = run.steps
     captured = steps[steps["active"] & steps["complete"]]
     ops = run.ops
-    ops_in_steps = ops[ops["step"].isin(captured["step"])] if len(captured) else ops
+    parent = parent_index(ops)  # the op nesting, computed once for every analysis below
+    self_ns = self_time(ops, parent)
+    in_steps = ops["step"].isin(captured["step"]).to_numpy() if len(captured) else np.ones(len(ops), bool)
     n_captured = int(captured.groupby("rank").size().max()) if len(captured) else 0
-    stats = op_stats(ops_in_steps).head(top)
+    if in_steps.all():  # the common case: no copy of the ops
+        stats = op_stats(ops, self_ns=self_ns).head(top)
+    else:
+        stats = op_stats(ops[in_steps], self_ns=self_ns[in_steps]).head(top)
     if n_captured:
         stats["self_ms_per_step"] = stats["self_ms"] / n_captured
-    sync = sync_points(ops)
+    sync = sync_points(ops, parent)
     failures = run.failures
-    runs = comp.region_runs(ops)  # one nesting pass over the ops serves both tables below
+    runs = comp.region_runs(ops, parent)
     sites = comp.graph_break_sites(run.graph_breaks, runs, n_captured)
     recompiles = comp.recompile_summary(run.recompiles, run.compiles)
     ctime = comp.compile_time(run.compiles, run.compile_phases)

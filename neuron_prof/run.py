@@ -125,10 +125,14 @@ class Run:
         """Tag events with the step they started in (-1: before the first step began)."""
         step = np.full(len(df), -1, dtype=np.int32)
         steps = self.steps
-        for rank, idx in df.groupby("rank", observed=True).indices.items():
+        ranks = df["rank"].to_numpy()
+        one = len(self.rank_data) == 1  # the common case: no per-rank grouping of millions of rows
+        groups = {self.ranks[0]: slice(None)} if one else df.groupby("rank", observed=True).indices
+        ts = df["ts"].to_numpy()
+        for rank, idx in groups.items():
             s = steps[steps["rank"] == rank].sort_values("ts")
-            if len(s):
-                pos = np.searchsorted(s["ts"].to_numpy(), df["ts"].to_numpy()[idx], side="right") - 1
+            if len(s) and len(ranks):
+                pos = np.searchsorted(s["ts"].to_numpy(), ts[idx], side="right") - 1
                 step[idx] = np.where(pos >= 0, s["step"].to_numpy()[np.maximum(pos, 0)], -1)
         df["step"] = step
         return df

@@ -41,7 +41,7 @@ def test_leak_run_overview_shows_facts_findings_and_where_time_goes(monkeypatch,
     assert any(link.label == "see Memory" for link in at.get("page_link"))
     split = at.dataframe[0].value
     expected = time_split(run.ops, run.steps, run.compiles, sync_points(run.ops))
-    assert split["compute ms"].round(6).tolist() == expected["compute_ms"].round(6).tolist()
+    assert split["compute ms"].tolist() == expected["compute_ms"].round(3).tolist()
     assert len(at.get("plotly_chart")) == 2  # step time per rank, where the time goes
 
 

@@ -22,12 +22,13 @@ def normalize_compile_id(cid: str) -> str:
     return cid.split("_")[0]
 
 
-def region_runs(ops: pd.DataFrame) -> pd.DataFrame:
+def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
     """One row per run of a compiled graph: rank, step, tid, ts, dur, compile_id, self_ns.
 
     A frame's compiled code calls the frames resumed after its graph breaks, so their regions
     nest inside it; ``self_ns`` is the region's time outside nested regions: its own graph plus
-    the eager code of the break that ends it.
+    the eager code of the break that ends it. ``parent``: ``parent_index(ops)``, if the caller has
+    it already.
     """
     cols = ["rank", "step", "tid", "ts", "dur", "compile_id", "self_ns"]
     if ops.empty:
@@ -37,7 +38,7 @@ def region_runs(ops: pd.DataFrame) -> pd.DataFrame:
     is_region = cats.str.startswith(REGION_PREFIX).to_numpy()[names.cat.codes.to_numpy()]
     if not is_region.any():
         return pd.DataFrame(columns=cols)
-    parent = parent_index(ops)
+    parent = parent_index(ops) if parent is None else parent
     # nearest enclosing region of every op (-1: none), walking up one level per pass
     enclosing = np.where(parent >= 0, parent, -1)
     for _ in range(int(ops["depth"].max())):

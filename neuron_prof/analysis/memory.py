@@ -32,7 +32,6 @@ import pandas as pd
 
 CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
 NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended
-_LIFETIME_KINDS = {"alloc": 0, "free": 1, "baseline": 2, "late_free": 3}
 _INPUT_OPS = re.compile(
     r"^aten::(randn|rand|randint|randperm|normal|zeros|ones|empty|empty_strided|full|tensor|scalar_tensor|"
     r"arange|linspace|from_file|as_tensor|to|_to_copy|copy_|pin_memory|_pin_memory|clone|stack|cat)(_like)?$")
@@ -53,14 +52,33 @@ def _step_of(ts: np.ndarray, rank: np.ndarray, steps: pd.DataFrame) -> np.ndarra
     return out
 
 
+def _where(col: pd.Series, test) -> np.ndarray:
+    """``test`` (a function of one string) per row, evaluated once per distinct value."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = np.array([bool(test(str(c))) for c in col.cat.categories] + [bool(test(""))])
+        return cats[col.cat.codes.to_numpy()]  # code -1 (missing) takes the last entry
+    return np.array([bool(test(str(v))) for v in col], dtype=bool)
+
+
+def _take(col: pd.Series, pos: np.ndarray, hit: np.ndarray) -> pd.Categorical:
+    """``col[pos]`` where ``hit``, else the empty string, as a categorical (no per-row strings)."""
+    c = col.astype("category") if not isinstance(col.dtype, pd.CategoricalDtype) else col
+    cats = c.cat.categories.astype(str)
+    if "" not in set(cats):
+        cats = cats.append(pd.Index([""]))
+        c = c.cat.set_categories(cats) if len(c) else pd.Series(pd.Categorical([], categories=cats))
+    codes = c.cat.codes.to_numpy()[np.maximum(pos, 0)] if len(c) else np.zeros(len(pos), np.int8)
+    empty = cats.get_loc("")
+    return pd.Categorical.from_codes(np.where(hit & (codes >= 0), codes, empty), categories=cats)
+
+
 def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
                 steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per captured allocation with its lifetime (``free_ts`` = :data:`NEVER` if it was
     still live when capture ended), the step it was made in, attribution and category."""
-    kinds = events["kind"].astype(str)
-    life = events[kinds.isin(list(_LIFETIME_KINDS))]
-    made = life[life["kind"].astype(str).isin(["alloc", "baseline"])]
-    freed = life[life["kind"].astype(str).isin(["free", "late_free"])]
+    kind = events["kind"]
+    made = events[kind.isin(["alloc", "baseline"])]
+    freed = events[kind.isin(["free", "late_free"])]
     key = ["rank", "device", "addr", "alloc_ts"]
     a = made.drop_duplicates(key, keep="first").reset_index(drop=True)
     frees = freed.drop_duplicates(key, keep="first")
@@ -68,14 +86,19 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     pos = _lifetime_key(frees).get_indexer(_lifetime_key(a)) if len(frees) else np.full(len(a), -1)
     hit = pos >= 0
     a["free_ts"] = np.where(hit, frees["ts"].to_numpy(np.int64)[np.maximum(pos, 0)] if len(frees) else 0, NEVER)
-    a["free_op"] = np.where(hit, frees["op"].astype(str).to_numpy()[np.maximum(pos, 0)] if len(frees) else "", "")
+    a["free_op"] = _take(frees["op"], pos, hit)
     a["free_bwd"] = hit & (frees["bwd"].to_numpy(bool)[np.maximum(pos, 0)] if len(frees) else False)
     # an allocation drained before the op that made it ended learns its shape from its free
     for col in ("shape", "dtype"):
-        if len(frees):
-            late = np.where(hit, frees[col].astype(str).to_numpy()[np.maximum(pos, 0)], "")
-            a[col] = np.where(a[col].astype(str).to_numpy() == "", late, a[col].astype(str).to_numpy())
-    a["baseline"] = a["kind"].astype(str) == "baseline"
+        late = _take(frees[col], pos, hit)
+        mine = a[col].astype("category") if not isinstance(a[col].dtype, pd.CategoricalDtype) else a[col]
+        missing = _where(mine, lambda v: v == "")
+        if missing.any():
+            both = pd.api.types.union_categoricals([pd.Categorical(mine), late])
+            a[col] = pd.Categorical(np.where(missing, np.asarray(late.astype(object)),
+                                             np.asarray(pd.Categorical(mine).astype(object))),
+                                    categories=both.categories)
+    a["baseline"] = (a["kind"] == "baseline").to_numpy(bool)
     a["bytes"] = a["bytes"].astype(np.int64)
     if steps is not None and len(steps):
         a["step"] = _step_of(a["alloc_ts"].to_numpy(), a["rank"].to_numpy(), steps)
@@ -91,17 +114,17 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
 
 def _lifetime_key(df: pd.DataFrame) -> pd.MultiIndex:
     """An allocation's identity: rank, device, address and the time it was made."""
-    return pd.MultiIndex.from_arrays([df["rank"], df["device"].astype(str), df["addr"], df["alloc_ts"]])
+    dev = df["device"]
+    dev = dev.cat.codes if isinstance(dev.dtype, pd.CategoricalDtype) else dev.astype(str)
+    return pd.MultiIndex.from_arrays([df["rank"], dev, df["addr"], df["alloc_ts"]])
 
 
 def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFrame | None) -> pd.Categorical:
     cat = np.full(len(a), "other", dtype=object)
-    op = a["op"].astype(str).to_numpy()
-    top = a["top_op"].astype(str).to_numpy()
-    module = a["module"].astype(str).to_numpy()
+    has_op = _where(a["op"], lambda v: v != "")
     bwd = a["bwd"].to_numpy(bool)
-    in_opt = np.char.startswith(top.astype(str), _OPTIMIZER) if len(a) else np.zeros(0, bool)
-    forward = (op != "") & ~bwd & ~in_opt
+    in_opt = _where(a["top_op"], lambda v: v.startswith(_OPTIMIZER))
+    forward = has_op & ~bwd & ~in_opt
     # the end of each allocation's step (a block alive past it outlived its step)
     step_end = np.full(len(a), NEVER, dtype=np.int64)
     if steps is not None and len(steps):
@@ -110,10 +133,12 @@ def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFra
         step_end = ends.reindex(idx, fill_value=NEVER).to_numpy(np.int64)
     free_ts = a["free_ts"].to_numpy(np.int64)
     outlived = free_ts > step_end
-    is_input = forward & (module == "") & np.array([bool(_INPUT_OPS.match(t)) for t in top], dtype=bool)
-    cat[forward & ~is_input & ~outlived & ~a["free_bwd"].to_numpy(bool)] = "temporary"
+    free_bwd = a["free_bwd"].to_numpy(bool)
+    is_input = (forward & _where(a["module"], lambda v: v == "")
+                & _where(a["top_op"], lambda v: bool(_INPUT_OPS.match(v))))
+    cat[forward & ~is_input & ~outlived & ~free_bwd] = "temporary"
     cat[(bwd | in_opt) & ~outlived] = "temporary"
-    cat[forward & ~is_input & (outlived | a["free_bwd"].to_numpy(bool))] = "activation"
+    cat[forward & ~is_input & (outlived | free_bwd)] = "activation"
     cat[is_input] = "input"
     if tensors is not None and len(tensors):
         role = _known_roles(a, tensors)

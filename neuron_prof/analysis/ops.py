@@ -37,20 +37,23 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
     return parent
 
 
-def self_time(ops: pd.DataFrame) -> np.ndarray:
-    """Duration minus the duration of direct children (ns)."""
-    parent = parent_index(ops)
+def self_time(ops: pd.DataFrame, parent: np.ndarray | None = None) -> np.ndarray:
+    """Duration minus the duration of direct children (ns). ``parent``: ``parent_index(ops)``, if
+    the caller has it already (it is the expensive part)."""
+    parent = parent_index(ops) if parent is None else parent
     dur = ops["dur"].to_numpy()
     child = np.bincount(parent[parent >= 0], weights=dur[parent >= 0], minlength=len(ops))
     return np.maximum(dur - child.astype(np.int64), 0)
 
 
-def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module")) -> pd.DataFrame:
-    """Calls, total and self time per group, sorted by self time; ``self_pct`` of all self time."""
+def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
+             self_ns: np.ndarray | None = None) -> pd.DataFrame:
+    """Calls, total and self time per group, sorted by self time; ``self_pct`` of all self time.
+    ``self_ns``: ``self_time`` of these ops, if the caller has it already."""
     cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    df = ops[list(by) + ["dur", "bwd"]].assign(self_ns=self_time(ops))
+    df = ops[list(by) + ["dur", "bwd"]].assign(self_ns=self_time(ops) if self_ns is None else self_ns)
     g = df.groupby(list(by), observed=True, sort=False)
     out = pd.DataFrame({
         "calls": g.size(),

@@ -49,8 +49,9 @@ def _ancestor_mask(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> n
     return inside
 
 
-def sync_points(ops: pd.DataFrame) -> pd.DataFrame:
+def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
     """One row per sync op; nested sync ops (``item`` → ``_local_scalar_dense``) count once.
+    ``parent``: ``parent_index(ops)``, if the caller has it already.
 
     Not counted: torch.optim's reads of its own CPU step counters (a ``_local_scalar_dense`` on a
     CPU tensor inside ``Optimizer.step``): the optimizer keeps those on the host on every device,
@@ -73,7 +74,7 @@ def sync_points(ops: pd.DataFrame) -> pd.DataFrame:
         d2h |= per_name(lambda n: n == op).astype(bool) & per_device(lambda d: _is_device_to_host(op, d))
     kind[d2h] = "device-to-host copy"
     flagged = kind != None  # noqa: E711 - elementwise on an object array
-    parent = parent_index(ops)
+    parent = parent_index(ops) if parent is None else parent
     max_depth = int(ops["depth"].max())
     keep = flagged & ~_ancestor_mask(parent, flagged, max_depth)
     in_optimizer = _ancestor_mask(parent, per_name(lambda n: n.startswith(OPTIMIZER_RANGE)).astype(bool), max_depth)
