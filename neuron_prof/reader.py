@@ -43,6 +43,13 @@ class RankData:
                 t = t.append_column(f, pa.nulls(t.num_rows, f.type).fill_null(0))
         return t.select(TABLES[name].names)
 
+    def take(self, name: str) -> pa.Table:
+        """``table(name)``, handed over: the rank keeps no reference (the big tables are read once,
+        into a DataFrame, and their Arrow buffers should not outlive that)."""
+        t = self.table(name)
+        self.tables.pop(name, None)
+        return t
+
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:

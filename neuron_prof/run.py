@@ -30,6 +30,7 @@ _STRING_COLUMNS = {
     "memory_tensors": ("device", "category", "shape", "dtype"),
     "memory_ooms": ("device", "message"),
 }
+_HANDED_OVER = ("ops", "memory_events")  # read once per Run (cached properties), then dropped by the reader
 _MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
 _STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 
@@ -105,7 +106,10 @@ class Run:
     def _table(self, name: str) -> pd.DataFrame:
         parts = []
         for rd in self.rank_data:
-            df = rd.table(name).to_pandas()
+            if name in _HANDED_OVER:  # millions of rows: convert, and let the Arrow buffers go
+                df = rd.take(name).to_pandas(split_blocks=True, self_destruct=True)
+            else:
+                df = rd.table(name).to_pandas()
             strings = self._strings[rd.rank]
             for col in _STRING_COLUMNS.get(name, ()):
                 df[col] = strings.categorical(df[col].to_numpy())
