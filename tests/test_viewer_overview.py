@@ -74,3 +74,28 @@ def test_view_command_rejects_a_missing_run(tmp_path):
     res = cli("view", tmp_path / "missing", "--no-browser")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and str(tmp_path / "missing") in res.stderr
+
+
+def test_view_serves_on_localhost_and_stops_with_its_server_on_sigterm(memory_runs):
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_prof", "view", str(memory_runs("clean")), "--no-browser"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split(": ", 1)[1].split()[0]
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        time.sleep(1)
+        with pytest.raises(OSError):  # the Streamlit server went with it
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=3)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -272,13 +272,12 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             j = lo + int(np.argmax(live[lo:hi]))
             t = int(ts[j])
             made = mine[(mine["alloc_ts"] >= s["ts"]) & (mine["alloc_ts"] <= t) & (mine["free_ts"] > t)]
-            row = {"rank": rank, "device": device, "step": int(s["step"]), "ts": t, "bytes": int(live[j]),
-                   "op": "", "source": "", "module": "", "alloc_bytes": 0, "category": ""}
-            if len(made):
-                c = made.loc[made["bytes"][::-1].idxmax()]  # the largest; the latest of equals
-                row.update(op=str(c["top_op"]), source=str(c["source"]), module=str(c["module"]),
-                           alloc_bytes=int(c["bytes"]), category=str(c["category"]))
-            rows.append(row)
+            if made.empty:  # nothing made in the step (e.g. the frees at exit): no peak of its own
+                continue
+            c = made.loc[made["bytes"][::-1].idxmax()]  # the largest; the latest of equals
+            rows.append({"rank": rank, "device": device, "step": int(s["step"]), "ts": t, "bytes": int(live[j]),
+                         "op": str(c["top_op"]), "source": str(c["source"]), "module": str(c["module"]),
+                         "alloc_bytes": int(c["bytes"]), "category": str(c["category"])})
     return pd.DataFrame(rows, columns=PEAK_COLUMNS)
 
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import webbrowser
@@ -64,14 +66,18 @@ def start(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path |
     env = {**os.environ, RUN_ENV: str(run_dir.resolve())}
     if diff is not None:
         env[DIFF_ENV] = str(diff.resolve())
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
+    log = tempfile.TemporaryFile() if quiet else None  # the server's own output, for an error
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise NeuronProfError(f"the viewer exited with code {proc.returncode} before serving {url}; "
-                                  "run it again without --quiet output to see why")
+            last = ""
+            if log is not None:
+                log.seek(0)
+                lines = [ln.strip() for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+                last = f": {lines[-1]}" if lines else ""
+            raise NeuronProfError(f"the viewer exited with code {proc.returncode} before serving {url}{last}")
         try:
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
                 if r.status == 200:
@@ -86,15 +92,26 @@ def serve(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path |
           browser: bool = True) -> int:
     """Start, print the address, open the browser, and serve until Ctrl+C."""
     proc, url = start(run_dir, port=port, host=host, diff=diff, quiet=True)
+
+    def stop(signum, frame):  # SIGTERM (kill, a supervisor) ends the server with us
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     print(f"neuron_prof viewer for {run_dir}: {url}  (Ctrl+C to stop)", flush=True)
     if browser:
         webbrowser.open(url)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def run(args: argparse.Namespace) -> int:
