@@ -74,3 +74,66 @@ def memory_runs(tmp_path_factory):
         return made[mode]
 
     return get
+
+
+def viewer_page(monkeypatch, run_dir: Path, page: str, title: str | None = None, diff: Path | None = None):
+    """The viewer's ``page`` (viewer/views/<page>.py) rendered by Streamlit's AppTest on
+    ``run_dir`` (and ``diff`` as the Diff page's second run); asserts it raised nothing and, if
+    given, that its title is ``title``."""
+    from streamlit.testing.v1 import AppTest
+    from neuron_prof.viewer import DIFF_ENV, RUN_ENV
+    monkeypatch.setenv(RUN_ENV, str(run_dir))
+    if diff is None:
+        monkeypatch.delenv(DIFF_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DIFF_ENV, str(diff))
+    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
+    at.run()
+    if page != "overview":
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    if title is not None:
+        assert [t.value for t in at.title] == [title]
+    return at
+
+
+DDP_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+import neuron_prof
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with neuron_prof.profile(sys.argv[1]) as prof:
+    for _ in range(int(sys.argv[2])):
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_run(tmp: Path, steps: int, world: int = 2) -> Path:
+    """A DDP training run of ``world`` real gloo ranks on 127.0.0.1, captured into ``tmp/run``."""
+    script = write_script(tmp / "ddp.py", DDP_SCRIPT)
+    run_dir = tmp / "run"
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(run_dir), str(steps)], cwd=tmp,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "RANK": str(r), "WORLD_SIZE": str(world)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    return run_dir

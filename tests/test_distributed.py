@@ -2,50 +2,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import neuron_prof
-from conftest import check_trace, cli, write_script
-
-DDP = """
-import sys
-import torch
-import torch.distributed as dist
-import neuron_prof
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-with neuron_prof.profile(sys.argv[1]) as prof:
-    for _ in range(3):
-        model(torch.randn(4, 16)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        prof.step()
-dist.destroy_process_group()
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from conftest import check_trace, cli, free_port, gloo_run, write_script
 
 def test_two_gloo_ranks_write_two_folders_and_one_trace(tmp_path):
-    script = write_script(tmp_path / "ddp.py", DDP)
-    run_dir = tmp_path / "run"
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=tmp_path,
-                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(r), "WORLD_SIZE": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
+    run_dir = gloo_run(tmp_path, steps=3)
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["rank-00000", "rank-00001"]
     run = neuron_prof.load(run_dir)
     assert run.ranks == [0, 1] and run.meta["world_size"] == 2
@@ -80,7 +44,7 @@ def test_record_under_torchrun_captures_each_rank_but_not_the_launcher(tmp_path)
     script = write_script(tmp_path / "plain_ddp.py", PLAIN_DDP)
     run_dir = tmp_path / "run"
     res = cli("record", "-o", run_dir, "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-              "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script, cwd=tmp_path)
+              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["rank-00000", "rank-00001"]
     run = neuron_prof.load(run_dir)

@@ -2,10 +2,6 @@
 per-rank step time and the straggler ranking (``analysis.steps.straggler_ranking``)."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,63 +9,21 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import REPO, write_script
+from conftest import gloo_run, viewer_page
 from neuron_prof.analysis.steps import straggler_ranking
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-DDP = """
-import sys
-import torch
-import torch.distributed as dist
-import neuron_prof
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-with neuron_prof.profile(sys.argv[1]) as prof:
-    for _ in range(4):
-        model(torch.randn(4, 16)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        prof.step()
-dist.destroy_process_group()
-"""
-
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    monkeypatch.delenv("NEURON_PROF_DIFF_RUN", raising=False)
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/collectives.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert [t.value for t in at.title] == ["Collectives"]
-    return at
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return viewer_page(monkeypatch, run_dir, "collectives", title="Collectives")
 
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("viewer_ddp")
-    script = write_script(tmp / "ddp.py", DDP)
-    run_dir = tmp / "run"
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=tmp,
-                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                   "RANK": str(r), "WORLD_SIZE": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-    return run_dir
+    return gloo_run(tmp, steps=4)
 
 
 def test_a_single_rank_run_says_plainly_there_is_no_collective_data(demo_run, monkeypatch):

@@ -17,7 +17,7 @@ import torch
 import torch._dynamo
 
 import neuron_prof
-from conftest import REPO, line_of, write_script
+from conftest import line_of, viewer_page, write_script
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import captured_ops
 from neuron_prof.examples import graph_breaks
@@ -50,14 +50,7 @@ def compile_run(tmp_path_factory) -> Path:
 
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    monkeypatch.delenv("NEURON_PROF_DIFF_RUN", raising=False)
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/compile.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert [t.value for t in at.title] == ["Graph breaks / Compile"]
-    return at
+    return viewer_page(monkeypatch, run_dir, "compile", title="Graph breaks / Compile")
 
 
 def _table(at: AppTest, column: str) -> pd.DataFrame:

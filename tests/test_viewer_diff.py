@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import REPO
+from conftest import viewer_page
 from neuron_prof.analysis.diff import COLUMNS, compare, verdict
 from neuron_prof.report import summarize
 
@@ -19,17 +19,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 
 def _page(monkeypatch, run_dir: Path, diff: Path | None = None) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    if diff is None:
-        monkeypatch.delenv("NEURON_PROF_DIFF_RUN", raising=False)
-    else:
-        monkeypatch.setenv("NEURON_PROF_DIFF_RUN", str(diff))
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/diff.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert [t.value for t in at.title] == ["Diff"]
-    return at
+    return viewer_page(monkeypatch, run_dir, "diff", title="Diff", diff=diff)
 
 
 def _table(at: AppTest) -> pd.DataFrame:

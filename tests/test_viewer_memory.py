@@ -23,19 +23,14 @@ from neuron_prof.analysis import memory as mem  # noqa: E402
 from neuron_prof.examples import memory_leak  # noqa: E402
 from neuron_prof.export import memory_snapshot  # noqa: E402
 
-from conftest import MEMORY_STEPS, REPO, line_of  # noqa: E402
+from conftest import MEMORY_STEPS, line_of, viewer_page  # noqa: E402
 
 SOURCE = Path(inspect.getsourcefile(memory_leak)).resolve()
 LEAK = memory_leak.leaked_bytes_per_step()  # 24,708 bytes
 
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/memory.py").run()
-    _ok(at)
-    return at
+    return viewer_page(monkeypatch, run_dir, "memory")
 
 
 def _ok(at: AppTest) -> None:

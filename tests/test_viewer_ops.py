@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import REPO
+from conftest import viewer_page
 from neuron_prof.analysis.ops import MODULE_ROOT, captured_ops, filter_tree, module_tree, op_stats, self_time
 from neuron_prof.report import summarize
 
@@ -21,14 +21,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    monkeypatch.delenv("NEURON_PROF_DIFF_RUN", raising=False)
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/ops.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert [t.value for t in at.title] == ["Ops"]
-    return at
+    return viewer_page(monkeypatch, run_dir, "ops", title="Ops")
 
 
 def _arr(v) -> list:

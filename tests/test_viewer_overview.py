@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import neuron_prof
-from conftest import REPO, cli, line_of
+from conftest import REPO, cli, line_of, viewer_page
 from neuron_prof.analysis.steps import time_split
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.examples import memory_leak as ml
@@ -19,11 +19,7 @@ APP = str(REPO / "viewer" / "app.py")
 
 
 def overview(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return viewer_page(monkeypatch, run_dir, "overview", title="Overview")
 
 
 def test_leak_run_overview_shows_facts_findings_and_where_time_goes(monkeypatch, memory_runs):

@@ -24,18 +24,13 @@ from neuron_prof.analysis import memory as mem  # noqa: E402
 from neuron_prof.analysis import timeline as tla  # noqa: E402
 from neuron_prof.examples import memory_leak  # noqa: E402
 
-from conftest import REPO, check_trace  # noqa: E402
+from conftest import check_trace, viewer_page  # noqa: E402
 
 TRACE = "trace.perfetto-trace"
 
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
-    monkeypatch.setenv("NEURON_PROF_RUN", str(run_dir))
-    at = AppTest.from_file(str(REPO / "viewer" / "app.py"), default_timeout=120)
-    at.run()
-    at.switch_page("views/timeline.py").run()
-    _ok(at)
-    return at
+    return viewer_page(monkeypatch, run_dir, "timeline")
 
 
 def _ok(at: AppTest) -> None:
