@@ -137,3 +137,41 @@ def gloo_run(tmp: Path, steps: int, world: int = 2) -> Path:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     return run_dir
+
+
+GRAPH_BREAK_CLASSES = {  # examples/graph_breaks.py: marker of each break's line -> its reason class
+    "BREAK:print": "print",
+    "BREAK:item": "data-dependent branch",
+    "BREAK:skipped": "skipped C function",
+    "BREAK:generator": "generator next()",
+    "BREAK:numpy": "numpy",
+    "BREAK:graph_break": "explicit graph_break()",
+}
+
+
+def capture_graph_breaks(run_dir: Path, backend: str, collectors=None) -> Path:
+    """examples/graph_breaks.py's ``step`` compiled with ``backend``, one captured step per entry
+    of its SHAPES (a size and a dtype recompile), dynamo reset before and after."""
+    import torch
+    import neuron_prof
+    from neuron_prof.examples import graph_breaks
+    torch._dynamo.reset()
+    compiled = torch.compile(graph_breaks.step, backend=backend)
+    kwargs = {} if collectors is None else {"collectors": collectors}
+    with neuron_prof.profile(run_dir, **kwargs) as prof:
+        for rows, cols, dtype in graph_breaks.SHAPES:
+            compiled(torch.randn(rows, cols, dtype=dtype))
+            prof.step()
+    torch._dynamo.reset()
+    return run_dir
+
+
+def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
+    """A CLI failure as the house rules want it: exit 2, one line naming ``needles``, no traceback."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]

@@ -5,26 +5,17 @@ import shutil
 
 import pytest
 
-from conftest import check_trace, cli
-
-
-def _one_line_error(res, *needles: str) -> None:
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
+from conftest import check_trace, cli, one_line_error
 
 
 def test_missing_run_dir(tmp_path):
     missing = tmp_path / "nope"
     for cmd in ("report", "export"):
-        _one_line_error(cli(cmd, missing), str(missing), "neuron-prof record")
+        one_line_error(cli(cmd, missing), str(missing), "neuron-prof record")
 
 
 def test_empty_dir(tmp_path):
-    _one_line_error(cli("report", tmp_path), str(tmp_path), "not a neuron_prof run", "neuron-prof record")
+    one_line_error(cli("report", tmp_path), str(tmp_path), "not a neuron_prof run", "neuron-prof record")
 
 
 def test_truncated_table_names_the_file_and_keeps_it(demo_run, tmp_path):
@@ -34,7 +25,7 @@ def test_truncated_table_names_the_file_and_keeps_it(demo_run, tmp_path):
     data = table.read_bytes()
     table.write_bytes(data[: len(data) // 2])
     res = cli("report", run)
-    _one_line_error(res, str(table), "truncated", "re-record")
+    one_line_error(res, str(table), "truncated", "re-record")
     assert table.stat().st_size == len(data) // 2  # nothing deleted or rewritten
 
 
@@ -42,7 +33,7 @@ def test_corrupt_rank_metadata(demo_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(demo_run, run)
     (run / "rank-00000" / "rank.json").write_text("{not json")
-    _one_line_error(cli("report", run), "rank.json", "unreadable")
+    one_line_error(cli("report", run), "rank.json", "unreadable")
 
 
 @pytest.mark.parametrize("cut", [3, 0.5])
@@ -53,15 +44,15 @@ def test_truncated_trace(demo_run, tmp_path, cut):
     assert cli("inspect", trace).returncode == 0
     data = trace.read_bytes()
     trace.write_bytes(data[: cut if isinstance(cut, int) else int(len(data) * cut)])
-    _one_line_error(cli("inspect", trace), str(trace), "truncated", "neuron-prof export")
+    one_line_error(cli("inspect", trace), str(trace), "truncated", "neuron-prof export")
 
 
 def test_unknown_flag_and_bad_schedule(demo_run, tmp_path):
-    _one_line_error(cli("report", demo_run, "--bogus"), "--bogus", "--help")
-    _one_line_error(cli("record", "--schedule", "1,x", "--", "true"), "invalid schedule")
-    _one_line_error(cli("export", demo_run, "--format", "svg"), "svg")
-    _one_line_error(cli("record"), "needs a command")
-    _one_line_error(cli("record", "--collectors", "nope", "--", "true"), "unknown collector")
+    one_line_error(cli("report", demo_run, "--bogus"), "--bogus", "--help")
+    one_line_error(cli("record", "--schedule", "1,x", "--", "true"), "invalid schedule")
+    one_line_error(cli("export", demo_run, "--format", "svg"), "svg")
+    one_line_error(cli("record"), "needs a command")
+    one_line_error(cli("record", "--collectors", "nope", "--", "true"), "unknown collector")
 
 
 KILLED = """
@@ -94,4 +85,4 @@ def test_rows_in_the_journal_are_read_and_a_truncated_journal_is_named(tmp_path)
     assert int(loaded.steps["complete"].sum()) == 3 and set(loaded.ops["step"]) == {0, 1, 2}
     data = journal.read_bytes()
     journal.write_bytes(data[: len(data) // 3])
-    _one_line_error(cli("report", run), str(journal), "truncated", "re-record")
+    one_line_error(cli("report", run), str(journal), "truncated", "re-record")

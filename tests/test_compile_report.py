@@ -10,34 +10,16 @@ import torch
 import torch._dynamo
 
 import neuron_prof
-from conftest import check_trace, cli, line_of
+from conftest import GRAPH_BREAK_CLASSES, capture_graph_breaks, check_trace, cli, line_of
 from neuron_prof.examples import graph_breaks
-
-EXPECTED = {  # marker -> reason class
-    "BREAK:print": "print",
-    "BREAK:item": "data-dependent branch",
-    "BREAK:skipped": "skipped C function",
-    "BREAK:generator": "generator next()",
-    "BREAK:numpy": "numpy",
-    "BREAK:graph_break": "explicit graph_break()",
-}
-
 
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory) -> Path:
-    torch._dynamo.reset()
-    run_dir = tmp_path_factory.mktemp("compile") / "run"
-    compiled = torch.compile(graph_breaks.step, backend="inductor")
-    with neuron_prof.profile(run_dir) as prof:
-        for rows, cols, dtype in graph_breaks.SHAPES:
-            compiled(torch.randn(rows, cols, dtype=dtype))
-            prof.step()
-    torch._dynamo.reset()
-    return run_dir
+    return capture_graph_breaks(tmp_path_factory.mktemp("compile") / "run", "inductor")
 
 
 def _site_lines(src: Path) -> dict[str, int]:
-    return {marker: line_of(src, marker) for marker in EXPECTED}
+    return {marker: line_of(src, marker) for marker in GRAPH_BREAK_CLASSES}
 
 
 def test_report_json_lists_every_break_site_with_its_class_and_hits(compiled_run):
@@ -47,8 +29,8 @@ def test_report_json_lists_every_break_site_with_its_class_and_hits(compiled_run
     src = Path(inspect.getsourcefile(graph_breaks)).resolve()
     lines = _site_lines(src)
     sites = {(int(s["source"].rsplit(":", 1)[1]), s["reason_class"]): s for s in c["break_sites"]}
-    assert c["graph_breaks"] == len(EXPECTED) == len(sites)
-    for marker, cls in EXPECTED.items():
+    assert c["graph_breaks"] == len(GRAPH_BREAK_CLASSES) == len(sites)
+    for marker, cls in GRAPH_BREAK_CLASSES.items():
         site = sites[(lines[marker], cls)]
         assert (Path.cwd() / site["source"].rsplit(":", 1)[0]).resolve() == src
         assert site["hits"] == 3  # called once per step, three steps

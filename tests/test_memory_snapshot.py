@@ -15,7 +15,7 @@ import torch
 from torch.cuda import _memory_viz
 
 import neuron_prof
-from conftest import cli, line_of
+from conftest import cli, line_of, one_line_error
 from neuron_prof.analysis import memory as mem
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.export import memory_snapshot as ms
@@ -209,21 +209,11 @@ def test_device_indices_and_free_bytes_of_an_oom_message():
     assert ms.device_free("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes.") == 0
 
 
-def _one_line_error(res, *needles: str) -> str:
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
-
-
 def test_run_without_memory_data(tmp_path):
     run_dir = tmp_path / "eager-only"
     with neuron_prof.profile(run_dir, collectors=["eager"]) as prof:
         ml.train(2, "clean", prof)
-    _one_line_error(cli("export", run_dir, "--format", "memory-snapshot"), str(run_dir), "no memory data",
+    one_line_error(cli("export", run_dir, "--format", "memory-snapshot"), str(run_dir), "no memory data",
                     "--collectors eager,compiler,memory")
     assert not (run_dir / "memory-snapshot.pickle").exists()
 
@@ -231,10 +221,10 @@ def test_run_without_memory_data(tmp_path):
 def test_wrong_rank_or_step(memory_runs, tmp_path):
     run_dir = memory_runs("spike")
     out = tmp_path / "s.pickle"
-    _one_line_error(cli("export", run_dir, "--format", "memory-snapshot", "--rank", "7", "-o", out),
+    one_line_error(cli("export", run_dir, "--format", "memory-snapshot", "--rank", "7", "-o", out),
                     str(run_dir), "no rank 7", "ranks: 0", "--rank")
-    _one_line_error(cli("export", run_dir, "--format", "memory-snapshot", "--step", "99", "-o", out),
+    one_line_error(cli("export", run_dir, "--format", "memory-snapshot", "--step", "99", "-o", out),
                     str(run_dir), "no step 99", "--step")
-    _one_line_error(cli("export", run_dir, "--rank", "0", "-o", tmp_path / "t.perfetto-trace"),
+    one_line_error(cli("export", run_dir, "--rank", "0", "-o", tmp_path / "t.perfetto-trace"),
                     "--format memory-snapshot")
     assert not out.exists()

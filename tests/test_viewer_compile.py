@@ -17,7 +17,7 @@ import torch
 import torch._dynamo
 
 import neuron_prof
-from conftest import line_of, viewer_page, write_script
+from conftest import GRAPH_BREAK_CLASSES, capture_graph_breaks, line_of, viewer_page, write_script
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import captured_ops
 from neuron_prof.examples import graph_breaks
@@ -25,28 +25,13 @@ from neuron_prof.examples import graph_breaks
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-EXPECTED = {  # marker -> reason class (examples/graph_breaks.py)
-    "BREAK:print": "print",
-    "BREAK:item": "data-dependent branch",
-    "BREAK:skipped": "skipped C function",
-    "BREAK:generator": "generator next()",
-    "BREAK:numpy": "numpy",
-    "BREAK:graph_break": "explicit graph_break()",
-}
 SRC = Path(inspect.getsourcefile(graph_breaks)).resolve()
 
 
 @pytest.fixture(scope="module")
 def compile_run(tmp_path_factory) -> Path:
-    torch._dynamo.reset()
-    run_dir = tmp_path_factory.mktemp("viewer_compile") / "run"
-    compiled = torch.compile(graph_breaks.step, backend="aot_eager")
-    with neuron_prof.profile(run_dir, collectors=["eager", "compiler"]) as prof:
-        for rows, cols, dtype in graph_breaks.SHAPES:
-            compiled(torch.randn(rows, cols, dtype=dtype))
-            prof.step()
-    torch._dynamo.reset()
-    return run_dir
+    return capture_graph_breaks(tmp_path_factory.mktemp("viewer_compile") / "run", "aot_eager",
+                                collectors=["eager", "compiler"])
 
 
 def _page(monkeypatch, run_dir: Path) -> AppTest:
@@ -92,7 +77,7 @@ def test_break_site_table_has_the_six_sites_of_graph_break_sites(compile_run, mo
     # the marked lines of the example, each with its class
     by_line = {(Path(s.rsplit(":", 1)[0]).resolve(), _line(s)): cls
                for s, cls in zip(got["source"], got["reason_class"])}
-    assert by_line == {(SRC, line_of(SRC, m)): cls for m, cls in EXPECTED.items()}
+    assert by_line == {(SRC, line_of(SRC, m)): cls for m, cls in GRAPH_BREAK_CLASSES.items()}
     assert [m.value for m in at.metric if m.label == "graph break sites"] == ["6"]
 
 
@@ -108,7 +93,7 @@ def test_selecting_a_site_shows_its_stack_and_the_marked_source_line(compile_run
         box.select(i).run()
         assert not at.exception, [e.value for e in at.exception]
         line = _line(source)
-        marker = next(m for m, c in EXPECTED.items() if c == cls)
+        marker = next(m for m, c in GRAPH_BREAK_CLASSES.items() if c == cls)
         assert line == line_of(SRC, marker)
         # the user stack: innermost frame is the break line in the example
         stack = _table(at, "function")
@@ -126,7 +111,7 @@ def test_selecting_a_site_shows_its_stack_and_the_marked_source_line(compile_run
             n, t = re.match(r"(?:>>|  ) +(\d+) \| (.*)$", ln).groups()
             assert t == src_lines[int(n) - 1]
         seen.add(marker)
-    assert seen == set(EXPECTED)
+    assert seen == set(GRAPH_BREAK_CLASSES)
 
 
 def test_recompiles_by_frame_list_the_failed_guards(compile_run, monkeypatch):

@@ -24,7 +24,7 @@ from neuron_prof.analysis import memory as mem  # noqa: E402
 from neuron_prof.analysis import timeline as tla  # noqa: E402
 from neuron_prof.examples import memory_leak  # noqa: E402
 
-from conftest import check_trace, viewer_page  # noqa: E402
+from conftest import capture_graph_breaks, check_trace, viewer_page  # noqa: E402
 
 TRACE = "trace.perfetto-trace"
 
@@ -76,17 +76,7 @@ def _step(run, step: int) -> pd.Series:
 @pytest.fixture(scope="module")
 def compile_run(tmp_path_factory) -> Path:
     """examples/graph_breaks.py compiled (eager backend: quick) in three captured steps."""
-    import torch
-    from neuron_prof.examples import graph_breaks
-    torch._dynamo.reset()
-    run_dir = tmp_path_factory.mktemp("timeline") / "compiled"
-    compiled = torch.compile(graph_breaks.step, backend="eager")
-    with neuron_prof.profile(run_dir) as prof:
-        for rows, cols, dtype in graph_breaks.SHAPES:
-            compiled(torch.randn(rows, cols, dtype=dtype))
-            prof.step()
-    torch._dynamo.reset()
-    return run_dir
+    return capture_graph_breaks(tmp_path_factory.mktemp("timeline") / "compiled", "eager")
 
 
 # ---------------------------------------------------------------- the analysis it uses
