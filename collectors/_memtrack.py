@@ -16,18 +16,18 @@ stack           int32    engine stack id of the user's Python stack (0: none)
 device_type     int8     ``c10::DeviceType`` (0 cpu, 1 cuda, 20 PrivateUse1, ...)
 device_index    int8     -1 for the CPU
 bwd             uint8    the op ran in autograd's backward pass
-kind            uint8    :data:`KINDS`
+kind            uint8    a code into ``neuron_prof.schema.MEMORY_KINDS``: see below
 ==============  =======  ============================================================
 """
 from __future__ import annotations
 
 import numpy as np
 
-KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom")
-"""``alloc``/``free`` during a capture window; ``baseline``: made before the window opened and
-still live then; ``late_free``: freed outside a window, allocated (or baselined) in one;
-``live``: what was live when :meth:`MemoryTracker.snapshot` ran; ``oom``: the allocator reported
-an out-of-memory (devices that report it to the profiler: CUDA, some PrivateUse1 backends)."""
+# The native event kinds, codes into neuron_prof.schema.MEMORY_KINDS: ``alloc``/``free`` during a
+# capture window; ``baseline``: made before the window opened and still live then; ``late_free``:
+# freed outside a window, allocated (or baselined) in one; ``live``: what was live when
+# MemoryTracker.snapshot ran; ``oom``: the allocator reported an out-of-memory (devices that report
+# it to the profiler: CUDA, some PrivateUse1 backends).
 
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 8: "maia", 9: "xla", 12: "xpu", 13: "mps", 14: "meta",
                  15: "hpu", 19: "mtia"}

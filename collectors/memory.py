@@ -34,9 +34,9 @@ import weakref
 import numpy as np
 
 from neuron_prof.recording import Recorder
+from neuron_prof.schema import MEMORY_KINDS
 
 DEFAULT_MAX_EVENTS = 4_000_000
-KIND_CODES = {"alloc": 0, "free": 1, "baseline": 2, "late_free": 3, "live": 4, "oom": 5, "recent": 6}
 _OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
 _UNITS = {None: 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
           "gib": 2**30, "tib": 2**40}
@@ -149,7 +149,7 @@ class MemoryCollector:
         live["alloc_ts"], live["ts"] = live["ts"], now
         self._append_events(rec, live)
         recent = recent.copy()
-        recent["kind"] = KIND_CODES["recent"]
+        recent["kind"] = MEMORY_KINDS.index("recent")
         self._append_events(rec, recent)
 
     def flush(self, rec: Recorder, keep: bool) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.reader import RankData, read_rank, read_run_meta, rank_dirs
+from neuron_prof.schema import MEMORY_KINDS
 
 _STRING_COLUMNS = {
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
@@ -31,7 +32,7 @@ _STRING_COLUMNS = {
     "memory_ooms": ("device", "message"),
 }
 _HANDED_OVER = ("ops", "memory_events")  # read once per Run (cached properties), then dropped by the reader
-_MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
+
 _STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 
 
@@ -206,7 +207,7 @@ class Run:
         (negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op,
         top_op, module, source; see collectors/memory.py."""
         ev = self._table("memory_events")
-        ev["kind"] = pd.Categorical.from_codes(ev["kind"].to_numpy(np.int8), categories=list(_MEMORY_KINDS))
+        ev["kind"] = pd.Categorical.from_codes(ev["kind"].to_numpy(np.int8), categories=list(MEMORY_KINDS))
         return self._with_step(ev)
 
     @functools.cached_property

@@ -64,7 +64,7 @@ TABLES: dict[str, pa.Schema] = {
     "compile_cache": pa.schema([
         ("ts", _i64), ("compile_id", _i32), ("cache", _i32), ("result", _i32),
     ]),
-    # memory (collector "memory"); kind: 0 alloc, 1 free, 2 baseline, 3 late_free, 4 live, 5 oom, 6 recent
+    # memory (collector "memory"); kind: a code into MEMORY_KINDS
     "memory_events": pa.schema([
         ("ts", _i64), ("alloc_ts", _i64), ("addr", _i64), ("bytes", _i64), ("device", _i32), ("tid", _i64),
         ("op", _i32), ("top_op", _i32), ("module", _i32), ("stack", _i32), ("shape", _i32), ("dtype", _i32),
@@ -82,6 +82,11 @@ TABLES: dict[str, pa.Schema] = {
         ("ts", _i64), ("step", _i32), ("device", _i32), ("bytes", _i64), ("message", _i32),
     ]),
 }
+
+
+MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
+"""``memory_events.kind`` codes. The first six are the native tracker's (collectors/_memtrack.py
+says what each means); ``recent`` marks the allocator events written out with an OOM."""
 
 
 def row_dtype(schema: pa.Schema) -> np.dtype:
