@@ -50,7 +50,9 @@ st.caption(f"{scope}, {n_ops:,} op events, {len(stats):,} groups · self time = 
            "click a column header to sort")
 cols = ["name", "module", *(["shapes"] if shapes else []), "calls", "self_ms", "self_pct",
         *(["self_ms_per_step", "total_ms_per_step"] if n_captured else []), "total_ms", "mean_us", "backward"]
-st.dataframe(stats[cols].head(MAX_ROWS), hide_index=True, column_config={
+table = stats[cols].head(MAX_ROWS)
+table = table.assign(module=table["module"].astype(str).replace("", "-"))  # as the report prints "no module"
+st.dataframe(table, hide_index=True, column_config={
     "name": "op", "self_ms": st.column_config.NumberColumn("self ms", format="%.3f"),
     "self_pct": st.column_config.NumberColumn("self %", format="%.1f"),
     "self_ms_per_step": st.column_config.NumberColumn("self ms/step", format="%.3f"),
