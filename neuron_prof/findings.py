@@ -7,15 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuron_prof.units import format_bytes
+
 SEVERITIES = ("high", "medium", "info")
 PAGES = ("overview", "timeline", "compile", "memory", "collectives", "ops", "diff")
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def findings(s: dict[str, Any]) -> list[dict[str, str]]:
@@ -37,7 +32,7 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
             continue
         seen.add(key)
         where = f" from {x['source']} ({x['op']})" if x["source"] else ""
-        add("high", "memory", f"memory grows {_size(x['growth_per_step'])} per step on rank {x['rank']} "
+        add("high", "memory", f"memory grows {format_bytes(x['growth_per_step'])} per step on rank {x['rank']} "
                               f"{x['device']}{where}, confidence {x['confidence']:.2f}")
     c = s["compile"]
     if c["cache_limit_hit"]:
@@ -67,8 +62,8 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
     for d in m.get("devices", []):
         p = d.get("peak")
         if p:
-            add("info", "memory", f"peak memory {_size(p['bytes'])} on rank {d['rank']} {d['device']} in step "
-                                  f"{p['step']}, reached with {_size(p['alloc_bytes'])} from {p['op']} at "
+            add("info", "memory", f"peak memory {format_bytes(p['bytes'])} on rank {d['rank']} {d['device']} in step "
+                                  f"{p['step']}, reached with {format_bytes(p['alloc_bytes'])} from {p['op']} at "
                                   f"{p['source'] or '?'}")
     if c["frames_compiled"]:
         add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s")

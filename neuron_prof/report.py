@@ -14,6 +14,7 @@ from neuron_prof.analysis.steps import PHASES, TIME_KINDS, step_breakdown, step_
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import findings
 from neuron_prof.run import Run
+from neuron_prof.units import format_bytes
 
 TOP_N = 10
 
@@ -107,26 +108,22 @@ def _memory(run: Run, top: int) -> dict[str, Any]:
             if len(run.memory_ooms) else []}
 
 
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB" if abs(n) >= 2**10 else f"{n:.0f} B"
-
-
 def _render_memory(m: dict[str, Any]) -> list[str]:
     if not m["captured"]:
         return ["", "Memory", "  not captured (the `memory` collector was off; it is on by default)"]
     out = ["", "Memory (bytes allocated since capture began, per device)"]
     for d in m["devices"]:
-        out.append(f"  rank {d['rank']} {d['device']}: live {_mb(d['live_first'])} -> {_mb(d['live_last'])} over "
-                   f"{d['boundaries']} step boundaries ({_mb(d['growth_per_step'])}/step), "
-                   f"highest peak between boundaries {_mb(d['peak_between_boundaries'])}")
+        out.append(f"  rank {d['rank']} {d['device']}: live {format_bytes(d['live_first'])} -> {format_bytes(d['live_last'])} over "
+                   f"{d['boundaries']} step boundaries ({format_bytes(d['growth_per_step'])}/step), "
+                   f"highest peak between boundaries {format_bytes(d['peak_between_boundaries'])}")
         p = d.get("peak")
         if p:
-            out.append(f"  peak of the captured steps: {_mb(p['bytes'])} in step {p['step']}, reached with "
-                       f"{_mb(p['alloc_bytes'])} from {p['op'] or '?'} at {p['source'] or '?'}"
+            out.append(f"  peak of the captured steps: {format_bytes(p['bytes'])} in step {p['step']}, reached with "
+                       f"{format_bytes(p['alloc_bytes'])} from {p['op'] or '?'} at {p['source'] or '?'}"
                        + (f" ({p['module']})" if p["module"] else "") + f" [{p['category']}]")
-            out.append("    by category: " + ", ".join(f"{c['category']} {_mb(c['bytes'])}" for c in d["peak_by_category"]))
+            out.append("    by category: " + ", ".join(f"{c['category']} {format_bytes(c['bytes'])}" for c in d["peak_by_category"]))
             out += ["  " + line for line in _table(
-                [{**x, "size": _mb(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
+                [{**x, "size": format_bytes(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
                  for x in d["peak_sites"]],
                 [("source", "live at the peak: source line", ""), ("module", "module", ""), ("op", "op", ""),
                  ("category", "category", ""), ("blocks", "blocks", "d"), ("size", "bytes", "")])]
@@ -136,10 +133,10 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
             by_dev.setdefault((x["rank"], x["device"]), []).append(x)
         for (rank, device), rows in by_dev.items():
             x = rows[0]
-            out.append(f"  !! LEAK on rank {rank} {device}: +{_mb(x['growth_per_step'])} per step "
+            out.append(f"  !! LEAK on rank {rank} {device}: +{format_bytes(x['growth_per_step'])} per step "
                        f"(grew in {x['steps_growing']} of the step boundaries checked), confidence {x['confidence']:.2f}")
             out += ["  " + line for line in _table(
-                [{**r, "size": _mb(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
+                [{**r, "size": format_bytes(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
                   "module": r["module"] or "-"} for r in rows if r["source"] or r["op"]],
                 [("source", "surviving allocations from", ""), ("module", "module", ""), ("op", "op", ""),
                  ("category", "category", ""), ("size", "bytes/step", ""), ("blocks_per_step", "blocks/step", "d"),

@@ -22,6 +22,7 @@ from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
+from neuron_prof.units import format_bytes
 
 OP_ARGS = ("module", "source", "shapes", "dtypes", "devices")
 LARGE_ALLOCATION_BYTES = 1 << 20
@@ -149,13 +150,6 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
     return len(compiles)
 
 
-def _size(n: int) -> str:
-    """Bytes as a short label (binary units, like the allocator's block sizes)."""
-    if abs(n) >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    return f"{n / (1 << 10):.1f} KiB" if abs(n) >= 1 << 10 else f"{n} B"
-
-
 def _strings(col: pd.Series) -> np.ndarray:
     """A (categorical) column as the object array of strings the writer takes for string args."""
     return col.astype(str).to_numpy(dtype=object)
@@ -194,7 +188,7 @@ def _write_memory_events(writer: TraceWriter, proc: int, offset: int, peaks: pd.
         for step, device, size, op, source in zip(peaks["step"], peaks["device"].astype(str), peaks["bytes"],
                                                   peaks["op"].astype(str), peaks["source"].astype(str)):
             where = " at ".join(x for x in (op, source) if x)
-            names.append(f"peak step {step}" + (f" on {device}" if several else "") + f": {_size(int(size))}"
+            names.append(f"peak step {step}" + (f" on {device}" if several else "") + f": {format_bytes(int(size))}"
                          + (f", {where}" if where else ""))
         writer.instants(track, peaks["ts"].to_numpy(np.int64) + offset, np.array(names, dtype=object),
                         {"bytes": peaks["bytes"].to_numpy(np.int64), "device": _strings(peaks["device"]),
@@ -252,7 +246,7 @@ def _write_large_allocations(writer: TraceWriter, proc: int, offset: int, r_allo
         lane = _lanes(start, end)
         tracks = np.array([writer.track(proc, f"Large allocations {device} #{k + 1}")
                            for k in range(int(lane.max()) + 1)], dtype=np.int64)
-        names = np.array([f"{_size(int(b))} {op or alloc_op}".rstrip() for b, op, alloc_op in
+        names = np.array([f"{format_bytes(int(b))} {op or alloc_op}".rstrip() for b, op, alloc_op in
                           zip(g["bytes"], g["top_op"].astype(str), g["op"].astype(str))], dtype=object)
         writer.slices(tracks[lane], start + offset, end - start, names,
                       {"bytes": g["bytes"].to_numpy(np.int64), "op": _strings(g["op"]),

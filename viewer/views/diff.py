@@ -13,6 +13,7 @@ import plotly.express as px
 import streamlit as st
 
 from neuron_prof.analysis.diff import compare
+from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 
 MAX_SIBLINGS = 200  # run directories offered from the folder this run is in
@@ -40,19 +41,12 @@ def _siblings(current: Path) -> list[Path]:
     return out
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _fmt(v: float, unit: str, signed: bool = False) -> str:
     if pd.isna(v):
         return "-"
     sign = "+" if signed and v > 0 else ""
     if unit.startswith("bytes"):
-        return sign + _size(v) + ("/step" if unit.endswith("/step") else "")
+        return sign + format_bytes(v, 2) + ("/step" if unit.endswith("/step") else "")
     if unit.startswith("ms"):
         return f"{sign}{v:.3f} {unit}"
     return f"{sign}{v:g}"

@@ -16,18 +16,12 @@ import streamlit as st
 
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.timeline import memory_window
+from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 
 TIMELINE_POINTS = 4000  # rows per device in a chart: min/max kept, so the peak is always drawn
 DIFF_BY = ("source", "category", "module", "top_op", "op")
 WHOLE = "whole capture"
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
@@ -138,7 +132,7 @@ else:
     fig.update_layout(legend_title_text="", margin={"t": 30})
     st.plotly_chart(fig, width="stretch", key="mem_timeline_chart")
     top = tl.loc[tl["total"].idxmax()]
-    st.caption(f"highest in this range: {_size(top['total'])} ({int(top['total']):,} bytes); "
+    st.caption(f"highest in this range: {format_bytes(top['total'])} ({int(top['total']):,} bytes); "
                f"{len(tl):,} points (downsampled on the server, each bucket's minimum and maximum kept)")
 
 # ------------------------------------------------------------------ peaks
@@ -160,7 +154,7 @@ else:
     p = peaks[peaks["step"] == step].iloc[0]
     made = (f", reached with {int(p['alloc_bytes']):,} bytes from `{p['op']}` at `{p['source'] or '?'}`"
             + (f" (module `{p['module']}`)" if p["module"] else "") + f" [{p['category']}]") if p["op"] else ""
-    st.markdown(f"Step {step} peaked at **{_size(p['bytes'])}** ({int(p['bytes']):,} bytes){made}.")
+    st.markdown(f"Step {step} peaked at **{format_bytes(p['bytes'])}** ({int(p['bytes']):,} bytes){made}.")
     top_n = st.number_input("sites to list", min_value=1, max_value=200, value=10, key="mem_top")
     sites = _sites(key, mtime, rank, device, int(p["ts"]), int(top_n))
     st.markdown(f"**Live at step {step}'s peak, by site**")
@@ -189,10 +183,10 @@ if leaks.empty:
 else:
     x = leaks.iloc[0]
     g = float(x["growth_per_step"])
-    st.error(f"Live memory grows **{_size(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {device}: it grew at "
+    st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {device}: it grew at "
              f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
     cols = st.columns(3)
-    cols[0].metric("growth per step", _size(g))
+    cols[0].metric("growth per step", format_bytes(g))
     cols[1].metric("confidence", f"{float(x['confidence']):.2f}")
     found = leaks[(leaks["source"] != "") | (leaks["op"] != "")]
     cols[2].metric("surviving sites", len(found))
@@ -236,9 +230,9 @@ else:
     diff = _diff(key, mtime, rank, device, int(ts[step_a]), int(ts[step_b]), by)
     net = int(diff["net"].sum()) if len(diff) else 0
     c = st.columns(3)
-    c[0].metric("net growth", ("+" if net > 0 else "-" if net < 0 else "") + _size(abs(net)))
-    c[1].metric("appeared", _size(int(diff["appeared"].sum()) if len(diff) else 0))
-    c[2].metric("went away", _size(int(diff["gone"].sum()) if len(diff) else 0))
+    c[0].metric("net growth", ("+" if net > 0 else "-" if net < 0 else "") + format_bytes(abs(net)))
+    c[1].metric("appeared", format_bytes(int(diff["appeared"].sum()) if len(diff) else 0))
+    c[2].metric("went away", format_bytes(int(diff["gone"].sum()) if len(diff) else 0))
     st.markdown(f"From the end of step {step_a} to the end of step {step_b}: net **{net:+,} bytes**.")
     st.dataframe(_plain(diff), hide_index=True, key="mem_diff_table")
 
