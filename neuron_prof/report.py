@@ -113,7 +113,8 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
         return ["", "Memory", "  not captured (the `memory` collector was off; it is on by default)"]
     out = ["", "Memory (bytes allocated since capture began, per device)"]
     for d in m["devices"]:
-        out.append(f"  rank {d['rank']} {d['device']}: live {format_bytes(d['live_first'])} -> {format_bytes(d['live_last'])} over "
+        out.append(f"  rank {d['rank']} {d['device']}: live {format_bytes(d['live_first'])} -> "
+                   f"{format_bytes(d['live_last'])} over "
                    f"{d['boundaries']} step boundaries ({format_bytes(d['growth_per_step'])}/step), "
                    f"highest peak between boundaries {format_bytes(d['peak_between_boundaries'])}")
         p = d.get("peak")
@@ -121,7 +122,8 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
             out.append(f"  peak of the captured steps: {format_bytes(p['bytes'])} in step {p['step']}, reached with "
                        f"{format_bytes(p['alloc_bytes'])} from {p['op'] or '?'} at {p['source'] or '?'}"
                        + (f" ({p['module']})" if p["module"] else "") + f" [{p['category']}]")
-            out.append("    by category: " + ", ".join(f"{c['category']} {format_bytes(c['bytes'])}" for c in d["peak_by_category"]))
+            out.append("    by category: " + ", ".join(f"{c['category']} {format_bytes(c['bytes'])}"
+                                                   for c in d["peak_by_category"]))
             out += ["  " + line for line in _table(
                 [{**x, "size": format_bytes(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
                  for x in d["peak_sites"]],
