@@ -4,12 +4,11 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis.ops import op_stats, parent_index, self_time
+from neuron_prof.analysis.ops import captured_ops, op_stats
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import findings
@@ -28,21 +27,14 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     """Everything the report shows, JSON-ready. Op and sync figures cover captured steps only."""
     meta = run.meta
     steps = run.steps
-    captured = steps[steps["active"] & steps["complete"]]
     ops = run.ops
-    parent = parent_index(ops)  # the op nesting, computed once for every analysis below
-    self_ns = self_time(ops, parent)
-    in_steps = ops["step"].isin(captured["step"]).to_numpy() if len(captured) else np.ones(len(ops), bool)
-    n_captured = int(captured.groupby("rank").size().max()) if len(captured) else 0
-    if in_steps.all():  # the common case: no copy of the ops
-        stats = op_stats(ops, self_ns=self_ns).head(top)
-    else:
-        stats = op_stats(ops[in_steps], self_ns=self_ns[in_steps]).head(top)
+    in_steps, n_captured = captured_ops(ops, steps)
+    stats = op_stats(in_steps, self_ns=run.op_self_ns[in_steps.index.to_numpy()]).head(top)
     if n_captured:
         stats["self_ms_per_step"] = stats["self_ms"] / n_captured
-    sync = sync_points(ops, parent)
+    sync = sync_points(ops, run.op_parent)
     failures = run.failures
-    runs = comp.region_runs(ops, parent)
+    runs = comp.region_runs(ops, run.op_parent)
     sites = comp.graph_break_sites(run.graph_breaks, runs, n_captured)
     recompiles = comp.recompile_summary(run.recompiles, run.compiles)
     ctime = comp.compile_time(run.compiles, run.compile_phases)

@@ -163,6 +163,20 @@ class Run:
         return self._with_step(ops)
 
     @functools.cached_property
+    def op_parent(self) -> np.ndarray:
+        """Row position in ``ops`` of each op's enclosing op (-1: top level). The nesting pass is
+        the costliest step over millions of ops; self time, sync points and compiled-region
+        timing all start from it, so it is computed once per run."""
+        from neuron_prof.analysis.ops import parent_index
+        return parent_index(self.ops)
+
+    @functools.cached_property
+    def op_self_ns(self) -> np.ndarray:
+        """Self time of each row of ``ops`` (ns): its duration minus its direct children's."""
+        from neuron_prof.analysis.ops import self_time
+        return self_time(self.ops, self.op_parent)
+
+    @functools.cached_property
     def marks(self) -> pd.DataFrame:
         """User ranges from ``neuron_prof.mark``."""
         return self._with_step(self._table("marks"))

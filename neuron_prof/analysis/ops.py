@@ -69,11 +69,14 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
 
 def captured_ops(ops: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """The ops of the captured (active, complete) steps and the number of captured steps per rank
-    (the most on any rank): the scope of the report's op table. Without a captured step: all ops, 0."""
+    (the most on any rank): the scope of the report's op table. Without a captured step: all ops, 0.
+    Rows keep their index labels, so ``Run.op_self_ns[subset.index]`` is their self time."""
     captured = steps[steps["active"] & steps["complete"]]
     if not len(captured):
         return ops, 0
-    return ops[ops["step"].isin(captured["step"])], int(captured.groupby("rank").size().max())
+    n = int(captured.groupby("rank").size().max())
+    keep = ops["step"].isin(captured["step"]).to_numpy()
+    return (ops if keep.all() else ops[keep]), n  # the common case, every step captured: no copy
 
 
 MODULE_ROOT = "(all ops)"

@@ -42,7 +42,7 @@ def _thread_tracks(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict
 def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI."""
     ops, marks, steps, threads = run.ops, run.marks, run.steps, run.threads
-    sync = sync_points(ops)
+    sync = sync_points(ops, run.op_parent)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
               "memory_samples": 0, "memory_events": 0, "large_allocations": 0}
     allocs = run.memory_allocations

@@ -26,7 +26,7 @@ MAX_LINE_CHARS = 300
 def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
     run = data.load(Path(path))
     _, n_captured = captured_ops(run.ops, run.steps)
-    return comp.graph_runs(comp.region_runs(run.ops), n_captured)
+    return comp.graph_runs(comp.region_runs(run.ops, run.op_parent), n_captured)
 
 
 def _recorded_files(run, stack_ids) -> set[str]:

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis.ops import captured_ops, filter_tree, module_tree, op_stats, self_time
+from neuron_prof.analysis.ops import captured_ops, filter_tree, module_tree, op_stats
 from neuron_prof.viewer import data
 
 MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by self time first)
@@ -18,7 +18,8 @@ MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by sel
 def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int, int]:
     run = data.load(Path(path))
     ops, n = captured_ops(run.ops, run.steps)
-    stats = op_stats(ops, ("name", "module", "shapes") if shapes else ("name", "module"))
+    stats = op_stats(ops, ("name", "module", "shapes") if shapes else ("name", "module"),
+                     self_ns=run.op_self_ns[ops.index.to_numpy()])
     if n:
         stats["self_ms_per_step"] = stats["self_ms"] / n
         stats["total_ms_per_step"] = stats["total_ms"] / n
@@ -29,7 +30,7 @@ def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int,
 def _tree(path: str, mtime: float) -> pd.DataFrame:
     run = data.load(Path(path))
     ops, _ = captured_ops(run.ops, run.steps)
-    return module_tree(ops, self_time(ops))
+    return module_tree(ops, run.op_self_ns[ops.index.to_numpy()])
 
 
 path = data.run_path()
