@@ -89,6 +89,10 @@ class OpEngine(Protocol):
     def set_module(self, module_id: int) -> None:
         """Current module-path string id of the calling thread (0: none)."""
 
+    def exclude(self, ns: int) -> None:
+        """neuron_prof's own work just took ``ns`` on the calling thread: the ops open there
+        do not count it in their durations."""
+
     def intern(self, s: str) -> int:
         """Engine-local string id."""
 
@@ -135,6 +139,9 @@ class CppOpEngine:
 
     def intern(self, s: str) -> int:
         return self._ext.intern(s)
+
+    def exclude(self, ns: int) -> None:
+        self._ext.exclude(int(ns))
 
     def drain(self) -> OpBatch:
         data, strings, stacks, dropped, threads = self._ext.drain()

@@ -107,6 +107,7 @@ StringTable& strings() {
 struct OpenFrame {
   const void* rf;
   int64_t ts;
+  int64_t excluded;  // neuron_prof's own work on this thread while the op was open (py_exclude)
   int64_t seq;
   int64_t fwd_tid;
   int32_t name, module, stack, shapes, dtypes, devices;
@@ -686,7 +687,7 @@ void emit(ThreadState* st, const OpenFrame& f, int64_t te) {
   }
   Event e;
   e.ts = f.ts;
-  e.dur = te - f.ts;
+  e.dur = std::max<int64_t>(te - f.ts - f.excluded, 0);
   e.tid = st->os_tid;
   e.seq = f.seq;
   e.fwd_tid = f.fwd_tid;
@@ -782,6 +783,7 @@ void start_impl(const at::RecordFunction& rf) {
   const at::RecordScope scope = rf.scope();
   OpenFrame f;
   f.rf = &rf;
+  f.excluded = 0;
   f.name = ne.id;
   f.seq = rf.seqNr();
   f.depth = (int16_t)std::min<size_t>(st->open.size(), 32767);
@@ -956,6 +958,16 @@ void py_set_module(int32_t id) {
 
 int32_t py_intern(const std::string& s) { return strings().intern(s); }
 
+// neuron_prof's own work (the session's step-boundary flush) just took `ns` on the calling
+// thread, inside whatever ops are open there (e.g. torch.optim's step range, whose post-hook
+// ends the step): their durations must not include it.
+void py_exclude(int64_t ns) {
+  if (g_child.load(std::memory_order_relaxed) || ns <= 0) return;
+  ThreadState* st = get_state();
+  if (!st) return;
+  for (auto& f : st->open) f.excluded += ns;
+}
+
 py::tuple py_drain() {
   std::vector<Event> out;
   std::vector<std::pair<int32_t, std::string>> new_strings;
@@ -1115,6 +1127,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &py_stop);
   m.def("set_module", &py_set_module);
   m.def("intern", &py_intern);
+  m.def("exclude", &py_exclude);
   m.def("drain", &py_drain);
   m.def("layout", &py_layout);
   m.def("stats", &py_stats);

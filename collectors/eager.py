@@ -98,7 +98,7 @@ class EagerCollector:
             cap = self.max_buffered or getattr(rec, "max_buffered_events", None) or DEFAULT_MAX_BUFFERED
             eng.start(self.skip if self.skip is not None else skip_prefixes(), int(cap))
             self.engine = eng
-            self.tracker = ModuleTracker(eng.set_module, eng.intern)
+            self.tracker = ModuleTracker(eng.set_module, eng.intern, rec.training_began)
             self.tracker.install()
         except Exception as exc:  # noqa: BLE001 - training must never break
             rec.failure(self.name, exc)
@@ -128,6 +128,11 @@ class EagerCollector:
             self._append_threads(rec)
         if batch.dropped:
             rec.dropped("ops", batch.dropped)
+
+    def exclude(self, ns: int) -> None:
+        """The session's own step-boundary work took ``ns`` on this thread (see Collector)."""
+        if self.engine is not None:
+            self.engine.exclude(ns)
 
     def uninstall(self) -> None:
         self._teardown()

@@ -11,6 +11,7 @@ global hooks, and calling into C there would break the graph.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 import weakref
 from typing import Callable
@@ -33,9 +34,11 @@ def _unwrap(m):
 
 
 class ModuleTracker:
-    def __init__(self, set_module: Callable[[int], None], intern: Callable[[str], int]) -> None:
+    def __init__(self, set_module: Callable[[int], None], intern: Callable[[str], int],
+                 on_first_call: Callable[[int], None] | None = None) -> None:
         self._set = set_module
         self._intern = intern
+        self._on_first_call = on_first_call  # called once, with the time of the first root call
         self._tls = threading.local()
         # id(root) -> (weakref(root), root path id, {id(child): (weakref(child), path, path id)})
         self._roots: dict[int, tuple[weakref.ref, str, dict[int, tuple[weakref.ref, str, int]]]] = {}
@@ -115,6 +118,9 @@ class ModuleTracker:
             else:
                 path, pid = self._child(stack[0][0], module, stack[-1][1])
         else:
+            if self._on_first_call is not None:
+                first, self._on_first_call = self._on_first_call, None
+                first(time.monotonic_ns())
             ent = self._root_entry(module)
             paths = ent[2]
             path, pid = ent[1], paths[id(module)][2]

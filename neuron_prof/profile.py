@@ -16,15 +16,18 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     With no ``schedule`` every step is captured in detail, bounded by ``max_events`` (after that,
     step times only). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
     steps when the optimizer steps. ``collectors`` picks the event sources (default: eager ops).
+    ``startup=True`` (what ``neuron-prof record`` uses, capture beginning with the process): the
+    time until the first module call is the run's start-up span, not part of step 0.
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, schedule: Schedule | None = None,
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, auto_step: bool = False,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 needs_step: bool = False) -> None:
+                 needs_step: bool = False, startup: bool = False) -> None:
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
-                               max_events=max_events, command=command, needs_step=needs_step)
+                               max_events=max_events, command=command, needs_step=needs_step,
+                               startup=startup)
         self._clock = OptimizerStepClock(self.session.step) if auto_step else None
 
     @property

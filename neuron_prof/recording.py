@@ -50,6 +50,10 @@ class Recorder(Protocol):
     def failure(self, collector: str, exc: BaseException) -> None:
         """Record that a collector failed; logs once per collector, never raises."""
 
+    def training_began(self, ts: int) -> None:
+        """The process's first top-level module call began at ``ts`` (the end of its start-up
+        when capture began with the process)."""
+
 
 class Collector(Protocol):
     """One event source. Lifecycle: install → (window on/off, flush)* → uninstall."""
@@ -71,3 +75,6 @@ class Collector(Protocol):
     # Optional (the session calls them when a collector has them):
     #   on_step(step: int, ts: int) -> None          every step boundary, windows or not: keep it cheap
     #   on_error(rec, exc: BaseException, step: int)  the capture ends with this exception
+    #   exclude(ns: int) -> None                      the session's own work at a step boundary just
+    #                                                 took ns on the calling thread: ops open there
+    #                                                 (torch.optim's step range) must not count it

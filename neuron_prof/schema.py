@@ -44,6 +44,9 @@ TABLES: dict[str, pa.Schema] = {
     "marks": pa.schema([("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("stack", _i32)]),
     "threads": pa.schema([("tid", _i64), ("name", _i32)]),
     "failures": pa.schema([("ts", _i64), ("collector", pa.string()), ("message", pa.string())]),
+    # spans of the run that are not steps (name: an id into ``strings``): ``start-up``, the
+    # process's time from capture start to its first module call when capture began with it
+    "spans": pa.schema([("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32)]),
     # compiler (collector "compiler"): string columns are ids into ``strings``
     "compiles": pa.schema([
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("compile_id", _i32), ("func", _i32), ("file", _i32),

@@ -33,6 +33,7 @@ IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pen
 COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
 COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
 EVENT_TABLES = ("ops", "marks")
+STARTUP_SPAN = "start-up"
 
 _current: "Session | None" = None
 _current_lock = threading.Lock()
@@ -134,9 +135,13 @@ class Session:
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, *,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 needs_step: bool = False) -> None:
+                 needs_step: bool = False, startup: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.needs_step = needs_step  # write nothing unless a step completes (helper processes)
+        # capture began before the training code (record): until its first module call, the
+        # process is starting up (imports, model and data set-up), and that is not step 0
+        self.startup = startup
+        self._first_call_ns: int | None = None
         self.schedule = schedule
         self.max_buffered_events = max_buffered_events
         self.max_events = max_events
@@ -175,6 +180,10 @@ class Session:
     def dropped(self, table: str, n: int) -> None:
         with self._lock:
             self._dropped[table] += int(n)
+
+    def training_began(self, ts: int) -> None:
+        if self._first_call_ns is None:
+            self._first_call_ns = int(ts)
 
     def failure(self, collector: str, exc: BaseException) -> None:
         msg = f"{type(exc).__name__}: {exc}"
@@ -218,6 +227,8 @@ class Session:
             return
         with self._lock:
             now = time.monotonic_ns()
+            if self.step_num == 0 and self.startup:
+                self._split_startup()
             action = self._action(self.step_num)
             self._append_step(now, complete=True, action=action)
             for c in self.collectors:
@@ -226,8 +237,12 @@ class Session:
             if action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS:
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
-            self._step_start = now
             self._enter_step()
+            # the next step begins after our own work: steps are contiguous but for these gaps
+            self._step_start = end = time.monotonic_ns()
+            for c in self.collectors:
+                if hasattr(c, "exclude"):
+                    self._guard(c, c.exclude, end - now)
 
     def stop(self, exc: BaseException | None = None) -> None:
         """End capture: the step in progress is kept as incomplete, everything is committed.
@@ -272,6 +287,16 @@ class Session:
             for c in list(self.collectors):
                 self._guard(c, c.window, on)
 
+    def _split_startup(self) -> None:
+        """Step 0 begins at the first module call, if one came before the first step ended;
+        the time before it is the run's start-up span."""
+        began = self._first_call_ns
+        if began is None or began <= self._step_start:
+            return
+        self._pending["spans"].append({"ts": [self._start_ns], "dur": [began - self._start_ns],
+                                       "tid": [threading.get_native_id()], "name": [self.intern(STARTUP_SPAN)]})
+        self._step_start = began
+
     def _append_step(self, now: int, complete: bool, action: Action) -> None:
         self._pending["steps"].append({
             "step": [self.step_num], "ts": [self._step_start], "dur": [now - self._step_start],
@@ -309,7 +334,7 @@ class Session:
         for table, rows in self._interner.take_new().items():
             writer.append(table, rows)
         pending, self._pending = self._pending, defaultdict(list)
-        for table in ("threads", "steps", "ops", "marks", "failures"):
+        for table in ("threads", "spans", "steps", "ops", "marks", "failures"):
             for cols in pending.pop(table, ()):
                 writer.append(table, cols)
                 if table in EVENT_TABLES:

@@ -52,6 +52,9 @@ class FakeRecorder:
     def failure(self, collector, exc) -> None:
         self.failures.append((collector, exc))
 
+    def training_began(self, ts) -> None:
+        self.first_call = ts
+
     # helpers
     def frame(self, table: str) -> pd.DataFrame:
         t = self.tables.get(table)

@@ -34,7 +34,7 @@ def _start() -> None:
         config["run_dir"], schedule=neuron_prof.schedule(**sched) if sched else None,
         collectors=config["collectors"], auto_step=True,
         max_events=config.get("max_events") or 50_000_000, command=config.get("command"),
-        needs_step="--multiprocessing-fork" in argv)
+        needs_step="--multiprocessing-fork" in argv, startup=True)
     prof.start()  # stopped by the session's atexit handler
 
 
