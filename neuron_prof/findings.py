@@ -38,10 +38,11 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
     if c["cache_limit_hit"]:
         add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
     if c["break_sites"]:
-        cost = sum(b.get("frame_ms_per_step") or 0.0 for b in c["break_sites"])
         top = c["break_sites"][0]
-        add("medium", "compile", f"{c['graph_breaks']} graph break sites ({c['graph_break_events']} breaks) cost "
-                                 f"{cost:.2f} ms/step; first: {top['reason_class']} at {top['source']}")
+        costs = [b["frame_ms_per_step"] for b in c["break_sites"] if b.get("frame_ms_per_step") is not None]
+        cost = f"cost {sum(costs):.2f} ms per steady step" if costs else "cost unknown (no steady captured step)"
+        add("medium", "compile", f"{c['graph_breaks']} graph break sites ({c['graph_break_events']} breaks) {cost}; "
+                                 f"first: {top['reason_class']} at {top['source']}")
     if c["recompiles"]:
         r = c["recompiles_by_frame"][0]
         add("medium", "compile", f"{c['recompiles']} recompiles; most in {r['func']}: "
@@ -49,12 +50,13 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
     sp = s["sync_points"]
     if sp["by_source"]:
         top = sp["by_source"][0]
+        rate = f"{top['per_step']:.1f}/step" if top.get("per_step") is not None else "one-off"
         add("medium", "timeline", f"{sp['events']} sync points (the host waits for the device); most at "
-                                  f"{top['source'] or '?'} ({top['name']}, {top['per_step']:.1f}/step)")
+                                  f"{top['source'] or '?'} ({top['name']}, {rate})")
     for st in s["steps"]:
-        if st.get("p90_ms") and st.get("median_ms") and st["p90_ms"] > 1.5 * st["median_ms"]:
+        if st.get("basis") == "steady" and st.get("steady", 0) >= 4 and st["p90_ms"] > 1.5 * st["median_ms"]:
             add("medium", "overview", f"step time varies on rank {st['rank']}: p90 {st['p90_ms']:.1f} ms vs "
-                                      f"median {st['median_ms']:.1f} ms")
+                                      f"median {st['median_ms']:.1f} ms over {st['steady']} steady steps")
     for b in s["step_breakdown"]:
         if b.get("outside_ops_pct", 0) > 30:
             add("medium", "timeline", f"{b['outside_ops_pct']:.0f}% of a step on rank {b['rank']} runs outside "
@@ -66,7 +68,13 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
                                   f"{p['step']}, reached with {format_bytes(p['alloc_bytes'])} from {p['op']} at "
                                   f"{p['source'] or '?'}")
     if c["frames_compiled"]:
-        add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s")
+        inside = c.get("compile_in_steps_ms") or 0.0
+        add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s"
+            + (f", {inside / 1e3:.2f} s of it inside steps (warm-up steps, left out of step statistics)"
+               if inside else ""))
+    for x in s.get("startup", []):
+        add("info", "overview", f"start-up took {x['ms'] / 1e3:.2f} s on rank {x['rank']} before step 0 (imports, "
+                                "model and data set-up): shown apart, not a step")
     ops = s["ops"]["top_by_self_time"]
     if ops:
         o = ops[0]

@@ -8,14 +8,17 @@ import pandas as pd
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis.ops import captured_ops, op_stats
-from neuron_prof.analysis.steps import PHASES, TIME_KINDS, step_breakdown, step_stats, time_split
+from neuron_prof.analysis.ops import in_steps, op_stats, run_time_ops
+from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import findings
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
 TOP_N = 10
+STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary, a prof.step() call or, under "
+                  "`record` and auto_step, the (N+1)-th return of the training optimizer's step() (Hugging Face "
+                  "Trainer's global_step N+1)")
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -24,35 +27,48 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
-    """Everything the report shows, JSON-ready. Op and sync figures cover captured steps only."""
+    """Everything the report shows, JSON-ready. Step statistics describe the steady steps (not the
+    first step of a rank, not steps in which torch.compile compiled: ``analysis.steps``); op,
+    sync and graph figures per step are over the steady captured steps, with compile time and
+    compile-time ops left out."""
     meta = run.meta
-    steps = run.steps
+    kinds = run.step_kinds
     ops = run.ops
-    in_steps, n_captured = captured_ops(ops, steps)
-    stats = op_stats(in_steps, self_ns=run.op_self_ns[in_steps.index.to_numpy()]).head(top)
-    if n_captured:
-        stats["self_ms_per_step"] = stats["self_ms"] / n_captured
-    sync = sync_points(ops, run.op_parent)
-    failures = run.failures
-    runs = comp.region_runs(ops, run.op_parent)
-    sites = comp.graph_break_sites(run.graph_breaks, runs, n_captured)
+    scope, basis, n_scope = basis_steps(kinds, captured_only=True)
+    stats = op_stats(run_time_ops(ops, run.op_compile, run.op_run_self_ns, scope, ("name", "module", "bwd"))).head(top)
+    if n_scope:
+        stats["self_ms_per_step"] = stats["self_ms"] / n_scope
+    top_level = run_time_ops(ops, run.op_compile, run.op_run_self_ns, scope, top_level=True)
+    sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
+    runs = comp.region_runs(ops, run.op_parent, run.op_compile[1])
+    scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
+    sites = comp.graph_break_sites(run.graph_breaks, scope_runs, n_scope)
     recompiles = comp.recompile_summary(run.recompiles, run.compiles)
     ctime = comp.compile_time(run.compiles, run.compile_phases)
+    warmup = kinds[kinds["warmup"]]
+    spans = run.spans
+    startup = spans[spans["name"].astype(str) == "start-up"]
     return {
         "run": {
             "path": str(run.path), "command": meta.get("command"), "torch_version": meta.get("torch_version"),
             "device": meta.get("device"), "world_size": meta.get("world_size"), "ranks": run.ranks,
             "start_time": (_dt.datetime.fromtimestamp(meta["start_time_ns"] / 1e9, _dt.timezone.utc).isoformat()
                            if meta.get("start_time_ns") else None),
+            "step_numbering": STEP_NUMBERING,
         },
-        "steps": _records(step_stats(steps)),
-        "step_breakdown": _records(step_breakdown(ops, steps)),
-        "time_split": _records(time_split(ops, steps, run.compiles, sync)),
-        "ops": {"captured_steps": n_captured, "events": int(len(ops)), "top_by_self_time": _records(stats)},
-        "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, n_captured))},
+        "startup": [{"rank": int(r), "ms": float(d / 1e6)} for r, d in zip(startup["rank"], startup["dur"])],
+        "steps": _records(step_stats(kinds)),
+        "warmup_steps": _records(warmup.assign(step_ms=warmup["dur"] / 1e6, compile_ms=warmup["compile_ns"] / 1e6)
+                                 [["rank", "step", "step_ms", "compile_ms"]]),
+        "step_breakdown": _records(step_breakdown(top_level, scope)),
+        "time_split": _records(time_split(top_level, scope, sync)),
+        "ops": {"captured_steps": n_scope, "basis": basis, "events": int(len(ops)),
+                "compile_events": int(run.op_compile[0].sum()), "top_by_self_time": _records(stats)},
+        "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, scope))},
         "compile": {
             "frames_compiled": int(len(run.compiles)),
-            "compile_ms": float(run.compiles["dur"].sum() / 1e6) if len(run.compiles) else 0.0,
+            "compile_ms": float((run.compile_spans["end"] - run.compile_spans["ts"]).sum() / 1e6),
+            "compile_in_steps_ms": float(kinds["compile_ns"].sum() / 1e6),
             "graph_breaks": int(len(sites)),
             "graph_break_events": int(len(run.graph_breaks)),
             "recompiles": int(recompiles["recompiles"].sum()) if len(recompiles) else 0,
@@ -62,12 +78,12 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "compile_time": _records(ctime.head(top)),
             "cache": _records(comp.cache_stats(run.compile_cache)),
             "top_fusions": _records(comp.top_fusions(run.fusions, top)),
-            "graph_runs": _records(comp.graph_runs(runs, n_captured).head(top)),
+            "graph_runs": _records(comp.graph_runs(scope_runs, n_scope).head(top)),
         },
         "memory": _memory(run, top),
         "health": {
             "ranks": _records(run.health),
-            "failures": _records(failures[["rank", "collector", "message"]]) if len(failures) else [],
+            "failures": _records(run.failures[["rank", "collector", "message"]]) if len(run.failures) else [],
             "stale_rank_dirs": [str(d) for d in run.stale_rank_dirs],
         },
     }
@@ -144,7 +160,7 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
 
 def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list[str]:
     """Fixed-width text table: cols are (key, header, format)."""
-    cells = [[h for _, h, _ in cols]] + [[format(r.get(k) if r.get(k) is not None else "", f) if f else
+    cells = [[h for _, h, _ in cols]] + [["-" if r.get(k) is None and f else format(r.get(k), f) if f else
                                           str(r.get(k) if r.get(k) is not None else "") for k, _, f in cols]
                                          for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
@@ -155,7 +171,8 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list
 def _render_compile(c: dict[str, Any]) -> list[str]:
     if not c["frames_compiled"] and not c["graph_runs"]:
         return ["", "Compile", "  no torch.compile activity captured"]
-    out = ["", f"Compile ({c['frames_compiled']} frame compiles, {c['compile_ms']:.0f} ms; {c['graph_breaks']} graph "
+    out = ["", f"Compile ({c['frames_compiled']} frame compiles, {c['compile_ms']:.0f} ms, "
+               f"{c['compile_in_steps_ms']:.0f} ms of compiling inside steps; {c['graph_breaks']} graph "
                f"break sites, {c['recompiles']} recompiles)"]
     if c["cache_limit_hit"]:
         out.append("  !! the recompile (cache size) limit was hit: a frame fell back to eager for good")
@@ -164,7 +181,8 @@ def _render_compile(c: dict[str, Any]) -> list[str]:
         out += _table(c["break_sites"], [("source", "source line", ""), ("reason_class", "class", ""),
                                          ("breaks", "breaks", "d"), ("hits_per_step", "hits/step", ".1f"),
                                          ("frame_ms_per_step", "frame ms/step", ".3f"), ("gb_id", "gb", "")])
-        out.append("  (frame ms: the graph before the break plus the break's eager code, until the resumed frame)")
+        out.append("  (per steady step; frame ms: the graph before the break plus the break's eager code, until the "
+                   "resumed frame, compiling left out)")
     for r in c["recompiles_by_frame"]:
         out.append(f"  recompiles of {r['func']}: {r['recompiles']}" + ("  (CACHE LIMIT HIT)" if r["cache_limit_hit"] else ""))
         out += [f"    - {reason}" for reason in r["reasons"][:5]]
@@ -187,6 +205,37 @@ def _render_compile(c: dict[str, Any]) -> list[str]:
     return out
 
 
+def _basis_name(basis: str) -> str:
+    """How the report names the steps its per-step figures are over (``analysis.steps.basis_steps``)."""
+    return {"steady": "steady", "all": "(no steady step: all)"}.get(basis, "no")
+
+
+def _render_steps(s: dict[str, Any]) -> list[str]:
+    out = ["Steps (" + s["run"]["step_numbering"] + ")"]
+    for x in s["startup"]:
+        out.append(f"  start-up of rank {x['rank']}: {x['ms'] / 1e3:.2f} s before step 0 (from capture start to the "
+                   "first module call: imports, model and data set-up); not a step")
+    if not s["steps"]:
+        out.append("  no completed step (call prof.step() each iteration, or use an optimizer under `record`); "
+                   "no per-step figures")
+        return out
+    out += _table(s["steps"], [("rank", "rank", ""), ("steps", "steps", "d"), ("warmup", "warm-up", "d"),
+                               ("steady", "steady", "d"), ("captured", "captured", "d"),
+                               ("mean_ms", "mean ms", ".2f"), ("median_ms", "median", ".2f"),
+                               ("p90_ms", "p90", ".2f"), ("min_ms", "min", ".2f"), ("max_ms", "max", ".2f")])
+    bases = {x["basis"] for x in s["steps"]}
+    out.append("  statistics over the steady steps: not a rank's first step, nor steps in which torch.compile "
+               "compiled" if bases == {"steady"} else
+               "  no steady step on some rank: its statistics are over all its steps, warm-up included")
+    shown = s["warmup_steps"][:8]
+    if shown:
+        out.append("  warm-up steps: " + "; ".join(
+            f"rank {w['rank']} step {w['step']} {w['step_ms']:.1f} ms"
+            + (f" ({w['compile_ms']:.1f} ms compiling)" if w["compile_ms"] else "") for w in shown)
+            + ("; ..." if len(s["warmup_steps"]) > len(shown) else ""))
+    return out
+
+
 def render_text(s: dict[str, Any]) -> str:
     r = s["run"]
     cmd = " ".join(r["command"]) if isinstance(r["command"], list) else (r["command"] or "?")
@@ -200,15 +249,9 @@ def render_text(s: dict[str, Any]) -> str:
         out += [f"  {'!!' if f['severity'] == 'high' else '! ' if f['severity'] == 'medium' else '- '} {f['text']}"
                 for f in found]
         out.append("")
-    out.append("Steps")
-    if s["steps"]:
-        out += _table(s["steps"], [("rank", "rank", ""), ("steps", "steps", "d"), ("captured", "captured", "d"),
-                                   ("mean_ms", "mean ms", ".2f"), ("median_ms", "median", ".2f"),
-                                   ("p90_ms", "p90", ".2f"), ("min_ms", "min", ".2f"), ("max_ms", "max", ".2f")])
-    else:
-        out.append("  no completed step (call prof.step() each iteration, or use an optimizer under `record`)")
+    out += _render_steps(s)
     if s["step_breakdown"]:
-        out += ["", "Where a captured step's time goes (mean ms per step)"]
+        out += ["", f"Where a {_basis_name(s['ops']['basis'])} step's time goes (mean ms per step)"]
         cols = [("rank", "rank", ""), ("step_ms", "step", ".2f")]
         for p in PHASES:
             label = p.replace("_", " ")
@@ -217,7 +260,8 @@ def render_text(s: dict[str, Any]) -> str:
     for t in s["time_split"]:
         out.append(f"  rank {t['rank']}: " + ", ".join(f"{k} {t[f'{k}_ms']:.2f} ms" for k in TIME_KINDS))
     o = s["ops"]
-    out += ["", f"Top ops by self time ({o['captured_steps']} captured steps, {o['events']} op events)"]
+    out += ["", f"Top ops by self time ({o['captured_steps']} {_basis_name(o['basis'])} captured steps, "
+                f"{o['events']} op events; the {o['compile_events']} ops run while compiling are left out)"]
     if o["top_by_self_time"]:
         cols = [("name", "op", ""), ("module", "module", ""), ("calls", "calls", "d"),
                 ("self_ms", "self ms", ".2f"), ("self_pct", "%", ".1f"), ("total_ms", "total ms", ".2f")]
@@ -232,9 +276,12 @@ def render_text(s: dict[str, Any]) -> str:
     sp = s["sync_points"]
     out += ["", f"Sync points ({sp['events']} events: the host waits for the device here)"]
     if sp["by_source"]:
-        out += _table([{**x, "source": x["source"] or "?"} for x in sp["by_source"]],
+        out += _table([{**x, "source": x["source"] or "?", "elsewhere": x["count"] - x["in_steps"]}
+                       for x in sp["by_source"]],
                       [("source", "source line", ""), ("name", "op", ""), ("count", "count", "d"),
-                       ("per_step", "/step", ".1f"), ("total_ms", "total ms", ".3f"), ("kind", "why", "")])
+                       ("per_step", f"/{_basis_name(s['ops']['basis'])} step", ".1f"),
+                       ("elsewhere", "elsewhere", "d"), ("total_ms", "total ms", ".3f"), ("kind", "why", "")])
+        out.append("  (elsewhere: in start-up, warm-up steps or set-up, never a per-step rate)")
     else:
         out.append("  none")
     out += _render_compile(s["compile"])

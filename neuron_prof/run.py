@@ -20,6 +20,7 @@ _STRING_COLUMNS = {
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
     "marks": ("name",),
     "threads": ("name",),
+    "spans": ("name",),
     "compiles": ("compile_id", "func", "file", "backend", "status", "fail_reason"),
     "compile_phases": ("compile_id", "phase"),
     "graph_breaks": ("compile_id", "gb_id", "reason", "reason_class"),
@@ -175,6 +176,40 @@ class Run:
         """Self time of each row of ``ops`` (ns): its duration minus its direct children's."""
         from neuron_prof.analysis.ops import self_time
         return self_time(self.ops, self.op_parent)
+
+    @functools.cached_property
+    def op_compile(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(inside, compile_ns)`` for each row of ``ops``: whether it ran within a torch.compile
+        compile on its thread, and how much compiling lies within it
+        (``analysis.ops.compile_overlap``). Run time = ``dur - compile_ns``."""
+        from neuron_prof.analysis.ops import compile_overlap
+        return compile_overlap(self.ops, self.compile_spans)
+
+    @functools.cached_property
+    def op_run_self_ns(self) -> np.ndarray:
+        """Self time of each row of ``ops`` (ns) with compiling left out: 0 for ops inside a
+        compile; the op table, region costs and break-site costs start from it."""
+        from neuron_prof.analysis.ops import self_time
+        return self_time(self.ops, self.op_parent, self.ops["dur"].to_numpy() - self.op_compile[1])
+
+    @functools.cached_property
+    def compile_spans(self) -> pd.DataFrame:
+        """When each thread was compiling (``analysis.compile.compile_spans``)."""
+        from neuron_prof.analysis.compile import compile_spans
+        return compile_spans(self.compiles, self.compile_phases)
+
+    @functools.cached_property
+    def step_kinds(self) -> pd.DataFrame:
+        """``steps`` with ``compile_ns``, ``warmup`` and ``steady`` (``analysis.steps.step_kinds``)."""
+        from neuron_prof.analysis.steps import step_kinds
+        return step_kinds(self.steps, self.compile_spans)
+
+    @functools.cached_property
+    def spans(self) -> pd.DataFrame:
+        """Spans of the run that are not steps: ``start-up`` (under ``record``: the process from
+        its start to its first module call). neuron_prof's own work at step boundaries is the gap
+        between one step's end and the next one's start (``analysis.steps.own_work``)."""
+        return self._table("spans")
 
     @functools.cached_property
     def marks(self) -> pd.DataFrame:

@@ -47,8 +47,10 @@ def test_record_captures_steps_and_keeps_exit_code_and_output(tmp_path):
     fwd = run.ops[run.ops["name"] == "aten::linear"]
     assert len(fwd) == 5
     assert set(fwd["source"].astype(str)) == {f"plain.py:{line_of(script, 'FORWARD')}"}
+    # model construction is start-up (step -1: before step 0, which begins at the first forward);
     # ops after the last optimizer.step() (the final zero_grad) belong to the partial step 5
-    assert set(run.ops["step"]) == {0, 1, 2, 3, 4, 5}
+    assert set(run.ops["step"]) == {-1, 0, 1, 2, 3, 4, 5}
+    assert list(fwd["step"]) == [0, 1, 2, 3, 4]
     assert not run.steps.set_index("step").loc[5, "complete"]
 
 

@@ -40,13 +40,13 @@ def test_two_ranks_show_step_time_per_rank_and_the_straggler_ranking(two_rank_ru
     at = _page(monkeypatch, two_rank_run)
     assert at.info[0].value.startswith("This run has no collective data.")
     run = neuron_prof.load(two_rank_run)
-    want = straggler_ranking(run.steps)
+    want = straggler_ranking(run.step_kinds)
     got = next(d.value for d in at.dataframe if "slowest" in d.value.columns)
     assert list(got["rank"]) == list(want["rank"]) and sorted(got["rank"]) == [0, 1]
-    assert list(got["slowest"]) == list(want["slowest"]) and got["slowest"].sum() == 4
+    assert list(got["slowest"]) == list(want["slowest"]) and got["slowest"].sum() == 3  # steps 1-3: step 0 is warm-up
     assert got["mean_ms"].tolist() == pytest.approx(want["mean_ms"].tolist())
     top = want.iloc[0]
-    assert any(f"rank {int(top['rank'])}** was the slowest in **{int(top['slowest'])} of 4" in m.value
+    assert any(f"rank {int(top['rank'])}** was the slowest in **{int(top['slowest'])} of 3" in m.value
                for m in at.markdown)
     # the step-time chart: one line per rank
     assert len(at.get("plotly_chart")) == 1
@@ -56,9 +56,18 @@ def test_two_ranks_show_step_time_per_rank_and_the_straggler_ranking(two_rank_ru
 
 
 def _steps(ms: dict[int, list[float]], complete: bool = True) -> pd.DataFrame:
-    rows = [{"rank": r, "step": i, "ts": i * 10**9, "dur": int(v * 1e6), "active": True, "complete": complete}
+    """Step kinds where every complete step is steady (no warm-up: the ranking sees them all)."""
+    rows = [{"rank": r, "step": i, "ts": i * 10**9, "dur": int(v * 1e6), "active": True, "complete": complete,
+             "compile_ns": 0, "warmup": False, "steady": complete}
             for r, vals in ms.items() for i, v in enumerate(vals)]
     return pd.DataFrame(rows)
+
+
+def test_straggler_ranking_leaves_out_the_first_step():
+    """A rank's long first step (its start-up, its first compile) does not make it the straggler."""
+    steps = _steps({0: [900, 10, 10, 10], 1: [12, 14, 15, 13]})[["rank", "step", "ts", "dur", "active", "complete"]]
+    r = straggler_ranking(steps)
+    assert r.iloc[0]["rank"] == 1 and (r["steps"] == 3).all()
 
 
 def test_straggler_ranking_counts_the_slowest_rank_per_step():

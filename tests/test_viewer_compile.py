@@ -19,7 +19,8 @@ import torch._dynamo
 import neuron_prof
 from conftest import GRAPH_BREAK_CLASSES, capture_graph_breaks, line_of, viewer_page, write_script
 from neuron_prof.analysis import compile as comp
-from neuron_prof.analysis.ops import captured_ops
+from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.examples import graph_breaks
 
 pytest.importorskip("streamlit")
@@ -63,8 +64,10 @@ def _line(source: str) -> int:
 def test_break_site_table_has_the_six_sites_of_graph_break_sites(compile_run, monkeypatch):
     at = _page(monkeypatch, compile_run)
     run = neuron_prof.load(compile_run)
-    _, n = captured_ops(run.ops, run.steps)
-    want = comp.graph_break_sites(run.graph_breaks, comp.region_runs(run.ops), n)
+    basis = basis_steps(run.step_kinds, captured_only=True)
+    runs = comp.region_runs(run.ops, run.op_parent, run.op_compile[1])
+    runs = runs[in_steps(runs, basis.steps)]
+    want = comp.graph_break_sites(run.graph_breaks, runs, basis.per_rank)
     got = _table(at, "reason_class")
     assert len(got) == len(want) == 6
     assert list(got["source"]) == list(want["source"])
@@ -147,9 +150,10 @@ def test_compile_time_table_phase_chart_and_graph_runs(compile_run, monkeypatch)
     bars = dict(zip(_arr(backend["y"]), _arr(backend["x"])))
     for cid, func, ms in zip(want["compile_id"], want["func"], want["backend compile"]):
         assert bars[f"{cid} {func}"] == pytest.approx(ms)
-    # compiled graphs at run time
-    _, n = captured_ops(run.ops, run.steps)
-    runs_want = comp.graph_runs(comp.region_runs(run.ops), n)
+    # compiled graphs at run time: every step of this run compiles, so they are over all three
+    basis = basis_steps(run.step_kinds, captured_only=True)
+    assert basis.kind == "all" and basis.per_rank == 3
+    runs_want = comp.graph_runs(comp.region_runs(run.ops, run.op_parent, run.op_compile[1]), basis.per_rank)
     runs_got = _table(at, "runs_per_step")
     assert list(runs_got["compile_id"]) == list(runs_want["compile_id"])
     assert runs_got["self_ms"].tolist() == pytest.approx(runs_want["self_ms"].tolist())

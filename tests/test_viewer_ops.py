@@ -13,7 +13,8 @@ import pytest
 
 import neuron_prof
 from conftest import viewer_page
-from neuron_prof.analysis.ops import MODULE_ROOT, captured_ops, filter_tree, module_tree, op_stats, self_time
+from neuron_prof.analysis.ops import MODULE_ROOT, filter_tree, module_tree, op_stats, run_time_ops, self_time
+from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.report import summarize
 
 pytest.importorskip("streamlit")
@@ -46,10 +47,17 @@ def _tree_table(at: AppTest) -> pd.DataFrame:
 
 # --- the page on a real run -------------------------------------------------------------------
 
+def _scope(run):
+    """What the report's op table is over: the steady captured steps, compiling left out."""
+    basis = basis_steps(run.step_kinds, captured_only=True)
+    cols = ("rank", "step", "tid", "depth", "name", "module", "shapes", "bwd")
+    return run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, basis.steps, cols), basis.per_rank
+
+
 def test_op_table_is_op_stats_over_the_captured_steps(demo_run, monkeypatch):
     at = _page(monkeypatch, demo_run)
     run = neuron_prof.load(demo_run)
-    ops, n = captured_ops(run.ops, run.steps)
+    ops, n = _scope(run)
     assert n == 3
     want = op_stats(ops)
     got = _op_table(at)
@@ -72,7 +80,7 @@ def test_shapes_toggle_groups_by_name_module_and_shapes(demo_run, monkeypatch):
     at.toggle(key="ops_shapes").set_value(True).run()
     assert not at.exception
     run = neuron_prof.load(demo_run)
-    ops, _ = captured_ops(run.ops, run.steps)
+    ops, _ = _scope(run)
     want = op_stats(ops, ("name", "module", "shapes"))
     got = _op_table(at)
     assert "shapes" in got.columns and len(got) == len(want) > len(op_stats(ops))
@@ -85,14 +93,14 @@ def test_shapes_toggle_groups_by_name_module_and_shapes(demo_run, monkeypatch):
 def test_module_treemap_totals_are_the_self_time_of_all_ops(demo_run, monkeypatch):
     at = _page(monkeypatch, demo_run)
     run = neuron_prof.load(demo_run)
-    ops, _ = captured_ops(run.ops, run.steps)
-    all_self_ms = self_time(ops).sum() / 1e6
+    ops, _ = _scope(run)
+    all_self_ms = ops["self_ns"].sum() / 1e6
     tm = _treemap(at)
     ids, parents, values = _arr(tm["ids"]), _arr(tm["parents"]), _arr(tm["values"])
     assert tm["branchvalues"] == "total"
     tree = dict(zip(ids, values))
     assert tree[MODULE_ROOT] == pytest.approx(all_self_ms)
-    want = module_tree(ops)
+    want = module_tree(ops, ops["self_ns"].to_numpy())
     assert set(ids) == set(want["id"])
     # every node holds at least its children (a valid "total" treemap), and a module's value is the
     # self time of the ops in it and below it
@@ -102,8 +110,9 @@ def test_module_treemap_totals_are_the_self_time_of_all_ops(demo_run, monkeypatc
     mods = ops["module"].astype(str)
     sa = "layers.0.self_attn"
     below = mods.eq(sa) | mods.str.startswith(sa + ".")
-    assert tree[sa] == pytest.approx(self_time(ops)[below.to_numpy()].sum() / 1e6)
-    assert tree["layers"] == pytest.approx(self_time(ops)[mods.str.startswith("layers.").to_numpy()].sum() / 1e6)
+    self_ns = ops["self_ns"].to_numpy()
+    assert tree[sa] == pytest.approx(self_ns[below.to_numpy()].sum() / 1e6)
+    assert tree["layers"] == pytest.approx(self_ns[mods.str.startswith("layers.").to_numpy()].sum() / 1e6)
 
 
 def test_module_filter_keeps_matches_their_ancestors_and_submodules(demo_run, monkeypatch):
@@ -177,14 +186,14 @@ def test_filter_tree():
     assert kept.loc["enc", "total_ms"] == t.set_index("id").loc["enc", "total_ms"]  # values unchanged
 
 
-def test_captured_ops_is_the_reports_scope(demo_run):
+def test_the_op_scope_is_the_reports_scope(demo_run):
     run = neuron_prof.load(demo_run)
-    ops, n = captured_ops(run.ops, run.steps)
+    ops, n = _scope(run)
     captured = run.steps[run.steps["active"] & run.steps["complete"]]
-    assert n == len(captured) == 3
+    assert n == len(captured) == 3  # steps 2-4: captured, none of them warm-up
     assert set(ops["step"]) == set(captured["step"]) and len(ops) <= len(run.ops)
     s = summarize(run)["ops"]
     assert s["captured_steps"] == n
     assert [r["name"] for r in s["top_by_self_time"]] == list(op_stats(ops).head(len(s["top_by_self_time"]))["name"])
-    none_captured = run.steps.assign(active=False)
-    assert captured_ops(run.ops, none_captured)[1] == 0 and len(captured_ops(run.ops, none_captured)[0]) == len(run.ops)
+    none_captured = run.step_kinds.assign(active=False)
+    assert basis_steps(none_captured, captured_only=True).per_rank == 0

@@ -97,6 +97,12 @@ def test_step_choices_and_default_step():
     assert tla.default_step(c) == 2  # step 1 is captured but has no ops
     assert tla.default_step(c.assign(active=False)) == -1  # else the first with ops
     assert tla.step_choices(steps, ops, 1)["step"].tolist() == [0]
+    # with step kinds and a start-up span: -1 is the start-up, and a warm-up step is not the default
+    kinds = steps.assign(warmup=[False, False, False, True], active=[True, True, True, True])
+    spans = pd.DataFrame({"rank": [0], "ts": [0], "dur": [100], "tid": [1], "name": ["start-up"]})
+    c = tla.step_choices(kinds.assign(warmup=[True, False, False, True]), ops, 0, spans)
+    assert c.iloc[0][["step", "ts", "dur"]].tolist() == [-1, 0, 100]
+    assert tla.default_step(c) == 2  # step 0 (warm-up) has ops, but step 2 is the first steady one with ops
 
 
 def test_window_ops_and_longest_ops():
@@ -271,8 +277,8 @@ def test_leak_and_spike_runs_render(memory_runs, monkeypatch):
     for mode in ("leak", "spike"):
         run = neuron_prof.load(memory_runs(mode))
         at = _page(monkeypatch, memory_runs(mode))
-        assert at.selectbox(key="tl_step").value == 0
-        assert sorted(_bars(at)["ts"]) == sorted(_expected(run, 0)["ts"])
+        assert at.selectbox(key="tl_step").value == 1  # the first steady step: step 0 is warm-up
+        assert sorted(_bars(at)["ts"]) == sorted(_expected(run, 1)["ts"])
 
 
 def test_run_without_ops_shows_the_message(tmp_path, monkeypatch):

@@ -22,15 +22,46 @@ def normalize_compile_id(cid: str) -> str:
     return cid.split("_")[0]
 
 
-def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
-    """One row per run of a compiled graph: rank, step, tid, ts, dur, compile_id, self_ns.
+BACKWARD_COMPILE_PHASE = "backward compile"  # collectors/compiler.py's name for the lazy backward compile
+
+
+def compile_spans(compiles: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
+    """When each thread was compiling: frame compiles and the lazy backward compiles (at the
+    first ``backward()`` of a compiled graph), overlapping spans merged. Columns rank, tid, ts,
+    end (ns), sorted. torch.compile compiles inside the first call that needs a graph, so these
+    spans lie inside steps and inside the ops of the calling code; run-time figures leave them
+    out (``analysis.ops.compile_overlap``)."""
+    cols = ["rank", "tid", "ts", "end"]
+    parts = [compiles[["rank", "tid", "ts", "dur"]]] if len(compiles) else []
+    if len(phases):
+        bwd = phases[phases["phase"].astype(str) == BACKWARD_COMPILE_PHASE]
+        if len(bwd):
+            parts.append(bwd[["rank", "tid", "ts", "dur"]])
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    s = pd.concat(parts, ignore_index=True)
+    s = s.assign(end=s["ts"] + s["dur"]).sort_values(["rank", "tid", "ts"], ignore_index=True)
+    # merge overlaps per thread: a span starts a new group unless it begins before the running end
+    run_end = s.groupby(["rank", "tid"])["end"].cummax()
+    prev_end = run_end.groupby([s["rank"], s["tid"]]).shift()
+    group = (prev_end.isna() | (s["ts"] > prev_end)).cumsum()
+    out = s.groupby(group).agg(rank=("rank", "first"), tid=("tid", "first"), ts=("ts", "min"), end=("end", "max"))
+    return out.reset_index(drop=True)[cols]
+
+
+def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None,
+                compile_ns: np.ndarray | None = None) -> pd.DataFrame:
+    """One row per run of a compiled graph: rank, step, tid, ts, dur, compile_id, self_ns,
+    compile_ns.
 
     A frame's compiled code calls the frames resumed after its graph breaks, so their regions
     nest inside it; ``self_ns`` is the region's time outside nested regions: its own graph plus
-    the eager code of the break that ends it. ``parent``: ``parent_index(ops)``, if the caller has
-    it already.
+    the eager code of the break that ends it, less any compiling that happened inside it (the
+    first run of a region compiles the frames it resumes into): that is ``compile_ns``.
+    ``parent``: ``parent_index(ops)`` and ``compile_ns``: ``ops.compile_overlap(...)[1]``, if the
+    caller has them already (without ``compile_ns`` no compile time is taken out).
     """
-    cols = ["rank", "step", "tid", "ts", "dur", "compile_id", "self_ns"]
+    cols = ["rank", "step", "tid", "ts", "dur", "compile_id", "self_ns", "compile_ns"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
     names = ops["name"].astype("category")
@@ -47,24 +78,27 @@ def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataF
         if not step_up.any():
             break
         enclosing = np.where(step_up, parent[np.maximum(enclosing, 0)], enclosing)
-    dur = ops["dur"].to_numpy()
+    cns = np.zeros(len(ops), dtype=np.int64) if compile_ns is None else np.asarray(compile_ns, dtype=np.int64)
+    run_dur = ops["dur"].to_numpy() - cns
     nested = is_region & (enclosing >= 0)
-    inner = np.bincount(enclosing[nested], weights=dur[nested], minlength=len(ops))
+    inner = np.bincount(enclosing[nested], weights=run_dur[nested], minlength=len(ops))
     runs = ops.loc[is_region, ["rank", "step", "tid", "ts", "dur"]].copy()
     runs["compile_id"] = ops.loc[is_region, "name"].astype(str).str[len(REGION_PREFIX):].map(normalize_compile_id)
-    runs["self_ns"] = dur[is_region] - inner[is_region].astype(np.int64)
+    runs["self_ns"] = np.maximum(run_dur[is_region] - inner[is_region].astype(np.int64), 0)
+    runs["compile_ns"] = cns[is_region]
     return runs.sort_values(["rank", "tid", "ts"], ignore_index=True)[cols]
 
 
 def graph_runs(runs: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
-    """Per compiled graph (``runs`` from ``region_runs``): runs, total and self ms, per step."""
+    """Per compiled graph (``runs`` from ``region_runs``, of the ``captured_steps`` steps the
+    figures are per): runs, total and self ms, per step."""
     cols = ["compile_id", "runs", "total_ms", "self_ms", "runs_per_step", "self_ms_per_step"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     g = runs.groupby("compile_id")
     out = pd.DataFrame({"runs": g.size(), "total_ms": g["dur"].sum() / 1e6,
                         "self_ms": g["self_ns"].sum() / 1e6}).reset_index()
-    n = max(captured_steps, 1)
+    n = captured_steps or np.nan  # no step: no per-step figure
     out["runs_per_step"] = out["runs"] / n
     out["self_ms_per_step"] = out["self_ms"] / n
     return out.sort_values("self_ms", ascending=False, ignore_index=True)[cols]
@@ -72,11 +106,12 @@ def graph_runs(runs: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
 
 def graph_break_sites(breaks: pd.DataFrame, runs: pd.DataFrame, captured_steps: int) -> pd.DataFrame:
     """Graph breaks grouped by user source line and reason class, with their run-time cost
-    (``runs`` from ``region_runs``).
+    (``runs`` from ``region_runs``, of the ``captured_steps`` steps the per-step figures are
+    over: the report passes the steady-state steps).
 
     ``hits`` counts runs of the graphs that end at this break (the break runs once after each);
     ``frame_ms_per_step`` is those regions' self time: the graph before the break plus the eager
-    code of the break, until the resumed frame starts.
+    code of the break, until the resumed frame starts (compile time inside them left out).
     """
     cols = ["source", "reason_class", "reason", "gb_id", "breaks", "compile_ids", "hits", "hits_per_step",
             "frame_ms_per_step"]
@@ -85,7 +120,7 @@ def graph_break_sites(breaks: pd.DataFrame, runs: pd.DataFrame, captured_steps: 
     b = breaks.assign(cid=breaks["compile_id"].astype(str).map(normalize_compile_id))
     hits = runs.groupby("compile_id").size()
     self_ms = runs.groupby("compile_id")["self_ns"].sum() / 1e6
-    n = max(captured_steps, 1)
+    n = captured_steps or np.nan  # no step: no per-step figure
     rows = []
     for (source, cls), grp in b.groupby(["source", "reason_class"], observed=True, sort=False):
         cids = sorted(set(grp["cid"]))

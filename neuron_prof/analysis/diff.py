@@ -25,10 +25,13 @@ def _step_median(s: dict[str, Any]) -> float | None:
 
 
 def _step_mean(s: dict[str, Any]) -> float | None:
-    """Mean step time over every complete step of every rank."""
+    """Mean step time over the steps each rank's statistics are over (its steady steps)."""
+    def count(x: dict[str, Any]) -> int:
+        return x["steady"] if x.get("basis") == "steady" else x["steps"]
+
     steps = [x for x in s.get("steps") or [] if x.get("mean_ms") is not None and x.get("steps")]
-    n = sum(x["steps"] for x in steps)
-    return float(sum(x["mean_ms"] * x["steps"] for x in steps) / n) if n else None
+    n = sum(count(x) for x in steps)
+    return float(sum(x["mean_ms"] * count(x) for x in steps) / n) if n else None
 
 
 def _top_op(s: dict[str, Any]) -> tuple[float | None, str]:

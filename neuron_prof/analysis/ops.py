@@ -37,23 +37,60 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
     return parent
 
 
-def self_time(ops: pd.DataFrame, parent: np.ndarray | None = None) -> np.ndarray:
+def self_time(ops: pd.DataFrame, parent: np.ndarray | None = None, dur: np.ndarray | None = None) -> np.ndarray:
     """Duration minus the duration of direct children (ns). ``parent``: ``parent_index(ops)``, if
-    the caller has it already (it is the expensive part)."""
+    the caller has it already (it is the expensive part). ``dur``: the durations to use instead of
+    ``ops.dur``, e.g. run time (``dur`` less ``compile_overlap``'s compile time)."""
     parent = parent_index(ops) if parent is None else parent
-    dur = ops["dur"].to_numpy()
+    dur = ops["dur"].to_numpy() if dur is None else np.asarray(dur)
     child = np.bincount(parent[parent >= 0], weights=dur[parent >= 0], minlength=len(ops))
     return np.maximum(dur - child.astype(np.int64), 0)
+
+
+def compile_overlap(ops: pd.DataFrame, spans: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``(inside, compile_ns)`` per op, from ``analysis.compile.compile_spans``: whether the op
+    ran within a compile on its thread (compile-time work: Dynamo's tracing, fake-tensor
+    propagation, Inductor), and how much compile time lies within the op (all of it for an op
+    inside a compile). Run time is ``dur - compile_ns``: torch.compile compiles lazily inside the
+    first call that needs a graph, so without this, compiling counts as running."""
+    n = len(ops)
+    inside = np.zeros(n, dtype=bool)
+    compile_ns = np.zeros(n, dtype=np.int64)
+    if not n or spans.empty:
+        return inside, compile_ns
+    ts = ops["ts"].to_numpy()
+    end = ts + ops["dur"].to_numpy()
+    rank, tid = ops["rank"].to_numpy(), ops["tid"].to_numpy()
+    for (r, t), sp in spans.groupby(["rank", "tid"], sort=False):  # the few threads that compiled
+        rows = np.flatnonzero((rank == r) & (tid == t))
+        if not len(rows):
+            continue
+        starts, ends = sp["ts"].to_numpy(np.int64), sp["end"].to_numpy(np.int64)
+        before = np.concatenate([[0], np.cumsum(ends - starts)])  # compile time before each span
+
+        def compiled_until(x: np.ndarray) -> np.ndarray:
+            k = np.searchsorted(starts, x, side="right") - 1
+            kk = np.maximum(k, 0)
+            return np.where(k >= 0, before[kk] + np.clip(x - starts[kk], 0, ends[kk] - starts[kk]), 0)
+
+        s, e = ts[rows], end[rows]
+        k = np.searchsorted(starts, s, side="right") - 1
+        inside[rows] = (k >= 0) & (ends[np.maximum(k, 0)] >= e)
+        compile_ns[rows] = compiled_until(e) - compiled_until(s)
+    return inside, compile_ns
 
 
 def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
              self_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Calls, total and self time per group, sorted by self time; ``self_pct`` of all self time.
-    ``self_ns``: ``self_time`` of these ops, if the caller has it already."""
+    Self time: ``self_ns`` if given, else the ops' ``self_ns`` column (``run_time_ops``), else
+    ``self_time(ops)``."""
     cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    df = ops[list(by) + ["dur", "bwd"]].assign(self_ns=self_time(ops) if self_ns is None else self_ns)
+    if self_ns is None:
+        self_ns = ops["self_ns"].to_numpy() if "self_ns" in ops.columns else self_time(ops)
+    df = ops[list(by) + ["dur", "bwd"]].assign(self_ns=self_ns)
     g = df.groupby(list(by), observed=True, sort=False)
     out = pd.DataFrame({
         "calls": g.size(),
@@ -67,16 +104,30 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
     return out.sort_values("self_ms", ascending=False, ignore_index=True)[cols]
 
 
-def captured_ops(ops: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """The ops of the captured (active, complete) steps and the number of captured steps per rank
-    (the most on any rank): the scope of the report's op table. Without a captured step: all ops, 0.
-    Rows keep their index labels, so ``Run.op_self_ns[subset.index]`` is their self time."""
-    captured = steps[steps["active"] & steps["complete"]]
-    if not len(captured):
-        return ops, 0
-    n = int(captured.groupby("rank").size().max())
-    keep = ops["step"].isin(captured["step"]).to_numpy()
-    return (ops if keep.all() else ops[keep]), n  # the common case, every step captured: no copy
+RUN_TIME_COLUMNS = ("rank", "step", "tid", "name", "bwd")  # what step breakdowns need
+
+
+def run_time_ops(ops: pd.DataFrame, op_compile: tuple[np.ndarray, np.ndarray], run_self_ns: np.ndarray,
+                 steps: pd.DataFrame, columns: tuple[str, ...] = RUN_TIME_COLUMNS,
+                 top_level: bool = False) -> pd.DataFrame:
+    """The ops of ``steps`` (``step_kinds`` rows) that ran outside torch.compile's compiles, as
+    ``columns`` plus ``dur`` and ``self_ns``: their run time and run-time self time
+    (``op_compile`` = ``compile_overlap(...)``, ``run_self_ns`` = ``self_time`` over run time;
+    ``Run.op_compile`` and ``Run.op_run_self_ns``). Index labels are kept. ``top_level``: only
+    depth-0 ops (what step breakdowns add up)."""
+    inside, compile_ns = op_compile
+    keep = ~inside & in_steps(ops, steps)
+    if top_level:
+        keep &= ops["depth"].to_numpy() == 0
+    out = ops.loc[keep, [c for c in columns if c != "dur"]]
+    return out.assign(dur=ops["dur"].to_numpy()[keep] - compile_ns[keep], self_ns=run_self_ns[keep])
+
+
+def in_steps(df: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """Mask of the rows of ``df`` (events with rank and step) that belong to one of ``steps``'
+    (rank, step) pairs."""
+    key = df["rank"].to_numpy(np.int64) * (1 << 32) + df["step"].to_numpy(np.int64)
+    return np.isin(key, steps["rank"].to_numpy(np.int64) * (1 << 32) + steps["step"].to_numpy(np.int64))
 
 
 MODULE_ROOT = "(all ops)"

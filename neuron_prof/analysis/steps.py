@@ -1,64 +1,141 @@
-"""Step-time statistics per rank (complete steps only: the partial step at exit is not a step)."""
+"""Steps: which are warm-up and which are steady state, their statistics per rank, and where a
+step's time goes.
+
+The first step of a rank, and any step in which torch.compile compiled, are **warm-up**: lazy
+initialisation, optimizer state, allocator growth and compiling make them unlike the steps after.
+Statistics and "where the time goes" describe the **steady** steps (complete, not warm-up), so
+one slow first step cannot drive a mean, a p90 or a finding; a run with no steady step falls back
+to all complete steps and says so (``basis``). The partial step at exit is never a step.
+"""
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import pandas as pd
 
 
+def step_kinds(steps: pd.DataFrame, compile_spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``steps`` plus ``compile_ns`` (compile time within the step, from
+    ``analysis.compile.compile_spans``), ``warmup`` and ``steady``."""
+    out = steps.copy()
+    cns = np.zeros(len(out), dtype=np.int64)
+    if compile_spans is not None and len(compile_spans) and len(out):
+        for rank, idx in out.groupby("rank").indices.items():
+            sp = compile_spans[compile_spans["rank"] == rank]
+            if sp.empty:
+                continue
+            starts, ends = sp["ts"].to_numpy(np.int64), sp["end"].to_numpy(np.int64)
+            s0 = out["ts"].to_numpy(np.int64)[idx]
+            s1 = s0 + out["dur"].to_numpy(np.int64)[idx]
+            # overlap of every step with every compile span of its rank (few of either)
+            cns[idx] = np.clip(np.minimum(s1[:, None], ends[None, :]) - np.maximum(s0[:, None], starts[None, :]),
+                               0, None).sum(axis=1)
+    out["compile_ns"] = cns
+    complete = out["complete"].to_numpy(bool)
+    first = np.zeros(len(out), dtype=bool)
+    done = out[complete]
+    if len(done):
+        first[done.groupby("rank")["step"].idxmin().to_numpy()] = True
+    out["warmup"] = complete & (first | (cns > 0))
+    out["steady"] = complete & ~out["warmup"].to_numpy()
+    return out
+
+
+class Basis(NamedTuple):
+    """The steps statistics and per-step figures describe (``basis_steps``)."""
+
+    steps: pd.DataFrame  # step_kinds rows
+    kind: str  # "steady", "all" (no steady step: all complete steps) or "none"
+    per_rank: int  # the most of these steps on one rank: what "per step" divides by (0: none)
+
+
+def basis_steps(kinds: pd.DataFrame, captured_only: bool = False) -> Basis:
+    """The steady steps, else (no steady step) all complete steps. ``captured_only``: only steps
+    captured in detail (what op figures are over)."""
+    done = kinds[kinds["complete"]]
+    if captured_only:
+        done = done[done["active"]]
+    steady = done[done["steady"]] if "steady" in done.columns else done.iloc[0:0]
+    steps, kind = (steady, "steady") if len(steady) else (done, "all" if len(done) else "none")
+    return Basis(steps, kind, int(steps.groupby("rank").size().max()) if len(steps) else 0)
+
+
 def step_stats(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: steps, captured (detailed) steps, and step-time mean/median/p90/min/max/std in ms."""
-    done = steps[steps["complete"]]
-    cols = ["rank", "steps", "captured", "mean_ms", "median_ms", "p90_ms", "min_ms", "max_ms", "std_ms"]
-    if done.empty:
+    """Per rank: ``steps`` (complete), ``warmup`` and ``steady`` counts, ``captured`` (in detail),
+    ``compile_ms`` (compiling inside steps), ``basis`` (see ``basis_steps``) and the step time
+    mean/median/p90/min/max/std in ms over the basis steps. ``steps`` from ``step_kinds`` (plain
+    steps are read as if nothing compiled)."""
+    kinds = steps if "steady" in steps.columns else step_kinds(steps)
+    cols = ["rank", "steps", "warmup", "steady", "captured", "compile_ms", "basis",
+            "mean_ms", "median_ms", "p90_ms", "min_ms", "max_ms", "std_ms"]
+    rows = []
+    for rank, k in kinds[kinds["complete"]].groupby("rank"):
+        basis = basis_steps(k)
+        ms = basis.steps["dur"] / 1e6
+        rows.append({"rank": rank, "steps": len(k), "warmup": int(k["warmup"].sum()),
+                     "steady": int(k["steady"].sum()), "captured": int(k["active"].sum()),
+                     "compile_ms": float(k["compile_ns"].sum() / 1e6), "basis": basis.kind,
+                     "mean_ms": ms.mean(), "median_ms": ms.median(), "p90_ms": ms.quantile(0.9),
+                     "min_ms": ms.min(), "max_ms": ms.max(), "std_ms": ms.std(ddof=0)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def own_work(steps: pd.DataFrame) -> pd.DataFrame:
+    """neuron_prof's own work at each step boundary (draining, writing the step to disk), per
+    rank: the gap between a step's end and the next step's start, which the session keeps out of
+    both steps and out of the ops open across it. Columns rank, step (the step it follows), ts, dur."""
+    cols = ["rank", "step", "ts", "dur"]
+    if steps.empty:
         return pd.DataFrame(columns=cols)
-    ms = done.assign(ms=done["dur"] / 1e6).groupby("rank")
-    out = pd.DataFrame({
-        "steps": ms.size(),
-        "captured": ms["active"].sum().astype(int),
-        "mean_ms": ms["ms"].mean(),
-        "median_ms": ms["ms"].median(),
-        "p90_ms": ms["ms"].quantile(0.9),
-        "min_ms": ms["ms"].min(),
-        "max_ms": ms["ms"].max(),
-        "std_ms": ms["ms"].std(ddof=0),
-    }).reset_index()
-    return out[cols]
+    s = steps.sort_values(["rank", "step"])
+    end = s["ts"] + s["dur"]
+    nxt = s.groupby("rank")["ts"].shift(-1)
+    gap = s.assign(ts=end, dur=nxt - end).dropna(subset=["dur"])
+    gap = gap[gap["dur"] > 0]
+    return gap.assign(dur=gap["dur"].astype(np.int64))[cols].reset_index(drop=True)
 
 
-PHASES = ("forward", "backward", "optimizer", "outside_ops")
+PHASES = ("forward", "backward", "optimizer", "compile", "outside_ops")
 _OPTIMIZER_PREFIX = "Optimizer."  # torch.optim's record_function ranges: Optimizer.step#Adam.step, ...
 
 
-def step_breakdown(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Where each captured step's wall time went, per rank, mean ms per step.
+def _busiest(top: pd.DataFrame) -> pd.Series:
+    """Per (rank, step): the run time of top-level ops on the step's busiest thread."""
+    return top.groupby(["rank", "step", "tid"])["dur"].sum().groupby(["rank", "step"]).max()
 
-    Counts top-level ops (depth 0) on each thread: ``optimizer`` = torch.optim's step/zero_grad
-    ranges, ``backward`` = ops run for autograd's backward pass, ``forward`` = every other op.
-    ``outside_ops`` = step time not covered by a top-level op on the step's busiest thread: Python
-    between ops, data loading, waiting. Backward running on another thread (an accelerator's
-    autograd thread) overlaps the calling thread's wait, so phases can sum past 100%.
+
+def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Where each step's wall time went, per rank, mean ms per step of ``steps`` (``step_kinds``
+    rows; the report passes the steady captured steps). ``top``: the top-level ops of those steps
+    with their run-time durations (``analysis.ops.run_time_ops(..., top_level=True)``).
+
+    ``optimizer`` = torch.optim's step/zero_grad ranges, ``backward`` = ops run for autograd's
+    backward pass, ``forward`` = every other op, ``compile`` = torch.compile compiling inside the
+    step, ``outside_ops`` = the rest of the step on its busiest thread: Python between ops, data
+    loading, waiting. Backward running on another thread (an accelerator's autograd thread)
+    overlaps the calling thread's wait, so phases can sum past 100%.
     """
     cols = ["rank", "steps", "step_ms", *(f"{p}_ms" for p in PHASES), *(f"{p}_pct" for p in PHASES)]
-    done = steps[steps["complete"] & steps["active"]]
-    top = ops[(ops["depth"] == 0) & ops["step"].isin(done["step"])]
-    if done.empty or top.empty:
+    if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
-    is_opt = top["name"].astype(str).str.startswith(_OPTIMIZER_PREFIX).to_numpy()
-    phase = pd.Series(["forward"] * len(top), index=top.index)
+    phase = np.full(len(top), "forward", dtype=object)
     phase[top["bwd"].to_numpy()] = "backward"
-    phase[is_opt] = "optimizer"
+    phase[top["name"].astype(str).str.startswith(_OPTIMIZER_PREFIX).to_numpy()] = "optimizer"
     per = top.assign(phase=phase).groupby(["rank", "phase"])["dur"].sum().unstack(fill_value=0)
-    # the busiest thread's covered time, per rank and step, gives what ran outside any op
-    covered = top.groupby(["rank", "step", "tid"])["dur"].sum().groupby(["rank", "step"]).max()
+    covered = _busiest(top)
     rows = []
-    for rank, s in done.groupby("rank"):
+    for rank, s in steps.groupby("rank"):
         n = len(s)
         step_ns = s["dur"].sum()
-        cov = covered.loc[rank].reindex(s["step"]).fillna(0).sum() if rank in covered.index.get_level_values(0) else 0
+        comp = s["compile_ns"].sum()
+        cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
         ms = {p: (per.loc[rank, p] if rank in per.index and p in per.columns else 0) / n / 1e6 for p in PHASES[:3]}
-        ms["outside_ops"] = max(step_ns - cov, 0) / n / 1e6
+        ms["compile"] = comp / n / 1e6
+        ms["outside_ops"] = max(step_ns - cov - comp, 0) / n / 1e6
         step_ms = step_ns / n / 1e6
-        rows.append({"rank": rank, "steps": n, "step_ms": step_ms, **{f"{p}_ms": v for p, v in ms.items()},
-                     **{f"{p}_pct": 100 * v / step_ms if step_ms else 0.0 for p, v in ms.items()}})
+        rows.append({"rank": rank, "steps": n, "step_ms": step_ms, **{f"{p}_ms": ms[p] for p in PHASES},
+                     **{f"{p}_pct": 100 * ms[p] / step_ms if step_ms else 0.0 for p in PHASES}})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -66,34 +143,30 @@ TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
 _COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 
 
-def time_split(ops: pd.DataFrame, steps: pd.DataFrame, compiles: pd.DataFrame,
-               sync: pd.DataFrame) -> pd.DataFrame:
-    """Where a captured step's time goes, per rank, mean ms per step: ``compute`` (top-level
-    ops that are neither communication nor sync points), ``communication`` (top-level
-    collective ops: ``c10d::``, NCCL/Gloo ranges), ``sync`` (sync points: the host waiting for
-    the device), ``compile`` (torch.compile frame compiles inside the steps) and ``idle`` (step
-    time on the busiest thread outside any op, less compile time: Python, data loading).
-    ``sync`` is ``analysis.sync.sync_points`` of the ops."""
+def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
+    """Where a step's time goes, per rank, mean ms per step of ``steps`` (as ``step_breakdown``):
+    ``compute`` (top-level ops that are neither communication nor sync points), ``communication``
+    (top-level collective ops: ``c10d::``, NCCL/Gloo ranges), ``sync`` (sync points: the host
+    waiting for the device; ``analysis.sync.sync_points``), ``compile`` (torch.compile compiling
+    inside the steps) and ``idle`` (the rest of the step on its busiest thread: Python, data
+    loading). Nothing is counted twice: the kinds add up to the step (less what other threads
+    ran at the same time)."""
     cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
-    done = steps[steps["complete"] & steps["active"]]
-    top = ops[(ops["depth"] == 0) & ops["step"].isin(done["step"])]
-    if done.empty or top.empty:
+    if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
-    names = top["name"].astype(str)
-    comm = names.str.startswith(_COMM_PREFIXES).to_numpy()
+    comm = top["name"].astype(str).str.startswith(_COMM_PREFIXES).to_numpy()
+    covered = _busiest(top)
     rows = []
-    for rank, s in done.groupby("rank"):
+    for rank, s in steps.groupby("rank"):
         n = len(s)
-        t = top[top["rank"] == rank]
-        c = comm[(top["rank"] == rank).to_numpy()]
-        busiest = t.groupby(["step", "tid"])["dur"].sum().groupby("step").max().sum()
+        mine = (top["rank"] == rank).to_numpy()
+        dur = top["dur"].to_numpy()[mine]
+        comm_ns = dur[comm[mine]].sum()
         sy = sync[(sync["rank"] == rank) & sync["step"].isin(s["step"])]["dur"].sum() if len(sync) else 0
-        comp = compiles[(compiles["rank"] == rank) & compiles["step"].isin(s["step"])]["dur"].sum() \
-            if len(compiles) else 0
-        comm_ns = t["dur"].to_numpy()[c].sum()
-        ops_ns = t["dur"].sum()
-        idle = max(s["dur"].sum() - busiest - comp, 0)
-        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
+        comp = s["compile_ns"].sum()
+        cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
+        idle = max(s["dur"].sum() - cov - comp, 0)
+        ms = {"compute": (dur.sum() - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
               "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})
@@ -101,12 +174,12 @@ def time_split(ops: pd.DataFrame, steps: pd.DataFrame, compiles: pd.DataFrame,
 
 
 def straggler_ranking(steps: pd.DataFrame) -> pd.DataFrame:
-    """Which rank holds the others up: over the complete steps every rank has, per rank: ``steps``
+    """Which rank holds the others up: over the steady steps (``basis_steps``) every rank has, per rank: ``steps``
     compared, ``slowest`` (steps in which this rank took longest) and its share ``slowest_pct``,
     ``mean_ms`` / ``median_ms`` of its step time, and ``behind_fastest_ms``: the mean of its step
     time minus the fastest rank's in the same step. Most often slowest first; empty with < 2 ranks."""
     cols = ["rank", "steps", "slowest", "slowest_pct", "mean_ms", "median_ms", "behind_fastest_ms"]
-    done = steps[steps["complete"]]
+    done = basis_steps(steps if "steady" in steps.columns else step_kinds(steps)).steps
     if done.empty or done["rank"].nunique() < 2:
         return pd.DataFrame(columns=cols)
     ms = done.assign(ms=done["dur"] / 1e6).pivot_table(index="step", columns="rank", values="ms", aggfunc="max")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.ops import parent_index
+from neuron_prof.analysis.ops import in_steps, parent_index
 
 SYNC_OPS: dict[str, str] = {
     "aten::_local_scalar_dense": "read device value (.item(), bool(), int(), float(), print)",
@@ -49,9 +49,12 @@ def _ancestor_mask(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> n
     return inside
 
 
-def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
+def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
+                exclude: np.ndarray | None = None) -> pd.DataFrame:
     """One row per sync op; nested sync ops (``item`` → ``_local_scalar_dense``) count once.
-    ``parent``: ``parent_index(ops)``, if the caller has it already.
+    ``parent``: ``parent_index(ops)``, if the caller has it already. ``exclude``: ops to leave
+    out, e.g. those inside torch.compile's compiles (``Run.op_compile[0]``): tracing reads
+    values that the compiled graph never reads again.
 
     Not counted: torch.optim's reads of its own CPU step counters (a ``_local_scalar_dense`` on a
     CPU tensor inside ``Optimizer.step``): the optimizer keeps those on the host on every device,
@@ -80,6 +83,8 @@ def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataF
     in_optimizer = _ancestor_mask(parent, per_name(lambda n: n.startswith(OPTIMIZER_RANGE)).astype(bool), max_depth)
     host_only = per_device(lambda d: all(x.strip() in ("cpu", "") for x in d.split(",")))
     keep &= ~(in_optimizer & host_only & per_name(lambda n: n == "aten::_local_scalar_dense").astype(bool))
+    if exclude is not None:
+        keep &= ~exclude
     hit = ops[keep].assign(kind=kind[keep])
     return hit[SYNC_COLUMNS].sort_values(["rank", "ts"], ignore_index=True)
 
@@ -90,12 +95,19 @@ def _categories(col: pd.Series) -> tuple[list[str], np.ndarray]:
     return [str(c) for c in cat.cat.categories], cat.cat.codes.to_numpy()
 
 
-def sync_summary(sync: pd.DataFrame, steps_captured: int) -> pd.DataFrame:
-    """Sync points grouped by source line and op: count, total ms, per captured step."""
-    cols = ["source", "name", "kind", "count", "total_ms", "per_step"]
+def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Sync points grouped by source line and op: ``count`` and ``total_ms`` over the run,
+    ``in_steps`` (how many fell in ``steps``: the steady steps) and ``per_step`` (``in_steps``
+    per such step, None when there are none). A sync point outside them (start-up, the first
+    step, DDP or data set-up) is one-off: ``count - in_steps``, never a per-step rate."""
+    cols = ["source", "name", "kind", "count", "total_ms", "in_steps", "per_step"]
     if sync.empty:
         return pd.DataFrame(columns=cols)
-    g = sync.groupby(["source", "name", "kind"], observed=True)
-    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6}).reset_index()
-    out["per_step"] = out["count"] / max(steps_captured, 1)
-    return out.sort_values(["count", "total_ms"], ascending=False, ignore_index=True)[cols]
+    n = int(steps.groupby("rank").size().max()) if len(steps) else 0
+    hit = in_steps(sync, steps) if n else np.zeros(len(sync), dtype=bool)
+    g = sync.assign(hit=hit).groupby(["source", "name", "kind"], observed=True)
+    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum()}).reset_index()
+    out = out[out["count"] > 0]
+    out["per_step"] = (out["in_steps"] / n).where(out["in_steps"] > 0) if n else np.nan
+    out["per_step"] = out["per_step"].astype(object).where(out["per_step"].notna(), None)
+    return out.sort_values(["in_steps", "count", "total_ms"], ascending=False, ignore_index=True)[cols]

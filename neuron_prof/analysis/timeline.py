@@ -17,27 +17,36 @@ BEFORE_FIRST_STEP = -1
 """The step of events that began before the first step (``Run`` tags them -1)."""
 
 
-def step_choices(steps: pd.DataFrame, ops: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """The steps of ``rank`` a timeline can show: step, ts, dur, active, complete, ops (how many
-    ops started in it), first step with ops of its own; plus a pseudo-step -1 for ops that began
-    before the first step (its span is those ops'), when there are any."""
-    cols = ["step", "ts", "dur", "active", "complete", "ops"]
-    s = steps[steps["rank"] == rank][["step", "ts", "dur", "active", "complete"]]
+def step_choices(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The steps of ``rank`` a timeline can show: step, ts, dur, active, complete, warmup, ops
+    (how many ops started in it); plus a pseudo-step -1 for what came before the first step: the
+    run's start-up span (``Run.spans``) when it has one, else the span of the ops that began
+    before the first step, when there are any. ``steps``: ``Run.step_kinds`` (or plain steps)."""
+    cols = ["step", "ts", "dur", "active", "complete", "warmup", "ops"]
+    s = steps[steps["rank"] == rank]
+    s = s.assign(warmup=s["warmup"] if "warmup" in s.columns else False)[cols[:-1]]
     r_ops = ops[ops["rank"] == rank]
     counts = r_ops["step"].value_counts()
     s = s.assign(ops=s["step"].map(counts).fillna(0).astype(np.int64))
     early = r_ops[r_ops["step"] == BEFORE_FIRST_STEP]
-    if len(early):
+    startup = spans[(spans["rank"] == rank) & (spans["name"].astype(str) == "start-up")] if spans is not None \
+        else pd.DataFrame()
+    if len(startup):
+        t0, t1 = int(startup["ts"].iloc[0]), int(startup["ts"].iloc[0] + startup["dur"].iloc[0])
+    elif len(early):
         t0, t1 = int(early["ts"].min()), int((early["ts"] + early["dur"]).max())
+    if len(startup) or len(early):
         head = pd.DataFrame({"step": [BEFORE_FIRST_STEP], "ts": [t0], "dur": [t1 - t0], "active": [False],
-                             "complete": [False], "ops": [len(early)]})
+                             "complete": [False], "warmup": [False], "ops": [len(early)]})
         s = pd.concat([head, s], ignore_index=True) if len(s) else head
     return s[cols].sort_values("step", ignore_index=True)
 
 
 def default_step(choices: pd.DataFrame) -> int:
-    """The first captured step (active, with ops), else the first step with ops, else the first."""
-    for mask in (choices["active"] & (choices["ops"] > 0), choices["ops"] > 0):
+    """The first captured steady step with ops, else the first captured step with ops, else the
+    first step with ops, else the first."""
+    captured = choices["active"] & (choices["ops"] > 0)
+    for mask in (captured & ~choices["warmup"].astype(bool), captured, choices["ops"] > 0):
         if mask.any():
             return int(choices.loc[mask, "step"].iloc[0])
     return int(choices["step"].iloc[0]) if len(choices) else BEFORE_FIRST_STEP

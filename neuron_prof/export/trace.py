@@ -19,6 +19,7 @@ import pandas as pd
 
 from neuron_prof.analysis.compile import REGION_PREFIX, normalize_compile_id
 from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
+from neuron_prof.analysis.steps import own_work
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
@@ -27,6 +28,8 @@ from neuron_prof.units import format_bytes
 OP_ARGS = ("module", "source", "shapes", "dtypes", "devices")
 LARGE_ALLOCATION_BYTES = 1 << 20
 """Allocations this big or bigger become slices: few enough to draw one by one, big enough to matter."""
+OWN_WORK = "neuron_prof (step-boundary flush)"
+"""Steps-track label of the session's own work between steps (``analysis.steps.own_work``)."""
 EXPORT_TIMELINE_POINTS = 200_000
 """Counter samples per device: the analysis default (sized for plots) would thin out a zoomed-in trace."""
 
@@ -41,8 +44,10 @@ def _thread_tracks(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict
 
 def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI."""
-    ops, marks, steps, threads = run.ops, run.marks, run.steps, run.threads
-    sync = sync_points(ops, run.op_parent)
+    ops, marks, steps, threads = run.ops, run.marks, run.step_kinds, run.threads
+    sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
+    spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
+                       own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
               "memory_samples": 0, "memory_events": 0, "large_allocations": 0}
     allocs = run.memory_allocations
@@ -76,10 +81,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
                           r_marks["dur"].to_numpy(), r_marks["name"], {"source": r_marks["source"]})
         r_steps = steps[steps["rank"] == rank]
         if len(r_steps):
-            label = np.array([f"step {s}" + ("" if c else " (partial)")
-                              for s, c in zip(r_steps["step"], r_steps["complete"])], dtype=object)
-            writer.slices(writer.track(proc, "Steps"), r_steps["ts"].to_numpy() + offset, r_steps["dur"].to_numpy(),
-                          label, {"captured": np.where(r_steps["active"], "yes", "no").astype(object)})
+            _write_steps(writer, writer.track(proc, "Steps"), offset, r_steps, spans[spans["rank"] == rank])
         r_sync = sync[sync["rank"] == rank]
         if len(r_sync):
             writer.instants(writer.track(proc, "Sync points"), r_sync["ts"].to_numpy() + offset,
@@ -100,6 +102,21 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         counts["sync_points"] += len(r_sync)
     writer.close()
     return counts
+
+
+def _write_steps(writer: TraceWriter, track: int, offset: int, steps: pd.DataFrame, spans: pd.DataFrame) -> None:
+    """Steps (labelled partial / warm-up, with their compile time) and, between them on the same
+    track, the spans that are not steps: start-up and neuron_prof's own step-boundary work."""
+    label = np.array([f"step {s}" + ("" if c else " (partial)") + (" (warm-up)" if w else "")
+                      for s, c, w in zip(steps["step"], steps["complete"], steps["warmup"])], dtype=object)
+    ts = np.concatenate([steps["ts"].to_numpy(), spans["ts"].to_numpy()]) + offset
+    dur = np.concatenate([steps["dur"].to_numpy(), spans["dur"].to_numpy()])
+    names = np.concatenate([label, spans["name"].to_numpy(dtype=object)])
+    n = len(spans)
+    writer.slices(track, ts, dur, names, {
+        "captured": np.concatenate([np.where(steps["active"], "yes", "no").astype(object), np.full(n, "", object)]),
+        "compile_ms": np.concatenate([(steps["compile_ns"] / 1e6).round(3).astype(str).to_numpy(dtype=object),
+                                      np.full(n, "", object)])})
 
 
 def _first_region_run(r_ops: pd.DataFrame, op_ids: np.ndarray) -> dict[str, int]:

@@ -14,7 +14,8 @@ import plotly.express as px
 import streamlit as st
 
 from neuron_prof.analysis import compile as comp
-from neuron_prof.analysis.ops import captured_ops
+from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.viewer import data
 
 CONTEXT_LINES = 6  # source lines shown on each side of a break
@@ -25,8 +26,9 @@ MAX_LINE_CHARS = 300
 @st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
 def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
     run = data.load(Path(path))
-    _, n_captured = captured_ops(run.ops, run.steps)
-    return comp.graph_runs(comp.region_runs(run.ops, run.op_parent), n_captured)
+    basis = basis_steps(run.step_kinds, captured_only=True)
+    runs = comp.region_runs(run.ops, run.op_parent, run.op_compile[1])
+    return comp.graph_runs(runs[in_steps(runs, basis.steps)] if len(runs) else runs, basis.per_rank)
 
 
 def _recorded_files(run, stack_ids) -> set[str]:

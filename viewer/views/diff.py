@@ -116,14 +116,15 @@ st.dataframe(table.style.map(lambda v: _COLORS.get(v, ""), subset=["verdict"]), 
 st.subheader("Step time")
 parts = []
 for label, p in ((f"a: {a_name}", a_path), (f"b: {b_name}", b_path)):
-    steps = data.load(p).steps
-    done = steps[steps["complete"]]
+    steps = data.load(p).step_kinds
+    done = steps[steps["steady"]]
     parts.append(done.assign(ms=done["dur"] / 1e6, run=label, rank=done["rank"].astype(str))[["run", "rank", "step",
                                                                                              "ms"]])
 both = pd.concat(parts, ignore_index=True)
 if both.empty:
-    st.caption("neither run has a completed step")
+    st.caption("neither run has a steady step (a complete step that is not a rank's first and did not compile)")
 else:
     fig = px.line(both, x="step", y="ms", color="run", line_dash="rank", markers=True,
                   labels={"ms": "step time (ms)"})
     st.plotly_chart(fig, width="stretch")
+    st.caption("steady steps: warm-up steps (a rank's first, steps that compiled) are left out")

@@ -1,5 +1,6 @@
-"""Ops: the op table of the captured steps (``analysis.ops.op_stats``), optionally split by input
-shapes, and self time along the module path as a treemap (``analysis.ops.module_tree``)."""
+"""Ops: the op table of the steady captured steps, as the report scopes it (``analysis.ops.op_stats``
+over ``run_time_ops``), optionally split by input shapes, and self time along the module path as a
+treemap (``analysis.ops.module_tree``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,18 +9,24 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis.ops import captured_ops, filter_tree, module_tree, op_stats
+from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats, run_time_ops
+from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.viewer import data
 
 MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by self time first)
 
 
+def _scope(run) -> tuple[pd.DataFrame, int]:
+    """The report's op scope: the steady captured steps' ops, compiling left out."""
+    basis = basis_steps(run.step_kinds, captured_only=True)
+    cols = ("name", "module", "shapes", "bwd")
+    return run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, basis.steps, cols), basis.per_rank
+
+
 @st.cache_data(max_entries=8, show_spinner="aggregating ops ...")
 def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int, int]:
-    run = data.load(Path(path))
-    ops, n = captured_ops(run.ops, run.steps)
-    stats = op_stats(ops, ("name", "module", "shapes") if shapes else ("name", "module"),
-                     self_ns=run.op_self_ns[ops.index.to_numpy()])
+    ops, n = _scope(data.load(Path(path)))
+    stats = op_stats(ops, ("name", "module", "shapes") if shapes else ("name", "module"))
     if n:
         stats["self_ms_per_step"] = stats["self_ms"] / n
         stats["total_ms_per_step"] = stats["total_ms"] / n
@@ -28,9 +35,8 @@ def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int,
 
 @st.cache_data(max_entries=4, show_spinner="building the module tree ...")
 def _tree(path: str, mtime: float) -> pd.DataFrame:
-    run = data.load(Path(path))
-    ops, _ = captured_ops(run.ops, run.steps)
-    return module_tree(ops, run.op_self_ns[ops.index.to_numpy()])
+    ops, _ = _scope(data.load(Path(path)))
+    return module_tree(ops, ops["self_ns"].to_numpy())
 
 
 path = data.run_path()
@@ -46,9 +52,9 @@ if stats.empty:
                               "per iteration (or use an optimizer under `neuron-prof record`).")
     st.stop()
 
-scope = f"{n_captured} captured steps" if n_captured else "all ops (no complete captured step)"
-st.caption(f"{scope}, {n_ops:,} op events, {len(stats):,} groups · self time = time not spent in nested ops · "
-           "click a column header to sort")
+scope = f"{n_captured} steady captured steps" if n_captured else "no complete captured step"
+st.caption(f"{scope} (warm-up steps and ops run while compiling left out), {n_ops:,} op events, {len(stats):,} "
+           "groups · self time = time not spent in nested ops · click a column header to sort")
 cols = ["name", "module", *(["shapes"] if shapes else []), "calls", "self_ms", "self_pct",
         *(["self_ms_per_step", "total_ms_per_step"] if n_captured else []), "total_ms", "mean_us", "backward"]
 table = stats[cols].head(MAX_ROWS)

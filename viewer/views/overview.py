@@ -8,6 +8,7 @@ import streamlit as st
 from neuron_prof.analysis.steps import step_stats
 from neuron_prof.findings import findings
 from neuron_prof.viewer import data
+from neuron_prof.viewer.charts import step_time_chart
 
 _ICONS = {"high": ":material/error:", "medium": ":material/warning:", "info": ":material/info:"}
 _PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "compile": "Graph breaks / Compile",
@@ -20,25 +21,32 @@ meta = run.meta
 st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
 st.caption(f"`{cmd}`")
-steps = step_stats(run.steps)
-cols = st.columns(5)
+kinds = run.step_kinds
+steps = step_stats(kinds)
+startup = run.spans[run.spans["name"].astype(str) == "start-up"]
+cols = st.columns(6)
 cols[0].metric("device", meta.get("device") or "?")
 cols[1].metric("ranks", len(run.ranks))
-cols[2].metric("steps", int(steps["steps"].sum()) if len(steps) else 0)
-cols[3].metric("captured steps", int(steps["captured"].sum()) if len(steps) else 0)
-cols[4].metric("median step", f"{steps['median_ms'].median():.2f} ms" if len(steps) else "-")
+cols[2].metric("steps", int(steps["steps"].sum()) if len(steps) else 0,
+               help="complete steps; warm-up steps (a rank's first step, steps that compiled) are left out of the "
+                    "statistics")
+cols[3].metric("steady steps", int(steps["steady"].sum()) if len(steps) else 0)
+cols[4].metric("median step", f"{steps['median_ms'].median():.2f} ms" if len(steps) else "-",
+               help="median over the steady steps")
+cols[5].metric("start-up", f"{startup['dur'].max() / 1e9:.2f} s" if len(startup) else "-",
+               help="from capture start to the first module call (imports, model and data set-up); not a step")
 findings_box = st.container()
 
 st.subheader("Step time")
-all_steps = run.steps[run.steps["complete"]].assign(ms=lambda d: d["dur"] / 1e6,
-                                                   captured=lambda d: d["active"].map({True: "yes", False: "no"}))
-if all_steps.empty:
+shown = kinds[kinds["complete"]]
+if shown.empty:
     data.no_data("completed steps", "Call `prof.step()` once per iteration, or use an optimizer under "
                                     "`neuron-prof record`.")
 else:
-    fig = px.line(all_steps, x="step", y="ms", color=all_steps["rank"].astype(str), markers=True,
-                  hover_data=["captured"], labels={"ms": "step time (ms)", "color": "rank"})
-    st.plotly_chart(fig, width="stretch")
+    st.plotly_chart(step_time_chart(shown), width="stretch")
+    if len(startup):
+        st.caption(" · ".join(f"rank {r}: start-up {d / 1e9:.2f} s before step 0"
+                              for r, d in zip(startup["rank"], startup["dur"])) + " (not a step, not drawn)")
 
 s = data.summary()
 r = s["run"]
@@ -55,7 +63,7 @@ with findings_box:
             if f["page"] != "overview":
                 right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
 
-st.subheader("Where a captured step's time goes")
+st.subheader("Where a steady step's time goes")
 split = pd.DataFrame(s["time_split"])
 if split.empty:
     data.no_data("captured steps with ops", "Capture at least one complete step with the `eager` collector.")

@@ -40,7 +40,7 @@ def _run(path: str):
 @st.cache_data(max_entries=8, show_spinner=False)
 def _choices(path: str, mtime: float, rank: int) -> pd.DataFrame:
     run = _run(path)
-    return tla.step_choices(run.steps, run.ops, rank)
+    return tla.step_choices(run.step_kinds, run.ops, rank, run.spans)
 
 
 @st.cache_data(max_entries=32, show_spinner="finding the ops in the window ...")
@@ -169,11 +169,12 @@ c = st.columns([1, 2, 1, 1])
 rank = c[0].selectbox("rank", sorted(int(r) for r in ops["rank"].unique()), key="tl_rank", on_change=_reset_window)
 choices = _choices(key, mtime, rank)
 steps = [int(s) for s in choices["step"]]
-labels = {st_: (f"step {st_}" if st_ != tla.BEFORE_FIRST_STEP else "before the first step")
-          + ("" if done or st_ == tla.BEFORE_FIRST_STEP else " (partial)") + (" · captured" if active else "")
-          + f" · {d / 1e6:.1f} ms · {n:,} ops"
-          for st_, done, active, d, n in zip(steps, choices["complete"], choices["active"], choices["dur"],
-                                             choices["ops"])}
+before = "start-up" if (run.spans["name"].astype(str) == "start-up").any() else "before the first step"
+labels = {st_: (f"step {st_}" if st_ != tla.BEFORE_FIRST_STEP else before)
+          + ("" if done or st_ == tla.BEFORE_FIRST_STEP else " (partial)") + (" · warm-up" if warm else "")
+          + (" · captured" if active else "") + f" · {d / 1e6:.1f} ms · {n:,} ops"
+          for st_, done, warm, active, d, n in zip(steps, choices["complete"], choices["warmup"], choices["active"],
+                                                   choices["dur"], choices["ops"])}
 first = tla.default_step(choices)
 step = c[1].selectbox("step", steps, index=steps.index(first), key="tl_step", format_func=labels.get,
                       on_change=_reset_window)
