@@ -1,83 +1,62 @@
-"""Reading a Perfetto protobuf trace back: framing checks and a per-process summary.
+"""Reading a Perfetto protobuf trace file: the strict check (``neuron_prof.tracecheck``) of a file,
+and the summary ``neuron-prof inspect`` prints.
 
-Used by ``neuron-prof inspect`` to tell whether a trace file (ours or anyone's) is whole before
-it is shared or uploaded; a truncated or corrupt file is a NeuronProfError naming the offset.
+A trace is shared, uploaded and opened far from the run that made it; ui.perfetto.dev shows a damaged
+one without complaint. So inspect, and every test that writes a trace, read it strictly: a damaged
+file is a NeuronProfError naming the file and the first problem.
 """
 from __future__ import annotations
 
 import gzip
-from collections import Counter
+import zlib
 from pathlib import Path
 from typing import Any
 
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.tracecheck import TraceReport, check_bytes
 
 REEXPORT = "re-export it with `neuron-prof export RUN -o TRACE`"
+FOREIGN = "get a fresh copy from the tool that wrote it"
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise IndexError
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def summarize_trace(path: Path) -> dict[str, Any]:
-    """Packets, processes and thread/track names, slice counts by name; raises on damage."""
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+def _read_bytes(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise NeuronProfError(f"{path}: no such trace file; write one with `neuron-prof export RUN -o {path}`") from None
+        raise NeuronProfError(f"{path}: no such trace file; write one with "
+                              f"`neuron-prof export RUN -o {path}`") from None
+    except IsADirectoryError:
+        raise NeuronProfError(f"{path}: is a directory, not a trace file; pass a .perfetto-trace file") from None
+    except OSError as exc:
+        raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); check its permissions") from None
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
+        except EOFError:
+            raise NeuronProfError(f"{path}: truncated: the gzip stream ends early; {REEXPORT}") from None
+        except (OSError, zlib.error) as exc:
             raise NeuronProfError(f"{path}: damaged gzip ({exc}); {REEXPORT}") from None
-    if data.lstrip()[:1] in (b"{", b"["):
+    if data[:64].lstrip()[:1] in (b"{", b"["):
         raise NeuronProfError(f"{path}: a JSON trace, not a Perfetto protobuf trace; inspect reads "
                               "*.perfetto-trace files (open JSON in ui.perfetto.dev)")
-    pos, packets = 0, 0
-    tracks: dict[int, str] = {}
-    processes: dict[int, str] = {}
-    names: Counter[str] = Counter()
-    interned: dict[tuple[int, int], str] = {}
-    while pos < len(data):
-        start = pos
-        try:
-            tag, pos = _varint(data, pos)
-            length, pos = _varint(data, pos)
-        except IndexError:
-            raise NeuronProfError(f"{path}: truncated at byte {start} of {len(data)}; {REEXPORT}") from None
-        if tag != 0x0A:
-            raise NeuronProfError(f"{path}: not a Perfetto trace (unexpected field tag {tag:#x} at byte {start}); "
-                                  f"{REEXPORT}")
-        if pos + length > len(data):
-            raise NeuronProfError(f"{path}: truncated at byte {start} (packet of {length} bytes, "
-                                  f"{len(data) - pos} left); {REEXPORT}")
-        try:
-            p = pb.TracePacket.FromString(data[pos:pos + length])
-        except Exception as exc:  # protobuf's DecodeError
-            raise NeuronProfError(f"{path}: corrupt packet at byte {start} ({exc}); {REEXPORT}") from None
-        pos += length
-        packets += 1
-        seq = p.trusted_packet_sequence_id
-        for ent in p.interned_data.event_names:
-            interned[(seq, ent.iid)] = ent.name
-        if p.HasField("track_descriptor"):
-            d = p.track_descriptor
-            if d.HasField("process"):
-                processes[d.uuid] = d.process.process_name or f"pid {d.process.pid}"
-            tracks[d.uuid] = d.name or d.thread.thread_name or d.process.process_name
-        if p.HasField("track_event") and p.track_event.type in (pb.TrackEvent.TYPE_SLICE_BEGIN,
-                                                               pb.TrackEvent.TYPE_INSTANT):
-            e = p.track_event
-            names[e.name if e.HasField("name") else interned.get((seq, e.name_iid), "?")] += 1
-    return {"path": str(path), "packets": packets, "processes": sorted(processes.values()),
-            "tracks": len(tracks), "slices": sum(names.values()), "top_names": names.most_common(10)}
+    return data
+
+
+def read_trace(path: Path, keep_events: bool = True) -> TraceReport:
+    """The strict check of a trace file (gzip or not); raises only if it cannot be read at all."""
+    return check_bytes(_read_bytes(path), keep_events)
+
+
+def summarize_trace(path: Path) -> dict[str, Any]:
+    """Who wrote the trace, its packets, processes, tracks, counts and top slice names; a trace
+    with any problem is a NeuronProfError naming the first."""
+    r = read_trace(path, keep_events=False)
+    if not r.ok:
+        more = f" (first of {r.stats['errors']} problems)" if r.stats["errors"] > 1 else ""
+        fix = REEXPORT if r.writer or not r.stats["packets"] else FOREIGN
+        raise NeuronProfError(f"{path}: {r.errors[0]}{more}; {fix}")
+    return {"path": str(path), "writer": r.writer, "packets": r.stats["packets"],
+            "processes": sorted(t["name"] for t in r.tracks.values() if t["kind"] == "process"),
+            "tracks": r.stats["tracks"], "slices": r.stats["slices"] + r.stats["instants"],
+            "counters": r.stats["counters"], "flows": r.stats["flows"], "warnings": r.warnings,
+            "top_names": r.names.most_common(10)}

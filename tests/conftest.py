@@ -1,4 +1,4 @@
-"""Shared test helpers: the CLI as a real subprocess, and the shared Perfetto checker."""
+"""Shared test helpers: the CLI as a real subprocess, and the strict trace check."""
 from __future__ import annotations
 
 import os
@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TOOLS = REPO.parent / "shared" / "tools"
-sys.path.insert(0, str(SHARED_TOOLS))
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None
@@ -35,11 +33,13 @@ def line_of(path: Path, marker: str) -> int:
 
 
 def check_trace(path: Path):
-    """Validate a Perfetto trace with ../shared/tools/perfetto_check.py in strict mode."""
-    from perfetto_check import check
-    report = check(path.read_bytes(), strict=True)
+    """A Perfetto trace neuron_prof wrote, read by its strict reader (what `neuron-prof inspect`
+    runs): no error (an unterminated slice is one), no warning, its end-of-trace packet present."""
+    from neuron_prof.tracefile import read_trace
+    report = read_trace(path)
     assert report.ok, report.errors
-    assert not report.stats.get("unterminated_slices"), report.warnings
+    assert not report.warnings, report.warnings
+    assert report.writer and report.writer.startswith("neuron_prof "), report.writer
     return report
 
 

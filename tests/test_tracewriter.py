@@ -1,25 +1,21 @@
-"""Trace writers: native Perfetto protobuf (checked strictly by shared/tools/perfetto_check.py) and
-Chrome JSON, behind one interface."""
+"""Trace writers: native Perfetto protobuf (checked by neuron_prof's strict reader, what
+`neuron-prof inspect` runs) and Chrome JSON, behind one interface."""
 from __future__ import annotations
 
 import gzip
 import json
 from decimal import Decimal
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared" / "tools"))
-from perfetto_check import check, iter_packets  # noqa: E402
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb  # noqa: E402
-
-from neuron_prof.export.chrome import ChromeTraceWriter  # noqa: E402
-from neuron_prof.export.perfetto import PerfettoTraceWriter, varint_block, _varint  # noqa: E402
-from neuron_prof.export.tracewriter import TraceWriter, nest_repair, open_writer  # noqa: E402
+from neuron_prof.export.chrome import ChromeTraceWriter
+from neuron_prof.export.perfetto import PerfettoTraceWriter, is_end_of_trace, varint_block, writer_of, _varint
+from neuron_prof.export.tracewriter import TraceWriter, nest_repair, open_writer
+from neuron_prof.tracecheck import check_bytes, iter_packets
 
 T0 = 1_700_000_000_000_000_000  # realistic ns timestamps (9-byte varints)
 
@@ -27,10 +23,11 @@ T0 = 1_700_000_000_000_000_000  # realistic ns timestamps (9-byte varints)
 # ----------------------------------------------------------------------------- helpers
 
 def ok_report(data: bytes):
-    rep = check(data, strict=True)
+    rep = check_bytes(data)
     assert rep.ok, rep.errors
     assert not rep.warnings, rep.warnings
     assert rep.stats.get("unterminated_slices", 0) == 0
+    assert rep.writer and rep.writer.startswith("neuron_prof ")
     return rep
 
 
@@ -195,7 +192,11 @@ def test_perfetto_sequences_and_interning_flags(tmp_path):
     build(w)
     w.close()
     first = {}
-    for i, (_, p) in enumerate(iter_packets(path.read_bytes())):
+    packets = [p for _, p in iter_packets(path.read_bytes())]
+    # the start and end-of-trace packets belong to no sequence; every other packet does
+    assert writer_of(packets[0]) and is_end_of_trace(packets[-1])
+    assert packets[0].trusted_packet_sequence_id == packets[-1].trusted_packet_sequence_id == 0
+    for p in packets[1:-1]:
         seq = p.trusted_packet_sequence_id
         assert seq != 0
         if seq not in first:

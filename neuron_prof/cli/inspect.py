@@ -1,4 +1,4 @@
-"""``neuron-prof inspect TRACE``: is this Perfetto trace whole, and what is in it?"""
+"""``neuron-prof inspect TRACE``: is this Perfetto trace whole and sound, and what is in it?"""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +8,11 @@ from pathlib import Path
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="check and summarise a Perfetto trace file",
-                       description="Decode every packet of TRACE; report processes, tracks and slice counts.")
-    p.add_argument("trace", type=Path, help="a .perfetto-trace file")
+                       description="Decode every packet of TRACE and check it strictly (framing, interning, "
+                                   "tracks, timestamps, slice nesting, flows; a neuron_prof trace must end "
+                                   "with its end-of-trace packet); report processes, tracks and counts. "
+                                   "A damaged trace is one line naming the first problem, exit code 2.")
+    p.add_argument("trace", type=Path, help="a .perfetto-trace file (gzip or not)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -20,9 +23,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
-    print(f"{s['path']}: {s['packets']} packets, {s['tracks']} tracks, {s['slices']} slices/instants")
+    print(f"{s['path']}: {s['packets']} packets, {s['tracks']} tracks, {s['slices']} slices/instants, "
+          f"{s['counters']} counter values, {s['flows']} flows; "
+          + (f"written by {s['writer']}, whole" if s["writer"] else "not written by neuron_prof"))
     for name in s["processes"]:
         print(f"  process {name}")
     for name, n in s["top_names"]:
         print(f"  {n:>9}  {name}")
+    for w in s["warnings"]:
+        print(f"  warning: {w}")
     return 0

@@ -1,6 +1,8 @@
 """Native Perfetto TrackEvent protobuf writer, encoded with numpy.
 
-Layout of the file (a ``perfetto.protos.Trace``, i.e. a stream of ``packet`` fields), per process:
+Layout of the file (a ``perfetto.protos.Trace``, i.e. a stream of ``packet`` fields): first a
+``trace_attributes`` packet ``writer = "neuron_prof X.Y.Z"`` (the UI lists it in the trace's Overview as
+``trace_attribute.writer``), then per process:
 
 * one packet with ``SEQ_INCREMENTAL_STATE_CLEARED`` carrying the process's interned data
   (event names, debug annotation names, debug annotation string values);
@@ -10,7 +12,10 @@ Layout of the file (a ``perfetto.protos.Trace``, i.e. a stream of ``packet`` fie
   ``TYPE_SLICE_BEGIN`` / ``TYPE_SLICE_END`` pairs, ``TYPE_INSTANT``, ``TYPE_COUNTER``; events that
   use interned ids carry ``SEQ_NEEDS_INCREMENTAL_STATE``.
 
-Each process is one packet sequence (``trusted_packet_sequence_id`` = process index + 1).
+Each process is one packet sequence (``trusted_packet_sequence_id`` = process index + 1). The last
+packet is a ``service_event`` with ``tracing_disabled`` at the last event's time: trace_processor only
+notes that time (metadata ``tracing_disabled_ns``), and a reader (``neuron_prof.tracecheck``) knows a
+trace that claims to be ours but lacks it was cut, even at a packet boundary, where framing cannot tell.
 
 Descriptor/interning packets go through the generated protobuf classes; the millions of event
 packets are built as bytes by numpy: per-name / per-track / per-annotation-value byte fragments
@@ -24,12 +29,16 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neuron_prof.export.tracewriter import ArgColumn, BufferedTraceWriter, ProcessData, emission_order
 
-__all__ = ["PerfettoTraceWriter", "PerfettoWriter"]
+if TYPE_CHECKING:
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
+
+__all__ = ["PerfettoTraceWriter", "PerfettoWriter", "writer_of", "is_end_of_trace"]
 
 _U64 = np.uint64
 _UNITS = {"ns": 1, "time_ns": 1, "count": 2, "bytes": 3, "b": 3, "size_bytes": 3}  # CounterDescriptor.Unit
@@ -38,6 +47,38 @@ _UNITS = {"ns": 1, "time_ns": 1, "count": 2, "bytes": 3, "b": 3, "size_bytes": 3
 def _pb():
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
     return pb
+
+
+WRITER_KEY = "writer"
+WRITER = "neuron_prof"
+
+
+def _start_packet() -> "TracePacket":
+    from neuron_prof import __version__
+    p = _pb().TracePacket()
+    p.trace_attributes.attribute.add(key=WRITER_KEY, string_value=f"{WRITER} {__version__}")
+    return p
+
+
+def _end_packet(ts: int) -> "TracePacket":
+    p = _pb().TracePacket()
+    p.timestamp = ts   # trace_processor requires one on a service event
+    p.service_event.tracing_disabled = True
+    return p
+
+
+def writer_of(packet: "TracePacket") -> str | None:
+    """The writer ("neuron_prof X.Y.Z") if ``packet`` is the start packet of a trace we wrote, else None."""
+    for a in packet.trace_attributes.attribute:
+        if a.key == WRITER_KEY and a.string_value.split(" ")[0] == WRITER:
+            return a.string_value
+    return None
+
+
+def is_end_of_trace(packet: "TracePacket") -> bool:
+    """A standard packet, not a private one, so every trace_processor reads our traces as before: the
+    tracing service writes the same event when a session stops."""
+    return packet.service_event.tracing_disabled
 
 
 def _varint(x: int) -> bytes:
@@ -251,8 +292,10 @@ class PerfettoTraceWriter(BufferedTraceWriter):
         self._type_tab = _Table.from_rows([b"\x48\x01", b"\x48\x02", b"\x48\x03", b"\x48\x04"])
         self._flags_tab = _Table.from_rows([b"\x68\x02", b"", b"\x68\x02", b""])
         with opener(self.path) as f:
+            f.write(self._frame(_start_packet()))
             for j, d in enumerate(procs):
                 self._write_process(f, d, j + 1)
+            f.write(self._frame(_end_packet(_last_ts(procs))))
 
     def _write_process(self, f, d: ProcessData, seq: int) -> None:
         S, I = d.slices, d.instants
@@ -426,6 +469,13 @@ class PerfettoTraceWriter(BufferedTraceWriter):
             msk[rd, :10] = True
             lens[rd] = 10
         return blk, msk, lens
+
+
+def _last_ts(procs: list[ProcessData]) -> int:
+    """Time of the last event written (0 without events)."""
+    last = [int(a.max()) for d in procs
+            for a in (d.slices.ts + d.slices.dur, d.instants.ts, d.counter_ts) if len(a)]
+    return max(last, default=0)
 
 
 class _Ev:
