@@ -6,13 +6,12 @@ Generates N slices with realistic nesting (4 threads, depth up to 5, ~300 distin
 3 string annotations: shapes, dtypes, module; some empty) in a non-sorted (level) order, and
 prints slices/s for the Perfetto and Chrome JSON writers. ``--object`` passes names/args as
 numpy object arrays instead of pandas Categorical. ``--check`` validates the Perfetto output with
-/work/shared/tools/perfetto_check.py (strict; slow).
+neuron_prof's strict reader (``neuron-prof inspect``'s checks; slow).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,10 +101,9 @@ def main(argv=None):
             print(f"{label:9s} {len(ts) / took:12,.0f} slices/s  ({took:.2f}s, {size / 1e6:.1f} MB, "
                   f"repaired {w.stats['repaired_slices']})")
             if label == "perfetto" and a.check:
-                sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared" / "tools"))
-                from perfetto_check import check
+                from neuron_prof.tracecheck import check_bytes
                 t0 = time.perf_counter()
-                rep = check(Path(path).read_bytes(), strict=True, keep_slices=False)
+                rep = check_bytes(Path(path).read_bytes(), keep_events=False)
                 print(f"          check: {'OK' if rep.ok else 'FAIL'} {dict(rep.stats)} "
                       f"({time.perf_counter() - t0:.0f}s)", rep.errors[:3], rep.warnings[:3])
 
