@@ -5,7 +5,7 @@ the top of ``neuron-prof report`` and as cards on the viewer's Overview page.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from neuron_prof.units import format_bytes
 
@@ -31,7 +31,7 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         if key in seen:
             continue
         seen.add(key)
-        where = f" from {x['source']} ({x['op']})" if x["source"] else ""
+        where = f" from {x['source']} ({x['op']}){called_from(x)}" if x["source"] else ""
         add("high", "memory", f"memory grows {format_bytes(x['growth_per_step'])} per step on rank {x['rank']} "
                               f"{x['device']}{where}, confidence {x['confidence']:.2f}")
     c = s["compile"]
@@ -66,7 +66,7 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         if p:
             add("info", "memory", f"peak memory {format_bytes(p['bytes'])} on rank {d['rank']} {d['device']} in step "
                                   f"{p['step']}, reached with {format_bytes(p['alloc_bytes'])} from {p['op']} at "
-                                  f"{p['source'] or '?'}")
+                                  f"{p['source'] or '?'}{called_from(p)}")
     if c["frames_compiled"]:
         inside = c.get("compile_in_steps_ms") or 0.0
         add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s"
@@ -81,3 +81,15 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
             f": {o['self_pct']:.0f}% of op self time")
     return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+def user_line(x: Mapping[str, Any]) -> str:
+    """The user's own line that led to ``x["source"]`` (a site, peak or leak) when that is another
+    line, i.e. the source is in a library; else ""."""
+    user = x.get("user_source") or ""
+    return user if user != x.get("source") else ""
+
+
+def called_from(x: Mapping[str, Any]) -> str:
+    """``", called from LINE"`` with :func:`user_line`, or nothing."""
+    return f", called from {user_line(x)}" if user_line(x) else ""

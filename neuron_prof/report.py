@@ -11,7 +11,7 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import in_steps, op_stats, run_time_ops
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
-from neuron_prof.findings import findings
+from neuron_prof.findings import called_from, findings, user_line
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -106,7 +106,7 @@ def _memory(run: Run, top: int) -> dict[str, Any]:
         if len(p):
             best = p.loc[p["bytes"].idxmax()]
             d["peak"] = {k: (best[k].item() if hasattr(best[k], "item") else best[k])
-                         for k in ("step", "bytes", "op", "source", "module", "alloc_bytes", "category")}
+                         for k in ("step", "bytes", "op", "source", "user_source", "module", "alloc_bytes", "category")}
             d["peak_by_category"] = _records(mem.snapshot(allocs, int(best["ts"]), "category", int(g["rank"]),
                                                           g["device"]))
             d["peak_sites"] = _records(mem.peak_sites(allocs, int(g["rank"]), g["device"], int(best["ts"]), top))
@@ -129,14 +129,14 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
         if p:
             out.append(f"  peak of the captured steps: {format_bytes(p['bytes'])} in step {p['step']}, reached with "
                        f"{format_bytes(p['alloc_bytes'])} from {p['op'] or '?'} at {p['source'] or '?'}"
-                       + (f" ({p['module']})" if p["module"] else "") + f" [{p['category']}]")
+                       + called_from(p) + (f" ({p['module']})" if p["module"] else "") + f" [{p['category']}]")
             out.append("    by category: " + ", ".join(f"{c['category']} {format_bytes(c['bytes'])}"
                                                    for c in d["peak_by_category"]))
-            out += ["  " + line for line in _table(
-                [{**x, "size": format_bytes(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
-                 for x in d["peak_sites"]],
-                [("source", "live at the peak: source line", ""), ("module", "module", ""), ("op", "op", ""),
-                 ("category", "category", ""), ("blocks", "blocks", "d"), ("size", "bytes", "")])]
+            sites = [{**x, "size": format_bytes(x["bytes"]), "module": x["module"] or "-", "source": x["source"] or "?"}
+                     for x in d["peak_sites"]]
+            cols = [("source", "live at the peak: source line", ""), *_called_from(sites), ("module", "module", ""),
+                    ("op", "op", ""), ("category", "category", ""), ("blocks", "blocks", "d"), ("size", "bytes", "")]
+            out += ["  " + line for line in _table(sites, cols)]
     if m["leaks"]:
         by_dev: dict[tuple, list] = {}
         for x in m["leaks"]:
@@ -145,17 +145,26 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
             x = rows[0]
             out.append(f"  !! LEAK on rank {rank} {device}: +{format_bytes(x['growth_per_step'])} per step "
                        f"(grew in {x['steps_growing']} of the step boundaries checked), confidence {x['confidence']:.2f}")
-            out += ["  " + line for line in _table(
-                [{**r, "size": format_bytes(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
-                  "module": r["module"] or "-"} for r in rows if r["source"] or r["op"]],
-                [("source", "surviving allocations from", ""), ("module", "module", ""), ("op", "op", ""),
-                 ("category", "category", ""), ("size", "bytes/step", ""), ("blocks_per_step", "blocks/step", "d"),
-                 ("seen", "steps", "")])]
+            sites = [{**r, "size": format_bytes(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
+                      "module": r["module"] or "-"}
+                     for r in rows if r["source"] or r["op"]]
+            cols = [("source", "surviving allocations from", ""), *_called_from(sites), ("module", "module", ""),
+                    ("op", "op", ""), ("category", "category", ""), ("size", "bytes/step", ""),
+                    ("blocks_per_step", "blocks/step", "d"), ("seen", "steps", "")]
+            out += ["  " + line for line in _table(sites, cols)]
     else:
         out.append("  no leak: live memory does not grow step over step")
     for o in m["ooms"]:
         out.append(f"  !! OUT OF MEMORY on rank {o['rank']} {o['device']} in step {o['step']}: {o['message']}")
     return out
+
+
+def _called_from(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Adds to ``rows`` (table rows of sites) the "called from" cell: the user's line that led to
+    a library's line, blank where it is the line itself; the column, or none if all are blank."""
+    for r in rows:
+        r["called_from"] = user_line(r)
+    return [("called_from", "called from", "")] if any(r["called_from"] for r in rows) else []
 
 
 def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> list[str]:

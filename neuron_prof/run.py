@@ -1,7 +1,9 @@
 """``neuron_prof.load(path) -> Run``: a captured run as pandas DataFrames, all ranks together.
 
-Interned ids are resolved here (strings to pandas categoricals, stacks to ``source`` =
-``file:line`` of the innermost user frame), so analyses work on plain columns.
+Interned ids are resolved here (strings to pandas categoricals; stacks to ``source`` =
+``file:line`` of the innermost kept frame as neuron_prof shows it (``neuron_prof.paths``),
+``user_source`` = the same for the innermost frame in the user's own files, ``source_full`` = the
+innermost frame with its full path), so analyses work on plain columns.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from neuron_prof.paths import display_path, is_user_file
 from neuron_prof.reader import RankData, read_rank, read_run_meta, rank_dirs
 from neuron_prof.schema import MEMORY_KINDS
 
@@ -37,8 +40,12 @@ _HANDED_OVER = ("ops", "memory_events")  # read once per Run (cached properties)
 _STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 
 
+SOURCE_COLUMNS = ("source", "user_source", "source_full")
+"""What a ``stack`` id becomes in every table that has one (see the module docstring)."""
+
+
 class _RankStrings:
-    """Per-rank lookups: string ids to values, stack ids to their innermost frame."""
+    """Per-rank lookups: string ids to values, stack ids to their source lines."""
 
     def __init__(self, rd: RankData, cwd: str | None) -> None:
         strings = rd.table("strings")
@@ -55,23 +62,29 @@ class _RankStrings:
                                                            stacks.column("frames").to_pylist()))
         self.cwd = cwd
 
-    def short(self, path: str) -> str:
-        if self.cwd and path.startswith(self.cwd + os.sep):
-            return os.path.relpath(path, self.cwd)
-        return path
-
     def categorical(self, ids: np.ndarray) -> pd.Categorical:
         present, codes = _dense_codes(ids, len(self.values))
         return pd.Categorical.from_codes(codes, categories=pd.Index(self.values[present]))
 
-    def sources(self, stack_ids: np.ndarray) -> pd.Categorical:
+    def sources(self, stack_ids: np.ndarray) -> dict[str, pd.Categorical]:
+        """The :data:`SOURCE_COLUMNS` of each row, worked out once per distinct stack."""
         present, codes = _dense_codes(stack_ids, int(stack_ids.max(initial=0)) + 1)
-        labels = []
+        labels: dict[str, list[str]] = {c: [] for c in SOURCE_COLUMNS}
         for sid in present:
             frames = self.stack_frames.get(int(sid)) or []
-            labels.append(f"{self.short(self.frame_file[frames[0]])}:{self.frame_line[frames[0]]}" if frames else "")
-        cats, inverse = np.unique(np.array(labels, dtype=object), return_inverse=True)
-        return pd.Categorical.from_codes(inverse.astype(np.int32)[codes], categories=pd.Index(cats))
+            user = next((f for f in frames if is_user_file(self.frame_file[f])), None)
+            labels["source"].append(self.line(frames[0]) if frames else "")
+            labels["user_source"].append(self.line(user) if user is not None else "")
+            labels["source_full"].append(f"{self.frame_file[frames[0]]}:{self.frame_line[frames[0]]}" if frames else "")
+        out = {}
+        for col, values in labels.items():
+            cats, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
+            out[col] = pd.Categorical.from_codes(inverse.reshape(-1).astype(np.int32)[codes], categories=pd.Index(cats))
+        return out
+
+    def line(self, frame: int) -> str:
+        """A frame as ``file:line`` the way neuron_prof shows it."""
+        return f"{display_path(self.frame_file[frame], self.cwd)}:{self.frame_line[frame]}"
 
 
 def _dense_codes(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,11 +131,12 @@ class Run:
             for col in _STRING_LIST_COLUMNS.get(name, ()):
                 df[col] = [list(strings.values[np.asarray(ids, dtype=np.int64)]) for ids in df[col]]
             if "stack" in df.columns:
-                df.insert(df.columns.get_loc("stack"), "source", strings.sources(df["stack"].to_numpy()))
+                for col, values in strings.sources(df["stack"].to_numpy()).items():
+                    df.insert(df.columns.get_loc("stack"), col, values)
             df.insert(0, "rank", np.int32(rd.rank))
             parts.append(df)
         df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-        for col in _STRING_COLUMNS.get(name, ()) + (("source",) if "source" in df.columns else ()):
+        for col in _STRING_COLUMNS.get(name, ()) + (SOURCE_COLUMNS if "source" in df.columns else ()):
             if df[col].dtype != "category":
                 df[col] = df[col].astype("category")
         return df
@@ -313,9 +327,13 @@ class Run:
         return self._table("failures")
 
     def stack(self, rank: int, stack_id: int) -> list[tuple[str, str, int]]:
-        """The frames (file, function, line) of a stack id, innermost first."""
+        """The frames (file, function, line) of a stack id, innermost first, with full paths."""
         s = self._strings[rank]
         return [(s.frame_file[f], s.frame_func[f], int(s.frame_line[f])) for f in s.stack_frames.get(stack_id, [])]
+
+    def display_path(self, path: str) -> str:
+        """A file of this run as neuron_prof shows it (``neuron_prof.paths.display_path``)."""
+        return display_path(path, self.meta.get("cwd"))
 
     @functools.cached_property
     def health(self) -> pd.DataFrame:

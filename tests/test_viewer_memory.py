@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -79,10 +80,11 @@ def _size(n: float) -> str:
 # ---------------------------------------------------------------- the analysis it adds
 def _allocs(rows: list[dict]) -> pd.DataFrame:
     base = {"rank": 0, "device": "cpu", "step": 0, "op": "aten::empty", "top_op": "aten::empty", "module": "",
-            "stack": 0, "shape": "", "dtype": "float32", "bwd": False, "free_op": "", "free_bwd": False,
-            "baseline": False, "category": "temporary", "free_ts": mem.NEVER}
+            "user_source": "", "source_full": "", "stack": 0, "shape": "", "dtype": "float32", "bwd": False,
+            "grad": False, "free_op": "", "free_bwd": False, "baseline": False, "category": "temporary",
+            "free_ts": mem.NEVER}
     df = pd.DataFrame([{**base, **r} for r in rows])
-    for c in ("device", "op", "top_op", "module", "source", "shape", "dtype", "free_op"):
+    for c in ("device", "op", "top_op", "module", "source", "user_source", "source_full", "shape", "dtype", "free_op"):
         df[c] = df[c].astype("category")
     df["category"] = pd.Categorical(df["category"], categories=mem.CATEGORIES)
     return df[mem.ALLOC_COLUMNS]
@@ -149,7 +151,8 @@ def test_spike_run_shows_the_worst_step_its_peak_and_the_spike_line(memory_runs,
     run = neuron_prof.load(run_dir)
     at = _page(monkeypatch, run_dir)
     peaks = _table(at, "step", "bytes", "alloc_bytes")
-    expect = _plain(run.memory_peaks[["step", "bytes", "op", "source", "module", "alloc_bytes", "category"]])
+    expect = _plain(run.memory_peaks[["step", "bytes", "op", "source", "user_source", "module", "alloc_bytes",
+                                      "category"]])
     pd.testing.assert_frame_equal(peaks, expect, check_dtype=False)
     spike_line = f"memory_leak.py:{line_of(SOURCE, 'SPIKE-LINE')}"
     worst = peaks.loc[peaks["bytes"].idxmax()]
@@ -167,7 +170,7 @@ def test_spike_run_shows_the_worst_step_its_peak_and_the_spike_line(memory_runs,
     assert sites.loc[0, "bytes"] == 2_097_152 and sites.loc[0, "op"] == "aten::contiguous"
     # and the user stack of the first site: innermost frame is the spike's line in train()
     code = at.code[0].value.splitlines()
-    assert code[0] == f"{SOURCE}:{line_of(SOURCE, 'SPIKE-LINE')}  train"
+    assert code[0] == f"{os.path.relpath(SOURCE, run.meta['cwd'])}:{line_of(SOURCE, 'SPIKE-LINE')}  train"
     # the highest point of the whole-capture chart is the spike's peak
     assert f"highest in this range: {_size(worst['bytes'])} ({worst['bytes']:,} bytes)" in _caption(at, "highest")
 
@@ -190,7 +193,8 @@ def test_choosing_another_step_and_site_changes_the_tables(memory_runs, monkeypa
     at.selectbox(key="mem_site").set_value(box.options[1]).run()
     _ok(at)
     frames = run.stack(0, int(details["stack"].iloc[1]))
-    assert frames and at.code[0].value == "\n".join(f"{f}:{line}  {func}" for f, func, line in frames)
+    assert frames and at.code[0].value == "\n".join(f"{run.display_path(f)}:{line}  {func}"
+                                                   for f, func, line in frames)
     # the timeline of one step: its highest point is that step's peak
     at.selectbox(key="mem_range").select(4).run()
     _ok(at)

@@ -4,6 +4,10 @@ Pandas in, pandas out; inputs are ``Run.memory_events``, ``Run.memory_tensors``,
 ``Run.memory_steps`` and ``Run.steps``. Every byte figure is what the allocator was asked for
 (the CPU allocator and CUDA's caching allocator report requested sizes), per device.
 
+Each allocation names the line that made it (``source``, possibly inside a library) and the
+innermost line of the user's own files on the way there (``user_source``: the call that led to
+it).
+
 Categories (:func:`allocations`), decided in this order:
 
 ``parameter``, ``gradient``, ``optimizer state``
@@ -37,7 +41,8 @@ _INPUT_OPS = re.compile(
     r"arange|linspace|from_file|as_tensor|to|_to_copy|copy_|pin_memory|_pin_memory|clone|stack|cat)(_like)?$")
 _OPTIMIZER = "Optimizer."
 ALLOC_COLUMNS = ["rank", "device", "addr", "bytes", "alloc_ts", "free_ts", "step", "op", "top_op", "module",
-                 "source", "stack", "shape", "dtype", "bwd", "free_op", "free_bwd", "baseline", "category"]
+                 "source", "user_source", "source_full", "stack", "shape", "dtype", "bwd", "free_op", "free_bwd",
+                 "baseline", "category"]
 
 
 def _step_of(ts: np.ndarray, rank: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -106,7 +111,8 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
         a["step"] = np.int32(-1)
     a["category"] = _categories(a, tensors, steps)
     a = a.sort_values(["rank", "alloc_ts"], ignore_index=True)
-    for c in ("device", "op", "top_op", "module", "source", "shape", "dtype", "free_op"):
+    for c in ("device", "op", "top_op", "module", "source", "user_source", "source_full", "shape", "dtype",
+              "free_op"):
         if c in a and a[c].dtype != "category":
             a[c] = a[c].astype(str).astype("category")
     return a[ALLOC_COLUMNS]
@@ -247,13 +253,15 @@ def step_boundaries(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- peaks
-PEAK_COLUMNS = ["rank", "device", "step", "ts", "bytes", "op", "source", "module", "alloc_bytes", "category"]
+PEAK_COLUMNS = ["rank", "device", "step", "ts", "bytes", "op", "source", "user_source", "module", "alloc_bytes",
+                "category", "source_full"]
 
 
 def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank, device and captured step: the highest live bytes within the step, when, and what
     caused it: the largest block made in the step and alive at the peak (its top-level op —
-    what the user called, e.g. ``aten::contiguous`` — source line, module, size, category)."""
+    what the user called, e.g. ``aten::contiguous`` — source line and the user's line that led
+    there, module, size, category; ``source_full``: the source line with its full path)."""
     if allocs.empty:
         return pd.DataFrame(columns=PEAK_COLUMNS)
     d = _deltas(allocs)
@@ -276,21 +284,25 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                 continue
             c = made.loc[made["bytes"][::-1].idxmax()]  # the largest; the latest of equals
             rows.append({"rank": rank, "device": device, "step": int(s["step"]), "ts": t, "bytes": int(live[j]),
-                         "op": str(c["top_op"]), "source": str(c["source"]), "module": str(c["module"]),
-                         "alloc_bytes": int(c["bytes"]), "category": str(c["category"])})
+                         "op": str(c["top_op"]), "source": str(c["source"]), "user_source": str(c["user_source"]),
+                         "module": str(c["module"]), "alloc_bytes": int(c["bytes"]), "category": str(c["category"]),
+                         "source_full": str(c["source_full"])})
     return pd.DataFrame(rows, columns=PEAK_COLUMNS)
 
 
+SITE_KEY = ["source", "user_source", "module", "top_op", "category"]
+"""An allocation site: the line that allocates, the user's line that led there, module, top-level
+op (what the user called, e.g. ``aten::relu`` rather than the ``aten::empty`` inside it), category."""
+
+
 def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
-    """The biggest contributors to live memory at ``ts``, by source line, module, top-level op
-    (``op``: what the user called, e.g. ``aten::relu`` rather than the ``aten::empty`` inside it)
-    and category."""
-    sites = snapshot(allocs, ts, ["source", "module", "top_op", "category"], rank, device)
+    """The biggest contributors to live memory at ``ts``, by site (:data:`SITE_KEY`)."""
+    sites = snapshot(allocs, ts, SITE_KEY, rank, device)
     return sites.rename(columns={"top_op": "op"}).head(top)
 
 
-SITE_DETAIL_COLUMNS = ["source", "module", "op", "category", "bytes", "blocks", "shape", "dtype", "shapes",
-                       "largest", "stack"]
+SITE_DETAIL_COLUMNS = ["source", "user_source", "module", "op", "category", "bytes", "blocks", "shape", "dtype",
+                       "shapes", "largest", "stack"]
 
 
 def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
@@ -301,14 +313,14 @@ def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top
     sites = peak_sites(allocs, rank, device, ts, top)
     if sites.empty:
         return pd.DataFrame(columns=SITE_DETAIL_COLUMNS)
-    key = ["source", "module", "top_op", "category"]
+    key = SITE_KEY
     live = live_at(allocs, ts, rank, device)[key + ["bytes", "alloc_ts", "shape", "dtype", "stack"]]
     live = live.astype({k: str for k in key + ["shape", "dtype"]})
     by_site = live.sort_values(["bytes", "alloc_ts"], kind="stable").groupby(key, sort=False)
     largest = by_site.tail(1).set_index(key).rename(columns={"bytes": "largest"})
     largest["shapes"] = by_site["shape"].nunique()
     extra = largest.reindex(pd.MultiIndex.from_arrays(
-        [sites[c].astype(str).to_numpy() for c in ("source", "module", "op", "category")], names=key))
+        [sites[c].astype(str).to_numpy() for c in ("source", "user_source", "module", "op", "category")], names=key))
     out = sites.copy()
     for c in ("shape", "dtype"):
         out[c] = extra[c].to_numpy()
@@ -319,7 +331,8 @@ def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top
 
 # ---------------------------------------------------------------- leaks
 LEAK_COLUMNS = ["rank", "device", "growth_per_step", "steps_growing", "steps_checked", "confidence",
-                "source", "module", "op", "category", "bytes_per_step", "blocks_per_step", "steps_seen"]
+                "source", "user_source", "module", "op", "category", "bytes_per_step", "blocks_per_step",
+                "steps_seen"]
 
 
 def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
@@ -345,9 +358,9 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
     """Live memory that grows step over step, and the allocation sites that account for it.
 
     A device leaks when, over at least ``min_steps`` step-to-step differences (after the first),
-    live bytes at the boundaries grow in at least 3/4 of them. Its sites are the (source, module,
-    op, category) groups whose allocations, made in a captured step before the last, are still
-    alive at the last boundary (``survivors``), in at least half of those steps. One row per
+    live bytes at the boundaries grow in at least 3/4 of them. Its sites (:data:`SITE_KEY`) are
+    the groups whose allocations, made in a captured step before the last, are still alive at the
+    last boundary (``survivors``), in at least half of those steps. One row per
     site: ``bytes_per_step`` (median over the steps it survived from), ``blocks_per_step``,
     ``steps_seen`` of ``steps_checked``; ``confidence`` (0..1) = how much of the measured growth
     the device's sites account for (capped at 1) x the share of growing differences.
@@ -364,9 +377,8 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         candidates = sorted(s for s in done if s < last)
         a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)
                    & allocs["step"].isin(candidates) & (allocs["free_ts"] > horizon.get(rank, NEVER))]
-        site = ["source", "module", "top_op", "category"]  # top_op: what the user called
-        per_step = a.groupby(site + ["step"], observed=True)["bytes"].agg(["sum", "size"]).reset_index()
-        sites = per_step.groupby(site, observed=True).agg(
+        per_step = a.groupby(SITE_KEY + ["step"], observed=True)["bytes"].agg(["sum", "size"]).reset_index()
+        sites = per_step.groupby(SITE_KEY, observed=True).agg(
             bytes_per_step=("sum", "median"), blocks_per_step=("size", "median"), steps_seen=("step", "nunique"))
         sites = sites[sites["steps_seen"] >= max(1, len(candidates) / 2)].reset_index()
         sites = sites.sort_values("bytes_per_step", ascending=False, ignore_index=True)
@@ -376,12 +388,13 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         for _, s in sites.iterrows():
             out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
                         "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": conf,
-                        "source": str(s["source"]), "module": str(s["module"]), "op": str(s["top_op"]),
+                        "source": str(s["source"]), "user_source": str(s["user_source"]),
+                        "module": str(s["module"]), "op": str(s["top_op"]),
                         "category": str(s["category"]), "bytes_per_step": int(s["bytes_per_step"]),
                         "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
         if sites.empty:
             out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
                         "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": 0.0,
-                        "source": "", "module": "", "op": "", "category": "", "bytes_per_step": 0,
+                        "source": "", "user_source": "", "module": "", "op": "", "category": "", "bytes_per_step": 0,
                         "blocks_per_step": 0, "steps_seen": 0})
     return pd.DataFrame(out, columns=LEAK_COLUMNS)

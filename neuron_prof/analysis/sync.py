@@ -26,7 +26,8 @@ SYNC_OPS: dict[str, str] = {
 }
 _COPY_OPS = ("aten::copy_", "aten::_to_copy")
 OPTIMIZER_RANGE = "Optimizer.step#"  # torch.optim wraps step() in a record_function of this name
-SYNC_COLUMNS = ["rank", "step", "ts", "dur", "name", "kind", "source", "module", "thread", "devices"]
+SYNC_COLUMNS = ["rank", "step", "ts", "dur", "name", "kind", "source", "user_source", "source_full", "module", "thread",
+                "devices"]
 
 
 def _is_device_to_host(name: str, devices: str) -> bool:

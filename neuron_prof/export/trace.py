@@ -25,7 +25,9 @@ from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
-OP_ARGS = ("module", "source", "shapes", "dtypes", "devices")
+OP_ARGS = {"module": "module", "source": "source_full", "shapes": "shapes", "dtypes": "dtypes", "devices": "devices"}
+"""Annotation -> ``Run.ops`` column. Source lines carry full paths here (the report and viewer
+show them short): a trace is read outside the project, where only a full path finds the file."""
 LARGE_ALLOCATION_BYTES = 1 << 20
 """Allocations this big or bigger become slices: few enough to draw one by one, big enough to matter."""
 OWN_WORK = "neuron_prof (step-boundary flush)"
@@ -71,14 +73,14 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
                                 names)
         op_ids = np.empty(0, dtype=np.int64)
         if len(r_ops):
-            args = {c: r_ops[c] for c in OP_ARGS}
+            args = {name: r_ops[col] for name, col in OP_ARGS.items()}
             args["pass"] = pd.Categorical.from_codes(r_ops["bwd"].to_numpy().astype(np.int8), ["", "backward"])
             op_ids = writer.slices(lookup(r_ops["tid"].to_numpy()), r_ops["ts"].to_numpy() + offset,
                                    r_ops["dur"].to_numpy(), r_ops["name"], args)
         counts["compiles"] += _write_compile_track(run, rank, writer, proc, offset, r_ops, op_ids)
         if len(r_marks):
             writer.slices(lookup(r_marks["tid"].to_numpy()), r_marks["ts"].to_numpy() + offset,
-                          r_marks["dur"].to_numpy(), r_marks["name"], {"source": r_marks["source"]})
+                          r_marks["dur"].to_numpy(), r_marks["name"], {"source": r_marks["source_full"]})
         r_steps = steps[steps["rank"] == rank]
         if len(r_steps):
             _write_steps(writer, writer.track(proc, "Steps"), offset, r_steps, spans[spans["rank"] == rank])
@@ -86,7 +88,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         if len(r_sync):
             writer.instants(writer.track(proc, "Sync points"), r_sync["ts"].to_numpy() + offset,
                             r_sync["name"].astype(str).to_numpy(dtype=object),
-                            {"source": r_sync["source"].astype(str).to_numpy(dtype=object),
+                            {"source": r_sync["source_full"].astype(str).to_numpy(dtype=object),
                              "why": r_sync["kind"].astype(str).to_numpy(dtype=object)})
         r_allocs = allocs[allocs["rank"] == rank]
         r_ooms = ooms[ooms["rank"] == rank]
@@ -145,7 +147,7 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
                                                              compiles["func"].astype(str))], dtype=object)
         ids = writer.slices(track, compiles["ts"].to_numpy() + offset, compiles["dur"].to_numpy(), label,
                             {"backend": compiles["backend"], "status": compiles["status"],
-                             "fail_reason": compiles["fail_reason"], "source": compiles["source"],
+                             "fail_reason": compiles["fail_reason"], "source": compiles["source_full"],
                              "graph_ops": compiles["graph_ops"].to_numpy(), "guards": compiles["guards"].to_numpy()})
         first_run = _first_region_run(r_ops, op_ids)
         pairs = [(int(i), first_run[normalize_compile_id(c)]) for i, c in zip(ids, compiles["compile_id"].astype(str))
@@ -158,8 +160,8 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
     if len(breaks):
         writer.instants(writer.track(proc, "Graph breaks"), breaks["ts"].to_numpy() + offset,
                         np.array([f"graph break: {c}" for c in breaks["reason_class"].astype(str)], dtype=object),
-                        {"reason": breaks["reason"], "source": breaks["source"], "compile_id": breaks["compile_id"],
-                         "gb_id": breaks["gb_id"]})
+                        {"reason": breaks["reason"], "source": breaks["source_full"],
+                         "compile_id": breaks["compile_id"], "gb_id": breaks["gb_id"]})
     if len(recompiles):
         writer.instants(writer.track(proc, "Graph breaks"), recompiles["ts"].to_numpy() + offset,
                         np.array([f"recompile {f}" for f in recompiles["func"].astype(str)], dtype=object),
@@ -209,7 +211,7 @@ def _write_memory_events(writer: TraceWriter, proc: int, offset: int, peaks: pd.
                          + (f", {where}" if where else ""))
         writer.instants(track, peaks["ts"].to_numpy(np.int64) + offset, np.array(names, dtype=object),
                         {"bytes": peaks["bytes"].to_numpy(np.int64), "device": _strings(peaks["device"]),
-                         "op": _strings(peaks["op"]), "source": _strings(peaks["source"]),
+                         "op": _strings(peaks["op"]), "source": _strings(peaks["source_full"]),
                          "module": _strings(peaks["module"]), "category": _strings(peaks["category"]),
                          "alloc_bytes": peaks["alloc_bytes"].to_numpy(np.int64)})
     if len(ooms):
@@ -267,7 +269,7 @@ def _write_large_allocations(writer: TraceWriter, proc: int, offset: int, r_allo
                           zip(g["bytes"], g["top_op"].astype(str), g["op"].astype(str))], dtype=object)
         writer.slices(tracks[lane], start + offset, end - start, names,
                       {"bytes": g["bytes"].to_numpy(np.int64), "op": _strings(g["op"]),
-                       "source": _strings(g["source"]), "module": _strings(g["module"]),
+                       "source": _strings(g["source_full"]), "module": _strings(g["module"]),
                        "category": _strings(g["category"]), "step": g["step"].to_numpy(np.int64),
                        "freed": np.where(never, "no (live when capture ended)", "").astype(object)})
     return len(big)

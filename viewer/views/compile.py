@@ -75,8 +75,8 @@ def _show_site(run, site: dict) -> None:
     left, right = st.columns(2)
     with left:
         st.caption("user stack (innermost first)")
-        st.dataframe(pd.DataFrame([{"#": i, "function": fn, "file": f, "line": ln} for i, (f, fn, ln) in
-                                   enumerate(frames)]), hide_index=True)
+        st.dataframe(pd.DataFrame([{"#": i, "function": fn, "file": run.display_path(f), "line": ln}
+                                   for i, (f, fn, ln) in enumerate(frames)]), hide_index=True)
     with right:
         if not frames:
             st.caption("no stack was recorded for this break")

@@ -16,11 +16,13 @@ import streamlit as st
 
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.timeline import memory_window
+from neuron_prof.findings import called_from
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 
 TIMELINE_POINTS = 4000  # rows per device in a chart: min/max kept, so the peak is always drawn
-DIFF_BY = ("source", "category", "module", "top_op", "op")
+DIFF_BY = ("source", "user_source", "category", "module", "top_op", "op")
+SOURCE_LABELS = {"source": "source line", "user_source": "called from (your line)"}
 WHOLE = "whole capture"
 
 
@@ -142,17 +144,17 @@ peaks = peaks[(peaks["rank"] == rank) & (peaks["device"].astype(str) == device)]
 if peaks.empty:
     data.no_data("captured steps with allocations on this device", "Peaks are found in captured steps.")
 else:
-    st.dataframe(_plain(peaks[["step", "bytes", "op", "source", "module", "alloc_bytes", "category"]]), hide_index=True,
-                 key="mem_peaks_table",
+    st.dataframe(_plain(peaks[["step", "bytes", "op", "source", "user_source", "module", "alloc_bytes", "category"]]),
+                 hide_index=True, key="mem_peaks_table",
                  column_config={"bytes": st.column_config.NumberColumn("peak bytes", format="%d"),
                                 "op": "reached with (op)", "alloc_bytes": st.column_config.NumberColumn(
-                                    "its size (bytes)", format="%d")})
+                                    "its size (bytes)", format="%d"), **SOURCE_LABELS})
     steps = [int(s) for s in peaks["step"]]
     worst = int(peaks.loc[peaks["bytes"].idxmax(), "step"])
     step = st.selectbox("step", steps, index=steps.index(worst), key="mem_peak_step",
                         format_func=lambda s: f"step {s}" + (" (the highest peak)" if s == worst else ""))
     p = peaks[peaks["step"] == step].iloc[0]
-    made = (f", reached with {int(p['alloc_bytes']):,} bytes from `{p['op']}` at `{p['source'] or '?'}`"
+    made = (f", reached with {int(p['alloc_bytes']):,} bytes from `{p['op']}` at `{p['source'] or '?'}`{called_from(p)}"
             + (f" (module `{p['module']}`)" if p["module"] else "") + f" [{p['category']}]") if p["op"] else ""
     st.markdown(f"Step {step} peaked at **{format_bytes(p['bytes'])}** ({int(p['bytes']):,} bytes){made}.")
     top_n = st.number_input("sites to list", min_value=1, max_value=200, value=10, key="mem_top")
@@ -162,14 +164,15 @@ else:
                  column_config={"bytes": st.column_config.NumberColumn("bytes", format="%d"),
                                 "largest": st.column_config.NumberColumn("largest block (bytes)", format="%d"),
                                 "shape": "shape of the largest", "dtype": "its dtype",
-                                "shapes": "distinct shapes"})
+                                "shapes": "distinct shapes", **SOURCE_LABELS})
     if len(sites):
         names = [f"{i + 1}. {src or '?'} · {op or '?'} · {cat}"
                  for i, (src, op, cat) in enumerate(zip(sites["source"], sites["op"], sites["category"]))]
         site = st.selectbox("user stack of the site", names, key="mem_site")
         frames = run.stack(rank, int(sites["stack"].iloc[names.index(site)]))
         if frames:
-            st.code("\n".join(f"{file}:{line}  {func}" for file, func, line in frames), language=None)
+            st.code("\n".join(f"{run.display_path(file)}:{line}  {func}" for file, func, line in frames),
+                    language=None)
             st.caption("innermost frame first: the line that allocated, then its callers")
         else:
             st.caption("no Python stack: the block was made before capture began or outside Python code")
@@ -190,9 +193,10 @@ else:
     cols[1].metric("confidence", f"{float(x['confidence']):.2f}")
     found = leaks[(leaks["source"] != "") | (leaks["op"] != "")]
     cols[2].metric("surviving sites", len(found))
-    st.dataframe(_plain(found)[["source", "module", "op", "category", "bytes_per_step", "blocks_per_step", "steps_seen",
-                        "steps_checked"]], hide_index=True, key="mem_leaks_table",
-                 column_config={"source": "surviving allocations from",
+    st.dataframe(_plain(found)[["source", "user_source", "module", "op", "category", "bytes_per_step",
+                                "blocks_per_step", "steps_seen", "steps_checked"]], hide_index=True,
+                 key="mem_leaks_table",
+                 column_config={"source": "surviving allocations from", "user_source": SOURCE_LABELS["user_source"],
                                 "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%d")})
 ms = run.memory_steps
 ms = ms[(ms["rank"] == rank) & (ms["device"].astype(str) == device)]
