@@ -300,6 +300,7 @@ def generate_memory_run(run_dir: Path, n_allocs: int, n_steps: int, seed: int = 
     ev = {k: v[order] for k, v in ev.items()}
     ev["total_allocated"] = np.cumsum(ev["bytes"])
     ev["total_reserved"] = np.zeros(len(ev_ts), np.int64)
+    ev["grad"] = np.zeros(len(ev_ts), bool)
     rank_meta, run_meta = _meta()
     writer = RankWriter(run_dir / "rank-00000", rank_meta)
     write_run_meta(run_dir, run_meta)

@@ -55,7 +55,8 @@ struct MemEvent {
   int32_t op, top_op, module, stack, shape, dtype;
   int8_t device_type, device_index;
   uint8_t bwd, kind;
-  int32_t pad_;
+  uint8_t grad;  // an op returned a tensor over the block that carries a grad_fn (see outputs_end)
+  uint8_t pad_[3];
 };
 
 struct Live {
@@ -63,6 +64,7 @@ struct Live {
   neuron_prof::OpContext ctx;
   int8_t device_type, device_index;
   bool emitted;
+  bool grad = false;
   int64_t event = -1;  // its alloc event's index in g_events while not drained (see g_drains)
   uint64_t drains = 0;
 };
@@ -124,6 +126,7 @@ MemEvent event_of(const Live& l, int64_t addr, int64_t ts, int64_t bytes, uint8_
   e.shape = l.ctx.shape;
   e.dtype = l.ctx.dtype;
   e.bwd = l.ctx.bwd ? 1 : 0;
+  e.grad = l.grad ? 1 : 0;
   e.device_type = l.device_type;
   e.device_index = l.device_index;
   e.kind = kind;
@@ -204,6 +207,10 @@ struct Tracker final : public ProfilerStateBase {
 // Most kernels allocate their outputs without a dispatched aten::empty, so the allocation itself
 // carries no shape. The first op that returns a tensor over a block we saw allocated (the op that
 // made it: it ends before anyone can use its output) gives the block its shape and dtype.
+// An op that returns a tensor over the block with a grad_fn (the autograd-level op: inner kernels
+// return it before autograd sets its history) marks the block ``grad``: it belongs to an autograd
+// graph. A view with a grad_fn over the block (`loss.view(1)`) marks it too. is_leaf() reads the
+// grad_fn pointer (grad_fn() could rebuild a view's), so this adds one flag test per output.
 std::unique_ptr<at::ObserverContext> outputs_start(const at::RecordFunction&) { return nullptr; }
 
 void outputs_end(const at::RecordFunction& rf, at::ObserverContext*) {
@@ -216,9 +223,17 @@ void outputs_end(const at::RecordFunction& rf, at::ObserverContext*) {
       const c10::Storage& st = t.unsafeGetTensorImpl()->storage();
       const c10::Device d = st.device();
       const uint64_t key = key_of((int64_t)(uintptr_t)st.data(), (int8_t)d.type(), (int8_t)d.index());
+      const bool grad = t.requires_grad() && !t.is_leaf();
       std::lock_guard<std::mutex> g(g_mu);
       auto it = g_live->find(key);
-      if (it == g_live->end() || it->second.ctx.shape) continue;
+      if (it == g_live->end()) continue;
+      Live& l = it->second;
+      const bool current = l.event >= 0 && l.drains == g_drains && l.event < (int64_t)g_events->size();
+      if (grad && !l.grad) {
+        l.grad = true;
+        if (current) (*g_events)[l.event].grad = 1;
+      }
+      if (l.ctx.shape) continue;
       std::string shape = "[";
       bool first = true;
       for (const auto& dim : t.sym_sizes()) {
@@ -228,10 +243,9 @@ void outputs_end(const at::RecordFunction& rf, at::ObserverContext*) {
         shape += m ? std::to_string(*m) : std::string("?");
       }
       shape.push_back(']');
-      Live& l = it->second;
       l.ctx.shape = neuron_prof::intern(shape);
       l.ctx.dtype = neuron_prof::intern(neuron_prof::dtype_name(t.scalar_type()));
-      if (l.event >= 0 && l.drains == g_drains && l.event < (int64_t)g_events->size()) {
+      if (current) {
         (*g_events)[l.event].shape = l.ctx.shape;
         (*g_events)[l.event].dtype = l.ctx.dtype;
       }
@@ -399,6 +413,7 @@ py::dict mem_layout() {
   add("device_index", offsetof(MemEvent, device_index), "i1");
   add("bwd", offsetof(MemEvent, bwd), "u1");
   add("kind", offsetof(MemEvent, kind), "u1");
+  add("grad", offsetof(MemEvent, grad), "u1");
   d["fields"] = f;
   d["itemsize"] = sizeof(MemEvent);
   return d;

@@ -17,6 +17,8 @@ device_type     int8     ``c10::DeviceType`` (0 cpu, 1 cuda, 20 PrivateUse1, ...
 device_index    int8     -1 for the CPU
 bwd             uint8    the op ran in autograd's backward pass
 kind            uint8    a code into ``neuron_prof.schema.MEMORY_KINDS``: see below
+grad            uint8    an op returned a tensor over the block that carries a ``grad_fn``
+                         (the block belongs to an autograd graph; capture windows only)
 ==============  =======  ============================================================
 """
 from __future__ import annotations

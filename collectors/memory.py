@@ -20,12 +20,15 @@ user stack: the lines that executed). Tables:
   the script dies of it under ``neuron-prof record``): its message and requested size; the
   live set at that moment goes to ``memory_events`` as ``live`` rows, the last allocator events
   before it as ``recent`` rows.
+* ``process_memory`` — at every step boundary, the process's resident memory (RSS): what the
+  allocators do not see (Python objects, autograd graph nodes, native libraries) shows there.
 
 Allocations made before capture started are not seen (their frees are ignored too): under
 ``neuron-prof record`` capture starts with the interpreter, so everything is seen.
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -75,9 +78,40 @@ def requested_bytes(message: str) -> int:
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "bytes").lower()])
 
 
+class ResidentMemory:
+    """This process's resident set size, cheap enough for every step boundary: Linux's
+    ``/proc/self/statm`` stays open and one ``pread`` (a few µs) reads it. Elsewhere there is no
+    cheap reading of the *current* RSS (``resource`` gives only the peak), so nothing is read."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._pid = 0
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def read(self) -> int | None:
+        """Resident bytes now, or None where they cannot be read (never raises)."""
+        try:
+            if self._pid != os.getpid():  # first use, or a forked child: its own file
+                self.close()
+                self._pid = os.getpid()
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY)  # no such file: not Linux
+            return int(os.pread(self._fd, 128, 0).split()[1]) * self._page if self._fd >= 0 else None
+        except (OSError, ValueError, IndexError):
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = -1
+
+
 class MemoryCollector:
     """Collector (neuron_prof.recording) of allocator events: ``memory_events``, ``memory_steps``,
-    ``memory_tensors``, ``memory_ooms``."""
+    ``memory_tensors``, ``memory_ooms``, ``process_memory``."""
 
     name = "memory"
 
@@ -87,6 +121,8 @@ class MemoryCollector:
         self.tracker = None
         self._window = False
         self._steps: list[tuple] = []  # (step, ts, device, live, peak, allocated, reserved)
+        self._resident = ResidentMemory()
+        self._process: list[tuple[int, int, int]] = []  # (step, ts, rss)
         self._tensors: list[tuple] = []  # (ts, step, addr, device, bytes, category, shape, dtype)
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self._counts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (params, states)
@@ -121,13 +157,17 @@ class MemoryCollector:
             self.tracker.set_detail(on)
 
     def on_step(self, step: int, ts: int) -> None:
-        """Every step boundary: live bytes and peak per device; in windows, the known tensors."""
+        """Every step boundary: live bytes and peak per device, the process's resident memory;
+        in windows, the known tensors."""
         if self.tracker is None:
             return
         rows = [(step, ts, self._device(t, i), live, peak, alloc, res)
                 for t, i, live, peak, alloc, res in self.tracker.totals()]
+        rss = self._resident.read()
         with self._lock:
             self._steps.extend(rows)
+            if rss is not None:
+                self._process.append((step, ts, rss))
         if self._window:
             self._note_tensors(step, ts)
 
@@ -164,6 +204,11 @@ class MemoryCollector:
         with self._lock:
             steps, self._steps = self._steps, []
             tensors, self._tensors = self._tensors, []
+            process, self._process = self._process, []
+        if process:
+            c = list(zip(*process))
+            rec.append("process_memory", {"step": np.array(c[0], np.int32), "ts": np.array(c[1], np.int64),
+                                          "rss": np.array(c[2], np.int64)})
         if steps:
             c = list(zip(*steps))
             rec.append("memory_steps", {
@@ -185,6 +230,7 @@ class MemoryCollector:
 
     # ---- internals
     def _teardown(self) -> None:
+        self._resident.close()
         if self._hook is not None:
             try:
                 self._hook.remove()
@@ -283,4 +329,4 @@ class MemoryCollector:
             "stack": self._map(rec, ev["stack"], "stacks"), "shape": self._map(rec, ev["shape"], "strings"),
             "dtype": self._map(rec, ev["dtype"], "strings"), "bwd": ev["bwd"].astype(bool),
             "kind": ev["kind"].astype(np.int8), "total_allocated": ev["total_allocated"].astype(np.int64),
-            "total_reserved": ev["total_reserved"].astype(np.int64)})
+            "total_reserved": ev["total_reserved"].astype(np.int64), "grad": ev["grad"].astype(bool)})

@@ -6,16 +6,26 @@
 the result for logging; every kept result holds its graph, and the graph holds its saved
 tensors: the validation input, the hidden activation and the output. ``clean`` keeps
 ``.item()`` instead. ``spike``: one step makes a huge temporary (an ``expand(...).contiguous()``).
+
+``history``: the classic ``history.append(loss)`` after ``loss.backward()``, on a deep, narrow
+MLP (``DEPTH`` layers: about a hundred autograd nodes a step, like a real model's graph).
+Backward freed the graph's saved tensors, so the tensors kept grow by 4 bytes a step (the loss),
+but each kept loss keeps its whole graph of nodes: the process grows far faster. ``detached``
+keeps ``loss.detach()``: the same 4 bytes a step, no graph. A third argument trains for at least
+that many seconds (the process's growth is judged over time; see ``analysis.memory``).
 All sizes follow from the constants below (float32: 4 bytes per element).
 """
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
 BATCH, IN, HIDDEN, OUT = 32, 64, 128, 1
 SPIKE = 256  # copies of the batch in the spike's temporary
+DEPTH, WIDTH = 32, 16  # the history modes' model
+HISTORY_MODES = ("history", "detached")
 
 
 def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -30,6 +40,8 @@ def leaked_bytes_per_step() -> int:
 
 
 def train(steps: int, mode: str = "leak", prof=None) -> list:
+    if mode in HISTORY_MODES:
+        return train_history(steps, mode, prof)
     model, opt = model_and_optimizer()
     history = []
     for step in range(steps):
@@ -52,5 +64,29 @@ def train(steps: int, mode: str = "leak", prof=None) -> list:
     return history
 
 
+def train_history(steps: int, mode: str = "history", prof=None, seconds: float = 0.0) -> list:
+    """``history`` / ``detached`` (see the module docstring): ``steps`` steps, and more until
+    ``seconds`` have passed."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(DEPTH) for m in (torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    history = []
+    end = time.monotonic() + seconds
+    while len(history) < steps or time.monotonic() < end:
+        loss = torch.nn.functional.mse_loss(model(torch.randn(BATCH, WIDTH)), torch.randn(BATCH, 1))  # LOSS-LINE
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss if mode == "history" else loss.detach())  # HISTORY-LINE
+        if prof is not None:
+            prof.step()
+    return history
+
+
 if __name__ == "__main__":
-    train(int(sys.argv[2]) if len(sys.argv) > 2 else 8, sys.argv[1] if len(sys.argv) > 1 else "leak")
+    mode, steps = sys.argv[1] if len(sys.argv) > 1 else "leak", int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    if mode in HISTORY_MODES:
+        train_history(steps, mode, seconds=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    else:
+        train(steps, mode)

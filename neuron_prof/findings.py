@@ -32,8 +32,9 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
             continue
         seen.add(key)
         where = f" from {x['source']} ({x['op']}){called_from(x)}" if x["source"] else ""
+        note = process_note(x)
         add("high", "memory", f"memory grows {format_bytes(x['growth_per_step'])} per step on rank {x['rank']} "
-                              f"{x['device']}{where}, confidence {x['confidence']:.2f}")
+                              f"{x['device']}{where}, confidence {x['confidence']:.2f}" + (f"; {note}" if note else ""))
     c = s["compile"]
     if c["cache_limit_hit"]:
         add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
@@ -93,3 +94,18 @@ def user_line(x: Mapping[str, Any]) -> str:
 def called_from(x: Mapping[str, Any]) -> str:
     """``", called from LINE"`` with :func:`user_line`, or nothing."""
     return f", called from {user_line(x)}" if user_line(x) else ""
+
+
+def process_note(x: Mapping[str, Any]) -> str:
+    """What the process's resident memory says about a leak (a row of ``Run.memory_leaks``): the
+    likely cause when it grows much faster than the leaking device's tracked bytes, else nothing."""
+    if not x.get("process_outgrows"):
+        return ""
+    rate = f"the process grows {format_bytes(x['process_growth_per_step'])} per step"
+    ratio = x["process_growth_per_step"] / max(x["growth_per_step"], 1)
+    if x.get("kept_graph"):
+        return (f"{rate}, {ratio:,.0f}x the tracked tensors: likely a kept autograd graph (the leaking tensors "
+                "were made with a grad_fn, and a kept loss or output keeps every node of its graph: keep "
+                "`loss.item()` or `loss.detach()`)")
+    return (f"{rate}, {ratio:,.0f}x the tracked tensors: memory the allocators do not see grows too (Python "
+            "objects, native libraries)")

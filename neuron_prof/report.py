@@ -11,7 +11,7 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import in_steps, op_stats, run_time_ops
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
-from neuron_prof.findings import called_from, findings, user_line
+from neuron_prof.findings import called_from, findings, process_note, user_line
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -90,7 +90,8 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
 
 
 def _memory(run: Run, top: int) -> dict[str, Any]:
-    """Peak per device with what made it, growth per step, leak findings, OOMs."""
+    """Peak per device with what made it, growth per step (of the tracked bytes per device and of
+    the process's resident memory), leak findings, OOMs."""
     ms = run.memory_steps
     if ms.empty and run.memory_events.empty:
         return {"captured": False}
@@ -111,7 +112,9 @@ def _memory(run: Run, top: int) -> dict[str, Any]:
                                                           g["device"]))
             d["peak_sites"] = _records(mem.peak_sites(allocs, int(g["rank"]), g["device"], int(best["ts"]), top))
         devices.append(d)
-    return {"captured": True, "devices": devices, "leaks": _records(run.memory_leaks),
+    return {"captured": True, "devices": devices,
+            "process": _records(mem.process_growth(run.process_memory, run.steps)),
+            "leaks": _records(run.memory_leaks),
             "ooms": _records(run.memory_ooms[["rank", "step", "device", "bytes", "message"]])
             if len(run.memory_ooms) else []}
 
@@ -137,6 +140,13 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
             cols = [("source", "live at the peak: source line", ""), *_called_from(sites), ("module", "module", ""),
                     ("op", "op", ""), ("category", "category", ""), ("blocks", "blocks", "d"), ("size", "bytes", "")]
             out += ["  " + line for line in _table(sites, cols)]
+    for x in m.get("process", []):
+        per_step = (f"{format_bytes(x['growth_per_step'])}/step over {x['judged']} boundaries of steps not captured"
+                    if x["growth_per_step"] is not None else
+                    "growth not judged: the capture's own buffers move it in captured steps; capture fewer steps "
+                    "(--schedule) to judge it")
+        out.append(f"  rank {x['rank']} process resident memory (RSS): {format_bytes(x['first'])} -> "
+                   f"{format_bytes(x['last'])} over {x['boundaries']} step boundaries, {per_step}")
     if m["leaks"]:
         by_dev: dict[tuple, list] = {}
         for x in m["leaks"]:
@@ -145,12 +155,14 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
             x = rows[0]
             out.append(f"  !! LEAK on rank {rank} {device}: +{format_bytes(x['growth_per_step'])} per step "
                        f"(grew in {x['steps_growing']} of the step boundaries checked), confidence {x['confidence']:.2f}")
+            if process_note(x):
+                out.append(f"     {process_note(x)}")
             sites = [{**r, "size": format_bytes(r["bytes_per_step"]), "seen": f"{r['steps_seen']}/{r['steps_checked']}",
-                      "module": r["module"] or "-"}
+                      "module": r["module"] or "-", "graph": "yes" if r["grad"] else ""}
                      for r in rows if r["source"] or r["op"]]
             cols = [("source", "surviving allocations from", ""), *_called_from(sites), ("module", "module", ""),
-                    ("op", "op", ""), ("category", "category", ""), ("size", "bytes/step", ""),
-                    ("blocks_per_step", "blocks/step", "d"), ("seen", "steps", "")]
+                    ("op", "op", ""), ("category", "category", ""), ("graph", "autograd graph", ""),
+                    ("size", "bytes/step", ""), ("blocks_per_step", "blocks/step", "d"), ("seen", "steps", "")]
             out += ["  " + line for line in _table(sites, cols)]
     else:
         out.append("  no leak: live memory does not grow step over step")

@@ -279,6 +279,11 @@ class Run:
         return self._table("memory_steps").sort_values(["rank", "device", "step"], ignore_index=True)
 
     @functools.cached_property
+    def process_memory(self) -> pd.DataFrame:
+        """The process's resident memory (RSS) at every step boundary, per rank (Linux)."""
+        return self._table("process_memory").sort_values(["rank", "step"], ignore_index=True)
+
+    @functools.cached_property
     def memory_tensors(self) -> pd.DataFrame:
         """Parameters, gradients and optimizer state by storage address at captured step boundaries."""
         return self._table("memory_tensors")
@@ -310,7 +315,7 @@ class Run:
     def memory_leaks(self) -> pd.DataFrame:
         """Step-over-step growth of live memory and the sites whose allocations survive."""
         from neuron_prof.analysis.memory import leaks
-        return leaks(self.memory_allocations, self.memory_steps, self.steps)
+        return leaks(self.memory_allocations, self.memory_steps, self.steps, self.process_memory)
 
     def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
         """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,

@@ -12,7 +12,7 @@ import pyarrow as pa
 SCHEMA_VERSION = 1
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
-JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps")
+JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""
@@ -72,6 +72,7 @@ TABLES: dict[str, pa.Schema] = {
         ("ts", _i64), ("alloc_ts", _i64), ("addr", _i64), ("bytes", _i64), ("device", _i32), ("tid", _i64),
         ("op", _i32), ("top_op", _i32), ("module", _i32), ("stack", _i32), ("shape", _i32), ("dtype", _i32),
         ("bwd", pa.bool_()), ("kind", _i8), ("total_allocated", _i64), ("total_reserved", _i64),
+        ("grad", pa.bool_()),
     ]),
     "memory_steps": pa.schema([
         ("step", _i32), ("ts", _i64), ("device", _i32), ("live", _i64), ("peak", _i64), ("allocated", _i64),
@@ -84,6 +85,8 @@ TABLES: dict[str, pa.Schema] = {
     "memory_ooms": pa.schema([
         ("ts", _i64), ("step", _i32), ("device", _i32), ("bytes", _i64), ("message", _i32),
     ]),
+    # the process's resident memory at every step boundary (collector "memory"; Linux)
+    "process_memory": pa.schema([("step", _i32), ("ts", _i64), ("rss", _i64)]),
 }
 
 

@@ -2,6 +2,7 @@
 categories, snapshots, OOM, and living next to torch.profiler."""
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import pytest
 import torch
 
 import neuron_prof
-from conftest import MEMORY_STEPS, cli, line_of, write_script
+from conftest import MEMORY_STEPS, cli, line_of, viewer_page, write_script
 from neuron_prof.analysis import memory as mem
 from neuron_prof.examples import memory_leak as ml
+from neuron_prof.units import format_bytes
 
 EXAMPLE = Path(ml.__file__).resolve()
 F32 = 4
@@ -247,3 +249,84 @@ def test_oom_messages_give_size_and_device():
     assert oom_device("MemoryError: ", {"cpu"}) == "cpu"
     assert is_out_of_memory(RuntimeError(cpu)) and is_out_of_memory(MemoryError())
     assert is_out_of_memory(torch.OutOfMemoryError("x")) and not is_out_of_memory(ValueError("out of memory"))
+
+
+KEPT_GRAPH_STEPS, KEPT_GRAPH_SECONDS = 60, 10  # at least: the process is judged at boundaries of uncaptured
+# steps in the second half of the run, 4 s or more after the last captured step
+
+
+@pytest.fixture(scope="module")
+def kept_graph_runs(tmp_path_factory):
+    """examples/memory_leak.py's ``history`` (``history.append(loss)``) and ``detached``
+    (``history.append(loss.detach())``) recorded as a user would, side by side, each for
+    KEPT_GRAPH_STEPS steps and KEPT_GRAPH_SECONDS, capturing steps 2-4 (``--schedule 1,1,3,1``):
+    the process's resident memory is judged at the boundaries of later steps, which the capture
+    does not touch."""
+    root = tmp_path_factory.mktemp("kept_graph")
+    procs = {mode: subprocess.Popen(
+        [sys.executable, "-m", "neuron_prof", "record", "-o", str(root / mode), "--schedule", "1,1,3,1", "--",
+         sys.executable, "-m", "neuron_prof.examples.memory_leak", mode, str(KEPT_GRAPH_STEPS),
+         str(KEPT_GRAPH_SECONDS)],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for mode in ml.HISTORY_MODES}
+    for p in procs.values():
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    return {mode: root / mode for mode in procs}
+
+
+def _loss_storage_bytes() -> int:
+    """The storage one kept loss of the example holds (mse_loss over a [BATCH, 1] output)."""
+    loss = torch.nn.functional.mse_loss(torch.randn(ml.BATCH, 1, requires_grad=True), torch.randn(ml.BATCH, 1))
+    return loss.untyped_storage().nbytes()
+
+
+def test_kept_graph_grows_the_process_far_beyond_its_tensors(kept_graph_runs):
+    run = neuron_prof.load(kept_graph_runs["history"])
+    leaks = run.memory_leaks
+    (site,) = leaks.itertuples()
+    # tracked tensors: the kept losses alone (backward freed the graphs' saved tensors) ...
+    example = Path(ml.__file__).resolve()
+    assert site.source.endswith(f"memory_leak.py:{line_of(example, 'LOSS-LINE')}") and site.op == "aten::mse_loss"
+    assert site.grad and site.blocks_per_step == 1 and site.growth_per_step == _loss_storage_bytes()
+    assert (np.diff(run.memory_steps["live"].to_numpy()) == site.growth_per_step).all()
+    # ... while each kept loss keeps every node of its graph: the process grows far faster
+    growth = mem.process_growth(run.process_memory, run.steps).iloc[0]
+    assert growth["judged"] >= mem.PROCESS_MIN_BOUNDARIES
+    assert site.process_growth_per_step == growth["growth_per_step"]
+    assert site.process_growth_per_step > max(mem.PROCESS_FACTOR * site.growth_per_step, mem.PROCESS_MIN_BYTES)
+    assert site.process_outgrows and site.kept_graph
+    report = cli("report", kept_graph_runs["history"])
+    assert report.returncode == 0, report.stderr
+    finding = next(line for line in report.stdout.splitlines() if "memory grows" in line)
+    assert "the process grows" in finding and "likely a kept autograd graph" in finding
+    assert "process resident memory (RSS)" in report.stdout
+
+
+def test_kept_tensor_without_its_graph_is_not_called_a_graph(kept_graph_runs, memory_runs):
+    run = neuron_prof.load(kept_graph_runs["detached"])
+    leaks = run.memory_leaks
+    (site,) = leaks.itertuples()  # the same kept storage a step as the history run ...
+    history = neuron_prof.load(kept_graph_runs["history"]).memory_leaks
+    assert site.growth_per_step == history["growth_per_step"].iloc[0] and site.op == "aten::mse_loss"
+    # ... but no graph: the process does not grow much faster than it
+    assert mem.process_growth(run.process_memory, run.steps).iloc[0]["judged"] >= mem.PROCESS_MIN_BOUNDARIES
+    assert not site.process_outgrows and not site.kept_graph
+    for run_dir in (kept_graph_runs["detached"], memory_runs("clean")):
+        report = cli("report", run_dir).stdout
+        assert "the process grows" not in report and "kept autograd graph" not in report
+
+
+def test_memory_page_shows_the_process_next_to_the_tensors(kept_graph_runs, monkeypatch):
+    pytest.importorskip("streamlit")
+    run = neuron_prof.load(kept_graph_runs["history"])
+    at = viewer_page(monkeypatch, kept_graph_runs["history"], "memory", "Memory")
+    (warning,) = [w.value for w in at.warning]
+    assert warning.startswith("The process grows") and "likely a kept autograd graph" in warning
+    metrics = {m.label: m.value for m in at.metric}
+    growth = mem.process_growth(run.process_memory, run.steps).iloc[0]["growth_per_step"]
+    assert metrics["process (RSS): growth per step"] == format_bytes(growth)
+    assert metrics["tracked tensors: growth per step"] == format_bytes(run.memory_leaks["growth_per_step"].iloc[0])
+    chart = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.proto.id.endswith("-mem_process_chart"))
+    rss = chart["data"][0]["y"]
+    rss = np.frombuffer(base64.b64decode(rss["bdata"]), dtype=np.dtype(rss["dtype"])) if isinstance(rss, dict) else rss
+    np.testing.assert_array_equal(np.asarray(rss), run.process_memory["rss"].to_numpy())

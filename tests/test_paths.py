@@ -108,7 +108,7 @@ def test_leak_names_the_library_line_and_the_users_call(library_run):
     run = neuron_prof.load(run_dir)
     leaks = run.memory_leaks
     (site,) = leaks[leaks["source"] == lib_line].itertuples()
-    assert site.user_source == user_line and site.op == "aten::mean"
+    assert site.user_source == user_line and site.op == "aten::mean" and site.grad
     report = cli("report", run_dir)
     assert report.returncode == 0, report.stderr
     out = report.stdout

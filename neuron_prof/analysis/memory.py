@@ -1,12 +1,14 @@
 """Memory analyses: allocations with lifetimes and categories, timeline, peaks, leaks, diffs.
 
 Pandas in, pandas out; inputs are ``Run.memory_events``, ``Run.memory_tensors``,
-``Run.memory_steps`` and ``Run.steps``. Every byte figure is what the allocator was asked for
-(the CPU allocator and CUDA's caching allocator report requested sizes), per device.
+``Run.memory_steps``, ``Run.process_memory`` and ``Run.steps``. Every byte figure is what the
+allocator was asked for (the CPU allocator and CUDA's caching allocator report requested sizes),
+per device, except the process's resident memory (:func:`process_growth`).
 
 Each allocation names the line that made it (``source``, possibly inside a library) and the
 innermost line of the user's own files on the way there (``user_source``: the call that led to
-it).
+it); ``grad`` says an op returned a tensor over the block that carries a ``grad_fn`` (it belongs
+to an autograd graph).
 
 Categories (:func:`allocations`), decided in this order:
 
@@ -41,8 +43,8 @@ _INPUT_OPS = re.compile(
     r"arange|linspace|from_file|as_tensor|to|_to_copy|copy_|pin_memory|_pin_memory|clone|stack|cat)(_like)?$")
 _OPTIMIZER = "Optimizer."
 ALLOC_COLUMNS = ["rank", "device", "addr", "bytes", "alloc_ts", "free_ts", "step", "op", "top_op", "module",
-                 "source", "user_source", "source_full", "stack", "shape", "dtype", "bwd", "free_op", "free_bwd",
-                 "baseline", "category"]
+                 "source", "user_source", "source_full", "stack", "shape", "dtype", "bwd", "grad", "free_op",
+                 "free_bwd", "baseline", "category"]
 
 
 def _step_of(ts: np.ndarray, rank: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
@@ -93,6 +95,9 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     a["free_ts"] = np.where(hit, frees["ts"].to_numpy(np.int64)[np.maximum(pos, 0)] if len(frees) else 0, NEVER)
     a["free_op"] = _take(frees["op"], pos, hit)
     a["free_bwd"] = hit & (frees["bwd"].to_numpy(bool)[np.maximum(pos, 0)] if len(frees) else False)
+    # a block drained before the op that returned it ended learns it is in a graph from its free
+    a["grad"] = a["grad"].to_numpy(bool) | (hit & (frees["grad"].to_numpy(bool)[np.maximum(pos, 0)]
+                                                   if len(frees) else False))
     # an allocation drained before the op that made it ended learns its shape from its free
     for col in ("shape", "dtype"):
         late = _take(frees[col], pos, hit)
@@ -331,8 +336,21 @@ def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top
 
 # ---------------------------------------------------------------- leaks
 LEAK_COLUMNS = ["rank", "device", "growth_per_step", "steps_growing", "steps_checked", "confidence",
-                "source", "user_source", "module", "op", "category", "bytes_per_step", "blocks_per_step",
-                "steps_seen"]
+                "source", "user_source", "module", "op", "category", "grad", "bytes_per_step", "blocks_per_step",
+                "steps_seen", "process_growth_per_step", "process_outgrows", "kept_graph"]
+PROCESS_FACTOR = 4
+"""The process "grows much faster" than a leaking device's tracked bytes at this ratio or more ..."""
+PROCESS_MIN_BYTES = 16 * 2**10
+"""... and by at least this much per step: less can be the C allocator taking memory in chunks."""
+PROCESS_SETTLE_NS = 4 * 10**9
+"""A captured step grows the process by what the capture holds: the session keeps each captured
+step's rows in memory until it moves its journals into tables (every 2 s or 16 MB), and the memory
+that frees is reused and trimmed in jumps of megabytes. So resident memory is judged only at the
+boundaries of steps not captured that end this long after the last captured one (a compaction has
+run since), after the first half of the run (start-up, optimizer state, allocator caches)."""
+PROCESS_MIN_BOUNDARIES = 8
+"""Such boundaries needed to judge the process's growth at all."""
+_MAX_SLOPE_POINTS = 256  # boundaries the pairwise slopes are taken over (evenly spaced)
 
 
 def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
@@ -353,21 +371,68 @@ def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
                                        "first", "last"])
 
 
+def _median_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The median of the slopes between every two points (Theil-Sen): the trend of a curve that
+    moves in jumps and saw-teeth, which an average or the two ends would follow."""
+    if len(x) > _MAX_SLOPE_POINTS:
+        keep = np.linspace(0, len(x) - 1, _MAX_SLOPE_POINTS).round().astype(int)
+        x, y = x[keep], y[keep]
+    i, j = np.triu_indices(len(x), 1)
+    dx = (x[j] - x[i]).astype(float)
+    ok = dx > 0
+    return float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else float("nan")
+
+
+PROCESS_COLUMNS = ["rank", "boundaries", "first", "last", "judged", "growth_per_step"]
+
+
+def process_growth(process_memory: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The process's resident memory (RSS) per rank: at the first and last boundary, and its
+    growth per step over the ``judged`` boundaries (:data:`PROCESS_SETTLE_NS` says which), NaN
+    with fewer than :data:`PROCESS_MIN_BOUNDARIES` of them (e.g. every step captured). The growth
+    is a median of pairwise slopes: the C allocator reuses freed memory first and then takes more
+    in chunks, so the curve moves in steps."""
+    rows = []
+    for rank, g in process_memory.groupby("rank", sort=True):
+        g = g.sort_values("step")
+        rss, ts, step = (g[c].to_numpy(np.int64) for c in ("rss", "ts", "step"))
+        captured = steps[(steps["rank"] == rank) & steps["active"]]
+        ends = np.sort((captured["ts"] + captured["dur"]).to_numpy(np.int64))  # = their boundaries' ts
+        # time since the end of the latest captured step at or before each boundary
+        latest = np.searchsorted(ends, ts, side="right") - 1
+        since = np.where(latest >= 0, ts - ends[np.maximum(latest, 0)], np.iinfo(np.int64).max)
+        judged = (np.arange(len(rss)) >= len(rss) // 2) & (since >= PROCESS_SETTLE_NS)
+        per_step = (_median_slope(step[judged], rss[judged]) if judged.sum() >= PROCESS_MIN_BOUNDARIES
+                    else float("nan"))
+        rows.append({"rank": rank, "boundaries": len(rss), "first": int(rss[0]), "last": int(rss[-1]),
+                     "judged": int(judged.sum()), "growth_per_step": per_step})
+    return pd.DataFrame(rows, columns=PROCESS_COLUMNS)
+
+
 def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
-          min_steps: int = 3) -> pd.DataFrame:
+          process_memory: pd.DataFrame | None = None, min_steps: int = 3) -> pd.DataFrame:
     """Live memory that grows step over step, and the allocation sites that account for it.
 
     A device leaks when, over at least ``min_steps`` step-to-step differences (after the first),
     live bytes at the boundaries grow in at least 3/4 of them. Its sites (:data:`SITE_KEY`) are
     the groups whose allocations, made in a captured step before the last, are still alive at the
-    last boundary (``survivors``), in at least half of those steps. One row per
-    site: ``bytes_per_step`` (median over the steps it survived from), ``blocks_per_step``,
+    last boundary (``survivors``), in at least half of those steps. One row per site:
+    ``bytes_per_step`` (median over the steps it survived from), ``blocks_per_step``,
     ``steps_seen`` of ``steps_checked``; ``confidence`` (0..1) = how much of the measured growth
-    the device's sites account for (capped at 1) x the share of growing differences.
+    the device's sites account for (capped at 1) x the share of growing differences; ``grad``:
+    most of the site's surviving blocks belong to an autograd graph.
+
+    With ``process_memory``: ``process_growth_per_step`` (:func:`process_growth`, NaN where not
+    known), ``process_outgrows`` = the process grows at least :data:`PROCESS_FACTOR` times as fast
+    as the device's live bytes and by :data:`PROCESS_MIN_BYTES` a step or more (what is kept is
+    mostly not tensor storage), ``kept_graph`` = that, and one of the device's sites is in an
+    autograd graph: the graph's nodes are what grows (the classic ``history.append(loss)``).
     """
     out = []
     g_all = growth(memory_steps)
     horizon = memory_steps.groupby("rank")["ts"].max()
+    proc = (process_growth(process_memory, steps).set_index("rank")["growth_per_step"]
+            if process_memory is not None and len(process_memory) else pd.Series(dtype=float))
     for _, g in g_all.iterrows():
         if g["checked"] < min_steps or g["growth_per_step"] <= 0 or g["growing"] < 0.75 * g["checked"]:
             continue
@@ -377,24 +442,27 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         candidates = sorted(s for s in done if s < last)
         a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)
                    & allocs["step"].isin(candidates) & (allocs["free_ts"] > horizon.get(rank, NEVER))]
-        per_step = a.groupby(SITE_KEY + ["step"], observed=True)["bytes"].agg(["sum", "size"]).reset_index()
+        per_step = a.groupby(SITE_KEY + ["step"], observed=True).agg(
+            sum=("bytes", "sum"), size=("bytes", "size"), grad=("grad", "mean")).reset_index()
         sites = per_step.groupby(SITE_KEY, observed=True).agg(
-            bytes_per_step=("sum", "median"), blocks_per_step=("size", "median"), steps_seen=("step", "nunique"))
+            bytes_per_step=("sum", "median"), blocks_per_step=("size", "median"), steps_seen=("step", "nunique"),
+            grad=("grad", "mean"))
         sites = sites[sites["steps_seen"] >= max(1, len(candidates) / 2)].reset_index()
         sites = sites.sort_values("bytes_per_step", ascending=False, ignore_index=True)
         explained = float(sites["bytes_per_step"].sum())
         share = min(explained, g["growth_per_step"]) / max(explained, g["growth_per_step"]) if explained else 0.0
-        conf = round(share * g["growing"] / g["checked"], 3)
+        p = float(proc.get(rank, np.nan))
+        outgrows = bool(p >= max(PROCESS_FACTOR * g["growth_per_step"], PROCESS_MIN_BYTES))  # False when NaN
+        device_row = {"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
+                      "steps_growing": int(g["growing"]), "steps_checked": len(candidates),
+                      "confidence": round(share * g["growing"] / g["checked"], 3), "process_growth_per_step": p,
+                      "process_outgrows": outgrows, "kept_graph": outgrows and bool((sites["grad"] >= 0.5).any())}
         for _, s in sites.iterrows():
-            out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
-                        "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": conf,
-                        "source": str(s["source"]), "user_source": str(s["user_source"]),
-                        "module": str(s["module"]), "op": str(s["top_op"]),
-                        "category": str(s["category"]), "bytes_per_step": int(s["bytes_per_step"]),
+            out.append({**device_row, "source": str(s["source"]), "user_source": str(s["user_source"]),
+                        "module": str(s["module"]), "op": str(s["top_op"]), "category": str(s["category"]),
+                        "grad": bool(s["grad"] >= 0.5), "bytes_per_step": int(s["bytes_per_step"]),
                         "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
         if sites.empty:
-            out.append({"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
-                        "steps_growing": int(g["growing"]), "steps_checked": len(candidates), "confidence": 0.0,
-                        "source": "", "user_source": "", "module": "", "op": "", "category": "", "bytes_per_step": 0,
-                        "blocks_per_step": 0, "steps_seen": 0})
+            out.append({**device_row, "confidence": 0.0, "source": "", "user_source": "", "module": "", "op": "",
+                        "category": "", "grad": False, "bytes_per_step": 0, "blocks_per_step": 0, "steps_seen": 0})
     return pd.DataFrame(out, columns=LEAK_COLUMNS)

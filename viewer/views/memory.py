@@ -1,5 +1,6 @@
-"""Memory: live bytes over time by category, each step's peak and what made it, leaks, OOMs, the
-difference between two step boundaries, and the run as a memory_viz snapshot.
+"""Memory: live bytes over time by category, each step's peak and what made it, leaks (with the
+process's resident memory beside the tracked bytes), OOMs, the difference between two step
+boundaries, and the run as a memory_viz snapshot.
 
 Every number comes from ``neuron_prof.analysis.memory`` (through ``Run``). The expensive calls are
 cached per run and stamp; tables are built from the selected rank, device and step only, and the
@@ -16,7 +17,7 @@ import streamlit as st
 
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.timeline import memory_window
-from neuron_prof.findings import called_from
+from neuron_prof.findings import called_from, process_note
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 
@@ -64,6 +65,11 @@ def _peaks(path: str, mtime: float) -> pd.DataFrame:
 @st.cache_data(max_entries=4, show_spinner="looking for leaks ...")
 def _leaks(path: str, mtime: float) -> pd.DataFrame:
     return _run(path).memory_leaks
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _process(path: str, mtime: float) -> pd.DataFrame:
+    return mem.process_growth(_run(path).process_memory, _run(path).steps)
 
 
 @st.cache_data(max_entries=32, show_spinner="what was live at the peak ...")
@@ -188,15 +194,19 @@ else:
     g = float(x["growth_per_step"])
     st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {device}: it grew at "
              f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
+    note = process_note(x)
+    if note:
+        st.warning(note[:1].upper() + note[1:] + ".")
     cols = st.columns(3)
     cols[0].metric("growth per step", format_bytes(g))
     cols[1].metric("confidence", f"{float(x['confidence']):.2f}")
     found = leaks[(leaks["source"] != "") | (leaks["op"] != "")]
     cols[2].metric("surviving sites", len(found))
-    st.dataframe(_plain(found)[["source", "user_source", "module", "op", "category", "bytes_per_step",
+    st.dataframe(_plain(found)[["source", "user_source", "module", "op", "category", "grad", "bytes_per_step",
                                 "blocks_per_step", "steps_seen", "steps_checked"]], hide_index=True,
                  key="mem_leaks_table",
                  column_config={"source": "surviving allocations from", "user_source": SOURCE_LABELS["user_source"],
+                                "grad": st.column_config.CheckboxColumn("in an autograd graph"),
                                 "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%d")})
 ms = run.memory_steps
 ms = ms[(ms["rank"] == rank) & (ms["device"].astype(str) == device)]
@@ -207,6 +217,25 @@ if len(ms):
     fig.update_layout(margin={"t": 30})
     st.plotly_chart(fig, width="stretch", key="mem_steps_chart")
     st.caption("live: allocated bytes at each step boundary; peak: the highest since the boundary before")
+pm = run.process_memory
+pm = pm[pm["rank"] == rank]
+if len(pm):
+    pg = _process(key, mtime)
+    pg = pg[pg["rank"] == rank].iloc[0]
+    tracked = mem.growth(ms).iloc[0]["growth_per_step"] if len(ms) else 0.0
+    per_step = pg["growth_per_step"]
+    cols = st.columns(2)
+    cols[0].metric("tracked tensors: growth per step", format_bytes(tracked))
+    cols[1].metric("process (RSS): growth per step", "not judged" if pd.isna(per_step) else format_bytes(per_step))
+    fig = px.line(pm, x="step", y="rss", markers=True,
+                  labels={"rss": "resident bytes", "step": "step boundary (end of step)"})
+    fig.update_layout(margin={"t": 30})
+    st.plotly_chart(fig, width="stretch", key="mem_process_chart")
+    st.caption(f"the process's resident memory (RSS) at each step boundary, next to the allocator's view above: "
+               f"Python objects, autograd graph nodes and native libraries show here, not there. Its growth is judged "
+               f"over {int(pg['judged'])} boundaries: those of steps not captured, {mem.PROCESS_SETTLE_NS / 1e9:.0f} s "
+               f"or more after a captured one "
+               f"(the capture holds each captured step's events for a while), in the second half of the run")
 
 # ------------------------------------------------------------------ OOMs
 ooms = run.memory_ooms
