@@ -14,6 +14,7 @@ import re
 _INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
 _STDLIB = re.compile(r"[\\/](?:lib(?:64)?[\\/]python\d+\.\d+t?|Lib)[\\/]")
 _FROZEN = "<frozen "
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.+):(?P<line>\d+)\)$")
 
 
 def is_user_file(path: str) -> bool:
@@ -34,3 +35,10 @@ def display_path(path: str, cwd: str | None) -> str:
     if cwd and path.startswith(cwd.rstrip(os.sep) + os.sep):
         return os.path.relpath(path, cwd)
     return path
+
+
+def display_frame(text: str, cwd: str | None) -> str:
+    """A frame named ``func (file:line)`` (how recompiles name the frame that recompiled) with its
+    file as :func:`display_path` shows it; other text unchanged."""
+    m = _FRAME.match(text)
+    return f"{m['func']} ({display_path(m['file'], cwd)}:{m['line']})" if m else text

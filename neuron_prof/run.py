@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from neuron_prof.paths import display_path, is_user_file
+from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_rank, read_run_meta, rank_dirs
 from neuron_prof.schema import MEMORY_KINDS
 
@@ -38,6 +38,7 @@ _STRING_COLUMNS = {
 _HANDED_OVER = ("ops", "memory_events")  # read once per Run (cached properties), then dropped by the reader
 
 _STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
+_FRAME_COLUMNS = {"recompiles": ("func",)}  # "func (file:line)": shown with the file short
 
 
 SOURCE_COLUMNS = ("source", "user_source", "source_full")
@@ -130,6 +131,8 @@ class Run:
                 df[col] = strings.categorical(df[col].to_numpy())
             for col in _STRING_LIST_COLUMNS.get(name, ()):
                 df[col] = [list(strings.values[np.asarray(ids, dtype=np.int64)]) for ids in df[col]]
+            for col in _FRAME_COLUMNS.get(name, ()):
+                df[col] = df[col].map(lambda text: display_frame(text, strings.cwd)).astype("category")
             if "stack" in df.columns:
                 for col, values in strings.sources(df["stack"].to_numpy()).items():
                     df.insert(df.columns.get_loc("stack"), col, values)

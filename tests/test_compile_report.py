@@ -43,6 +43,9 @@ def test_report_json_lists_every_break_site_with_its_class_and_hits(compiled_run
 def test_report_text_has_the_compile_section(compiled_run):
     text = cli("report", compiled_run).stdout
     assert "Graph breaks by site" in text and "graph_breaks.py:" in text and "recompiles of" in text
+    # the frame that recompiled is named with its file as every source line is: relative to the cwd
+    src = Path(inspect.getsourcefile(graph_breaks)).resolve()
+    assert f"recompiles of step ({src.relative_to(Path.cwd())}:" in text and f"({src}:" not in text
 
 
 def test_perfetto_compile_track_breaks_and_flows(compiled_run, tmp_path):
