@@ -43,7 +43,6 @@ def test_helper_processes_leave_the_trainers_rank_intact_and_a_second_claim_is_r
     res = cli("record", "-o", run_dir, "--", sys.executable, script, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "tensor(2.)" in res.stdout and "helper stepped" in res.stdout and "trainer done" in res.stdout
-    assert "exited with code 0" in res.stderr and "run written to" in res.stderr
 
     # the trainer's folder is the only one, and it holds every step
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["rank-00000"]
@@ -51,6 +50,7 @@ def test_helper_processes_leave_the_trainers_rank_intact_and_a_second_claim_is_r
     assert int(run.steps["complete"].sum()) == STEPS
     assert run.health["closed"].all()
     (trainer,) = run.rank_data
+    assert "exited with code 0" in res.stderr and "run written to" in res.stderr
     # exactly one conflict note: the helper that stepped; the one that never stepped left nothing
     notes = sorted(p.name for p in run_dir.iterdir() if p.is_file() and ".conflict-" in p.name)
     assert len(notes) == 1 and notes[0].startswith("rank-00000.conflict-")
@@ -94,7 +94,10 @@ def test_a_command_killed_during_step_0_reads_as_such(tmp_path):
 
 
 SHORT = """
+import importlib.util
 import sys
+
+assert importlib.util.find_spec("torch") is not None  # as libraries look for torch before importing it
 import torch
 
 model = torch.nn.Linear(4, 4)
@@ -158,3 +161,18 @@ def test_a_rank_killed_in_step_0_is_listed_as_missing(tmp_path):
     assert "rank 1: no folder" in rep.stdout
     assert json.loads(cli("report", run_dir, "--json").stdout)["health"]["missing_ranks"] == [1]
     assert not any(".conflict-" in p for p in os.listdir(run_dir))
+
+
+def test_a_second_process_of_the_run_that_wants_a_written_rank_writes_nothing(tmp_path):
+    # two mains one after the other (a shell in between makes each the command's own process),
+    # both rank 0: the first one's rank stays as it wrote it
+    script = write_script(tmp_path / "short.py", SHORT)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--", "sh", "-c", f"{sys.executable} {script} 2 && {sys.executable} {script} 3",
+              cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = neuron_prof.load(run_dir)
+    assert int(run.steps["complete"].sum()) == 2
+    (c,) = run.conflicts.to_dict("records")
+    assert not c["live"] and c["holder_pid"] == run.rank_data[0].meta["pid"] and c["argv"][-1] == "3"
+    assert "1 process(es) wanted a rank another process owned" in res.stderr

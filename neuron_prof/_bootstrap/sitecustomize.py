@@ -13,9 +13,10 @@ Which processes capture, and from when (the README's "Capture with no code chang
   count) — starts capture when it imports torch, with the interpreter's start as the capture's
   origin, and ends steps at its optimizer's steps;
 - any other Python process (a helper that the training script or a library starts: Inductor's
-  checks and compile workers, a data-loading process) only installs a step clock when it imports
-  torch, and starts capture at its first optimizer step. A helper that never steps leaves
-  nothing; one that steps and wants a rank another process owns is reported, and writes nothing.
+  checks and compile workers, a data-loading process) only registers an optimizer step pre-hook
+  when it imports torch, and starts capture at its first optimizer step. A helper that never
+  steps leaves nothing; one that steps and wants a rank another process owns writes nothing
+  there and leaves a conflict note (neuron_prof/store.py).
 
 Each process tells its children what it is through NEURON_PROF_PARENT, which they inherit.
 Whatever goes wrong here is reported on stderr once and never stops the user's program.
