@@ -153,6 +153,8 @@ def _claim(rank_dir: Path, run_id: str) -> int:
     except BlockingIOError:
         os.close(fd)
         raise RankClaimed(rank_dir, load_json(rank_dir / RANK_META), live=True) from None
+    except OSError:  # a file system without locks (some network mounts): the run id still guards it
+        pass
     holder = load_json(rank_dir / RANK_META)
     if holder.get("run_id") == run_id:  # a finished process of this run wrote it: keep its data
         os.close(fd)

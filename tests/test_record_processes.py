@@ -176,3 +176,43 @@ def test_a_second_process_of_the_run_that_wants_a_written_rank_writes_nothing(tm
     (c,) = run.conflicts.to_dict("records")
     assert not c["live"] and c["holder_pid"] == run.rank_data[0].meta["pid"] and c["argv"][-1] == "3"
     assert "1 process(es) wanted a rank another process owned" in res.stderr
+
+
+SPAWNED_DDP = """
+import os
+import sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def rank_main(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    print("parent", os.getpid(), flush=True)
+    mp.spawn(rank_main, args=(int(sys.argv[1]),), nprocs=2)
+"""
+
+
+def test_ranks_spawned_by_the_training_script_are_captured_and_their_parent_leaves_nothing(tmp_path):
+    # torch.multiprocessing.spawn: the ranks are helpers of a main that imports torch and never steps
+    script = write_script(tmp_path / "spawned.py", SPAWNED_DDP)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--", sys.executable, script, free_port(), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    parent = int(res.stdout.split()[1])
+    run = neuron_prof.load(run_dir)
+    assert run.ranks == [0, 1] and run.missing_ranks == [] and run.conflicts.empty
+    assert parent not in {rd.meta["pid"] for rd in run.rank_data}
+    # captured from the first optimizer step on: that step ends step 0
+    assert run.steps.groupby("rank")["complete"].sum().to_dict() == {0: 3, 1: 3}
+    assert not any(".conflict-" in p for p in os.listdir(run_dir))
