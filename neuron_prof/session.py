@@ -381,6 +381,7 @@ class Session:
             "collectors": [c.name for c in self.collectors],
             "schedule": None if self.schedule is None else vars(self.schedule),
             "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
+            "stepless": stepless,  # a training process of the same run may replace this folder
         }
         try:
             self._writer = RankWriter(self.run_dir / rank_dir_name(rank), meta)

@@ -8,8 +8,9 @@ committed length is real damage, and readers say so.
 
 Ownership: a writer claims its rank folder with an OS lock (``flock`` on ``.writer.lock``) held for
 its lifetime and released by the OS if the process dies, and stamps ``rank.json`` with its run id.
-A folder is replaced only when no live process holds it and it belongs to another (older) run; a
-second process of the same run never touches it (``RankClaimed``).
+A folder is replaced only when no live process holds it and it belongs to another (older) run (or
+to a process of this run that completed no step); a second process of the same run never touches
+it otherwise (``RankClaimed``).
 """
 from __future__ import annotations
 
@@ -156,7 +157,9 @@ def _claim(rank_dir: Path, run_id: str) -> int:
     except OSError:  # a file system without locks (some network mounts): the run id still guards it
         pass
     holder = load_json(rank_dir / RANK_META)
-    if holder.get("run_id") == run_id:  # a finished process of this run wrote it: keep its data
+    # a finished process of this run wrote it: its data stays, unless that process completed no
+    # step (one that ran a few ops before the trainer started, say): a training rank replaces it
+    if holder.get("run_id") == run_id and not holder.get("stepless"):
         os.close(fd)
         raise RankClaimed(rank_dir, holder, live=False)
     return fd

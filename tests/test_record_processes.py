@@ -216,3 +216,27 @@ def test_ranks_spawned_by_the_training_script_are_captured_and_their_parent_leav
     # captured from the first optimizer step on: that step ends step 0
     assert run.steps.groupby("rank")["complete"].sum().to_dict() == {0: 3, 1: 3}
     assert not any(".conflict-" in p for p in os.listdir(run_dir))
+
+
+WRAPPER = """
+import subprocess
+import sys
+
+# a Python wrapper that never imports torch (as poetry/pipenv/hatch run are): what it starts are
+# the command's own processes. The first one runs an op and no step; the second one trains.
+subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2).sum())"], check=True)
+subprocess.run([sys.executable, sys.argv[1], "4"], check=True)
+"""
+
+
+def test_processes_started_by_a_wrapper_without_torch_are_mains_and_a_stepless_one_gives_way(tmp_path):
+    wrapper = write_script(tmp_path / "wrapper.py", WRAPPER)
+    script = write_script(tmp_path / "short.py", SHORT)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--", sys.executable, wrapper, script, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = neuron_prof.load(run_dir)
+    assert int(run.steps["complete"].sum()) == 4 and run.conflicts.empty
+    # captured from its import of torch (a main), not from its first optimizer step (a helper)
+    assert (run.ops["name"] == "aten::linear").sum() == 4
+    assert "claimed by" not in res.stderr

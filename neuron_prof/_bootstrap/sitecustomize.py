@@ -8,17 +8,18 @@ Which processes capture, and from when (the README's "Capture with no code chang
 
 - a launcher (torchrun, ``python -m torch.distributed.run|launch``, ``accelerate launch``)
   captures nothing;
-- a *main* process — one whose nearest Python ancestor in the command is ``record`` or a
-  launcher (the command itself, each rank a launcher starts; a shell script in between does not
-  count) — starts capture when it imports torch, with the interpreter's start as the capture's
-  origin, and ends steps at its optimizer's steps;
+- a *main* process — one whose nearest Python ancestor in the command that imported torch
+  before starting it is ``record`` or a launcher (the command itself, each rank a launcher
+  starts; a shell script or a Python wrapper without torch in between does not count) — starts
+  capture when it imports torch, with the interpreter's start as the capture's origin, and ends
+  steps at its optimizer's steps;
 - any other Python process (a helper that the training script or a library starts: Inductor's
   checks and compile workers, a data-loading process) only registers an optimizer step pre-hook
   when it imports torch, and starts capture at its first optimizer step. A helper that never
   steps leaves nothing; one that steps and wants a rank another process owns writes nothing
   there and leaves a conflict note (neuron_prof/store.py).
 
-Each process tells its children what it is through NEURON_PROF_PARENT, which they inherit.
+Each process tells its children what they are through NEURON_PROF_PARENT, which they inherit.
 Whatever goes wrong here is reported on stderr once and never stops the user's program.
 """
 from __future__ import annotations
@@ -133,10 +134,12 @@ def _start() -> None:
         os.environ[PARENT_ENV] = "launcher"
         return
     main = os.environ.get(PARENT_ENV) == "launcher"
-    os.environ[PARENT_ENV] = "trainer"
     pid = os.getpid()
 
     def on_torch() -> None:
+        # from its import of torch on, a process's Python children are its helpers; until then
+        # (a wrapper without torch: poetry run, a launcher of the user's own) they are mains too
+        os.environ[PARENT_ENV] = "trainer"
         try:
             if main and os.getpid() == pid:  # a child forked before torch was imported is a helper
                 _start_main_or_helper(config, helper=False)
