@@ -148,7 +148,10 @@ def _start() -> None:
         except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
             _warn("capture not started", exc)
 
-    sys.meta_path.insert(0, _AfterImport("torch", on_torch))
+    if "torch" in sys.modules:  # imported already (a .pth file of the environment, say)
+        on_torch()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", on_torch))
 
 
 def _chain_next_sitecustomize() -> None:

@@ -35,8 +35,10 @@ def parse_schedule(text: str) -> dict[str, int]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("record", help="run a command under capture",
-                       description="Run COMMAND with every Python process captured. Steps end when the "
-                                   "training loop's optimizer steps. Exit code and output are the command's.")
+                       description="Run COMMAND under capture: its own Python process and the ranks a launcher "
+                                   "starts are captured from their import of torch, other Python processes from "
+                                   "their first optimizer step. Steps end when the training loop's optimizer "
+                                   "steps. Exit code and output are the command's.")
     p.add_argument("-o", "--output", type=Path, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--schedule", type=parse_schedule, metavar="WAIT,WARMUP,ACTIVE[,REPEAT]",
                    help="capture only these steps in detail (default: every step, up to --max-events)")
