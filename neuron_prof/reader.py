@@ -183,9 +183,9 @@ def read_run(run_dir: Path) -> RunFiles:
         if not meta.get("run_id"):
             raise NeuronProfError(f"{run_dir}: not a neuron_prof run (no rank-NNNNN/ folders); "
                                   f"{RECORD_HINT.replace('RUN', str(run_dir))}")
-        raise NeuronProfError(f"{run_dir}: no rank completed a step: the command {describe_exit(meta.get('exit'))} "
-                              "during step 0 (before its first optimizer step), so nothing was captured; "
-                              "re-run it (its own output says why it ended)")
+        how = f"the command {describe_exit(meta.get('exit'))}" if shared_id else "the capture ended"
+        raise NeuronProfError(f"{run_dir}: no rank completed a step: {how} during step 0 (before its first "
+                              "optimizer step), so nothing was captured; re-run it (its own output says why it ended)")
     if not isinstance(world, int):
         world = max((rd.meta.get("world_size") for rd in ranks if isinstance(rd.meta.get("world_size"), int)),
                     default=len(ranks))
@@ -193,7 +193,7 @@ def read_run(run_dir: Path) -> RunFiles:
     run_ids = {rd.meta.get("run_id") for rd in ranks} - {None}
     return RunFiles(meta=meta, ranks=ranks, stale_rank_dirs=stale,
                     missing_ranks=[r for r in range(world) if r not in present],
-                    conflicts=[n for n in _conflict_notes(run_dir) if n["run_id"] in run_ids])
+                    conflicts=[n for n in _conflict_notes(run_dir) if n.get("run_id") in run_ids])
 
 
 def _conflict_notes(run_dir: Path) -> list[dict[str, Any]]:
