@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -99,12 +100,13 @@ def _stacks(strings: Strings, rng: np.random.Generator, n: int) -> tuple[dict, d
 
 
 def _meta(rank: int = 0) -> tuple[dict, dict]:
-    rank_meta = {"schema_version": SCHEMA_VERSION, "rank": rank, "world_size": 1, "pid": os.getpid(),
+    run_id = uuid.uuid4().hex  # the writer claims the folder for this run
+    rank_meta = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "rank": rank, "world_size": 1, "pid": os.getpid(),
                  "hostname": socket.gethostname(), "device": "cpu", "torch_version": "2.13.0+cpu",
                  "python": sys.version.split()[0], "clock_offset_ns": 1_700_000_000_000_000_000 - T0,
                  "start_ns": T0, "collectors": ["eager", "memory"], "schedule": None,
                  "max_buffered_events": 2_000_000, "max_events": 50_000_000}
-    run_meta = {"schema_version": SCHEMA_VERSION, "neuron_prof_version": "bench",
+    run_meta = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "neuron_prof_version": "bench",
                 "command": ["python", "benchmarks/viewer_speed.py", "(synthetic run)"], "cwd": "/work/train",
                 "torch_version": "2.13.0+cpu", "device": "cpu", "world_size": 1,
                 "start_time_ns": 1_700_000_000_000_000_000, "hostname": socket.gethostname()}

@@ -16,18 +16,21 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     With no ``schedule`` every step is captured in detail, bounded by ``max_events`` (after that,
     step times only). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
     steps when the optimizer steps. ``collectors`` picks the event sources (default: eager ops).
-    ``startup=True`` (what ``neuron-prof record`` uses, capture beginning with the process): the
-    time until the first module call is the run's start-up span, not part of step 0.
+    ``origin_ns``: when the capture began (``time.monotonic_ns()``), if before ``start()``: the
+    process's start-up is then part of the run (``neuron-prof record`` passes the interpreter's
+    start). ``run_id`` and ``yield_if_stepless`` are how ``record`` ties the processes of one
+    command into one run (neuron_prof.session.Session says what they do).
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, schedule: Schedule | None = None,
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, auto_step: bool = False,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 needs_step: bool = False, startup: bool = False) -> None:
+                 origin_ns: int | None = None, run_id: str | None = None,
+                 yield_if_stepless: bool = False) -> None:
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
-                               max_events=max_events, command=command, needs_step=needs_step,
-                               startup=startup)
+                               max_events=max_events, command=command, run_id=run_id, origin_ns=origin_ns,
+                               yield_if_stepless=yield_if_stepless)
         self._clock = OptimizerStepClock(self.session.step) if auto_step else None
 
     @property

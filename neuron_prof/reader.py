@@ -6,6 +6,7 @@ says what to do; nothing here unpickles or evaluates anything from the run.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.schema import (JOURNAL_SUFFIX, MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES,
-                                row_dtype)
+from neuron_prof.schema import (CONFLICT_GLOB, JOURNAL_SUFFIX, MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION,
+                                TABLE_SUFFIX, TABLES, row_dtype)
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
 
@@ -127,16 +128,86 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
 
 
 def rank_dirs(run_dir: Path) -> list[Path]:
-    """The rank folders of a run; a missing, empty or foreign folder is a NeuronProfError."""
+    """The rank folders in a run directory (a missing directory is a NeuronProfError)."""
     if not run_dir.exists():
         raise NeuronProfError(f"{run_dir}: no such run directory; {RECORD_HINT.replace('RUN', str(run_dir))}")
     if not run_dir.is_dir():
         raise NeuronProfError(f"{run_dir}: not a directory; pass the run directory that holds run.json")
-    dirs = sorted(p for p in run_dir.glob("rank-*") if p.is_dir() and p.name[5:].isdigit())
-    if not dirs:
-        raise NeuronProfError(f"{run_dir}: not a neuron_prof run (no rank-NNNNN/ folders); "
-                              f"{RECORD_HINT.replace('RUN', str(run_dir))}")
-    return dirs
+    return sorted(p for p in run_dir.glob("rank-*") if p.is_dir() and p.name[5:].isdigit())
+
+
+def describe_exit(exit_status: Any) -> str:
+    """How a recorded command ended, from run.json's ``exit`` (written by ``record``)."""
+    if isinstance(exit_status, dict) and isinstance(exit_status.get("signal"), int):
+        sig = exit_status["signal"]
+        try:
+            return f"was killed by signal {sig} ({signal.Signals(sig).name})"
+        except ValueError:
+            return f"was killed by signal {sig}"
+    if isinstance(exit_status, dict) and isinstance(exit_status.get("code"), int):
+        return f"exited with code {exit_status['code']}"
+    return "did not finish under record (still running, or record itself was stopped)"
+
+
+@dataclass
+class RunFiles:
+    """A run directory sorted out before its tables are read."""
+
+    meta: dict[str, Any]
+    ranks: list[RankData]
+    stale_rank_dirs: list[Path]  # left by an earlier capture into the same directory
+    missing_ranks: list[int]     # ranks of the run's world with no folder: died before their first step
+    conflicts: list[dict[str, Any]]  # processes that claimed a rank another process owned
+
+
+def _owner(rank_dir: Path) -> str | None:
+    """The run id in a rank folder's rank.json; None if unreadable (read_rank says why)."""
+    try:
+        return _read_json(rank_dir / RANK_META, "rank metadata").get("run_id")
+    except NeuronProfError:
+        return None
+
+
+def read_run(run_dir: Path) -> RunFiles:
+    """This run's rank folders (read), and what the capture's health section reports about the
+    rest. A run with no rank folder of its own is a NeuronProfError that says how it ended."""
+    dirs = rank_dirs(run_dir)
+    meta = read_run_meta(run_dir)
+    world = meta.get("world_size")
+    # under `record` every process shares the run id: a folder with another one is an older run's
+    shared_id = meta.get("run_id") if meta.get("run_id_scope") == "command" else None
+    stale = [d for d in dirs if isinstance(world, int) and int(d.name[5:]) >= world
+             or shared_id is not None and _owner(d) not in (shared_id, None)]
+    ranks = [read_rank(d) for d in dirs if d not in stale]
+    if not ranks:
+        if not meta.get("run_id"):
+            raise NeuronProfError(f"{run_dir}: not a neuron_prof run (no rank-NNNNN/ folders); "
+                                  f"{RECORD_HINT.replace('RUN', str(run_dir))}")
+        how = f"the command {describe_exit(meta.get('exit'))}" if shared_id else "the capture ended"
+        raise NeuronProfError(f"{run_dir}: no rank completed a step: {how} during step 0 (before its first "
+                              "optimizer step), so nothing was captured; re-run it (its own output says why it ended)")
+    if not isinstance(world, int):
+        world = max((rd.meta.get("world_size") for rd in ranks if isinstance(rd.meta.get("world_size"), int)),
+                    default=len(ranks))
+    present = {rd.rank for rd in ranks}
+    run_ids = {rd.meta.get("run_id") for rd in ranks} - {None}
+    return RunFiles(meta=meta, ranks=ranks, stale_rank_dirs=stale,
+                    missing_ranks=[r for r in range(world) if r not in present],
+                    conflicts=[n for n in _conflict_notes(run_dir) if n.get("run_id") in run_ids])
+
+
+def _conflict_notes(run_dir: Path) -> list[dict[str, Any]]:
+    notes = []
+    for path in sorted(run_dir.glob(CONFLICT_GLOB)):
+        if not path.is_file():
+            continue
+        note = _read_json(path, "conflict note")
+        if not (isinstance(note.get("rank"), int) and isinstance(note.get("pid"), int)
+                and isinstance(note.get("argv"), list)):
+            raise NeuronProfError(f"{path}: conflict note without rank, pid and argv; delete the file "
+                                  "(it only reports a process that wrote nothing)")
+        notes.append(note)
+    return notes
 
 
 def read_rank(rank_dir: Path) -> RankData:

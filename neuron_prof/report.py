@@ -12,6 +12,7 @@ from neuron_prof.analysis.ops import in_steps, op_stats, run_time_ops
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import called_from, findings, process_note, user_line
+from neuron_prof.reader import describe_exit
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -85,6 +86,9 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "ranks": _records(run.health),
             "failures": _records(run.failures[["rank", "collector", "message"]]) if len(run.failures) else [],
             "stale_rank_dirs": [str(d) for d in run.stale_rank_dirs],
+            "missing_ranks": run.missing_ranks,
+            "conflicts": _records(run.conflicts),
+            "command_exit": meta.get("exit"),  # record's runs: {"code": N} or {"signal": N}
         },
     }
 
@@ -319,7 +323,16 @@ def render_text(s: dict[str, Any]) -> str:
         out.append("  " + ", ".join(bits))
     for f in h["failures"]:
         out.append(f"  rank {f['rank']}: collector {f['collector']} failed: {f['message']}")
+    for rank in h["missing_ranks"]:
+        out.append(f"  rank {rank}: no folder: the process was killed or crashed before its first step "
+                   "(or never started)")
+    for c in h["conflicts"]:
+        when = _dt.datetime.fromtimestamp(c["time_ns"] / 1e9).strftime("%H:%M:%S") if c["time_ns"] else "?"
+        owner = f"pid {c['holder_pid']} {'was writing it' if c['live'] else 'had written it'}"
+        out.append(f"  rank {c['rank']}: also claimed by pid {c['pid']} ({' '.join(map(str, c['argv']))[:80]}) "
+                   f"at {when}, which wrote nothing ({owner})")
     for d in h["stale_rank_dirs"]:
-        out.append(f"  ignored {d}: a rank this run (world size {r['world_size']}) never had, left by an earlier "
-                   "capture into the same directory")
+        out.append(f"  ignored {d}: not this run's, left by an earlier capture into the same directory")
+    if h["command_exit"] is not None:
+        out.append(f"  the command {describe_exit(h['command_exit'])}")
     return "\n".join(out) + "\n"

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.paths import display_frame, display_path, is_user_file
-from neuron_prof.reader import RankData, read_rank, read_run_meta, rank_dirs
+from neuron_prof.reader import RankData, read_run
 from neuron_prof.schema import MEMORY_KINDS
 
 _STRING_COLUMNS = {
@@ -101,12 +101,14 @@ class Run:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        dirs = rank_dirs(self.path)
-        self.meta: dict[str, Any] = read_run_meta(self.path)
-        world = self.meta.get("world_size")
-        # a folder for a rank the run never had is left from an earlier, larger capture here
-        self.stale_rank_dirs = [d for d in dirs if isinstance(world, int) and int(d.name[5:]) >= world]
-        self.rank_data: list[RankData] = [read_rank(d) for d in dirs if d not in self.stale_rank_dirs]
+        files = read_run(self.path)
+        self.meta: dict[str, Any] = files.meta
+        # folders of an earlier capture into the same directory (another run id under record, or
+        # a rank beyond this run's world size): ignored, listed in the report
+        self.stale_rank_dirs = files.stale_rank_dirs
+        self.rank_data: list[RankData] = files.ranks
+        self.missing_ranks: list[int] = files.missing_ranks  # no folder: died before their first step
+        self._conflicts = files.conflicts
         if not self.meta and self.rank_data:  # rank 0 died before writing run.json
             self.meta = dict(self.rank_data[0].meta)
         cwd = self.meta.get("cwd")
@@ -358,6 +360,14 @@ class Run:
                 "failures": int(rd.table("failures").num_rows),
             })
         return pd.DataFrame(rows)
+
+
+    @functools.cached_property
+    def conflicts(self) -> pd.DataFrame:
+        """Processes that wanted a rank another process owned, and so wrote nothing: rank, pid,
+        hostname, argv, time_ns, holder_pid, live (the owner was still writing)."""
+        cols = ["rank", "pid", "hostname", "argv", "time_ns", "holder_pid", "live"]
+        return pd.DataFrame([{c: n.get(c) for c in cols} for n in self._conflicts], columns=cols)
 
 
 def load(path: str | os.PathLike) -> Run:

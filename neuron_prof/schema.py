@@ -19,10 +19,18 @@ little-endian records (one write per step, cheap), and are moved into the Arrow 
 MANIFEST = "manifest.jsonl"
 RANK_META = "rank.json"
 RUN_META = "run.json"
+RANK_LOCK = ".writer.lock"
+"""Held (``flock``) by the process writing a rank folder, for as long as it writes."""
+CONFLICT_GLOB = "rank-*.conflict-*.json"
+"""A process refused a rank folder that another process owned: one note each, in the run directory."""
 
 
 def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
+
+
+def conflict_note_name(rank: int, pid: int) -> str:
+    return f"{rank_dir_name(rank)}.conflict-{pid}.json"
 
 
 _i8, _i16, _i32, _i64 = pa.int8(), pa.int16(), pa.int32(), pa.int64()

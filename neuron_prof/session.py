@@ -12,6 +12,8 @@ import socket
 import sys
 import threading
 import time
+import uuid
+import weakref
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -21,8 +23,8 @@ import numpy as np
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.recording import Collector, Frame
 from neuron_prof.schedule import Action, Schedule
-from neuron_prof.schema import SCHEMA_VERSION, rank_dir_name
-from neuron_prof.store import RankWriter, write_run_meta
+from neuron_prof.schema import RUN_META, SCHEMA_VERSION, rank_dir_name
+from neuron_prof.store import RankClaimed, RankWriter, load_json, run_ranks, update_run_meta, write_conflict_note
 
 log = logging.getLogger("neuron_prof")
 
@@ -135,12 +137,19 @@ class Session:
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, *,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 needs_step: bool = False, startup: bool = False) -> None:
+                 run_id: str | None = None, origin_ns: int | None = None,
+                 yield_if_stepless: bool = False) -> None:
         self.run_dir = Path(run_dir)
-        self.needs_step = needs_step  # write nothing unless a step completes (helper processes)
-        # capture began before the training code (record): until its first module call, the
+        # one id per capture: every process of one `record` shares record's; a session of its own
+        # (the profile() API) has its own. rank.json carries it, so a folder's owner is known.
+        self.run_id = run_id or uuid.uuid4().hex
+        self._run_id_scope = "command" if run_id else "process"
+        self._origin_ns = origin_ns  # capture start when given (record: the interpreter's start)
+        # a capture that completes no step writes nothing if its rank is already this run's
+        # (record's launcher-like processes: the ranks they start write the run)
+        self.yield_if_stepless = yield_if_stepless
+        # capture began with the process (origin_ns, record): until its first module call the
         # process is starting up (imports, model and data set-up), and that is not step 0
-        self.startup = startup
         self._first_call_ns: int | None = None
         self.schedule = schedule
         self.max_buffered_events = max_buffered_events
@@ -163,6 +172,8 @@ class Session:
         self._keep_from = 0  # after a discard: events that began before this are not kept either
         self._started = False
         self._closed = False
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forked())
 
     # ---- Recorder protocol
     def intern(self, s: str) -> int:
@@ -212,7 +223,7 @@ class Session:
             _current = self
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._clock_offset_ns = time.time_ns() - time.monotonic_ns()
-        self._start_ns = time.monotonic_ns()
+        self._start_ns = self._origin_ns if self._origin_ns is not None else time.monotonic_ns()
         for c in list(self.collectors):
             self._guard(c, c.install, self)
         self._step_start = self._last_commit = self._last_compact = time.monotonic_ns()
@@ -227,7 +238,7 @@ class Session:
             return
         with self._lock:
             now = time.monotonic_ns()
-            if self.step_num == 0 and self.startup:
+            if self.step_num == 0 and self._origin_ns is not None:
                 self._split_startup()
             action = self._action(self.step_num)
             self._append_step(now, complete=True, action=action)
@@ -328,9 +339,9 @@ class Session:
         if final and (self._writer is not None or self._pending or self.step_num > 0):
             # the step in progress when capture ends: kept, but not counted as a training step
             self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
-        if self._writer is None and (not self._pending or self.needs_step and self.step_num == 0):
-            return  # nothing happened in this process (e.g. a launcher, a worker): leave no rank folder
-        writer = self._ensure_writer()
+        writer = self._ensure_writer(final)
+        if writer is None:
+            return  # nothing to write yet, or nothing this process may write (see _ensure_writer)
         for table, rows in self._interner.take_new().items():
             writer.append(table, rows)
         pending, self._pending = self._pending, defaultdict(list)
@@ -370,26 +381,90 @@ class Session:
                     batches[i] = {k: np.asarray(v)[keep]
                                   for k, v in cols.items()}
 
-    def _ensure_writer(self) -> RankWriter:
-        if self._writer is None:
-            import torch
-            rank, world = _rank_and_world()
-            meta = {
-                "schema_version": SCHEMA_VERSION, "rank": rank, "world_size": world, "pid": os.getpid(),
-                "hostname": socket.gethostname(), "device": _device_name(),
-                "torch_version": torch.__version__, "python": sys.version.split()[0],
-                "clock_offset_ns": self._clock_offset_ns, "start_ns": self._start_ns,
-                "collectors": [c.name for c in self.collectors],
-                "schedule": None if self.schedule is None else vars(self.schedule),
-                "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
-            }
+    def _ensure_writer(self, final: bool) -> RankWriter | None:
+        """The rank's writer, made at the first flush that has data, once this process owns the
+        rank's folder. None: nothing to write yet, or another process owns the folder (the
+        capture then ends here: see ``_refuse``), or a capture that completed no step yields to
+        the process that wrote its rank."""
+        if self._writer is not None or not self._pending:
+            return self._writer
+        import torch
+        rank, world = _rank_and_world()
+        stepless = final and self.step_num == 0
+        if stepless and self.yield_if_stepless:
+            # a process with no rank of its own (no process group, no $RANK) that completed no step
+            # is a launcher-like parent: any rank of this run written by its children wins
+            taken = run_ranks(self.run_dir, self.run_id)
+            if rank in taken or taken and not _has_own_rank():
+                return None
+        meta = {
+            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "rank": rank, "world_size": world,
+            "pid": os.getpid(), "hostname": socket.gethostname(), "device": _device_name(),
+            "torch_version": torch.__version__, "python": sys.version.split()[0],
+            "clock_offset_ns": self._clock_offset_ns, "start_ns": self._start_ns,
+            "collectors": [c.name for c in self.collectors],
+            "schedule": None if self.schedule is None else vars(self.schedule),
+            "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
+            "stepless": stepless,  # a training process of the same run may replace this folder
+        }
+        try:
             self._writer = RankWriter(self.run_dir / rank_dir_name(rank), meta)
-            if rank == 0 or not (self.run_dir / "run.json").exists():
-                from neuron_prof import __version__
-                write_run_meta(self.run_dir, {
-                    "schema_version": SCHEMA_VERSION, "neuron_prof_version": __version__,
-                    "command": self.command, "cwd": os.getcwd(), "torch_version": torch.__version__,
-                    "device": meta["device"], "world_size": world,
-                    "start_time_ns": self._start_ns + self._clock_offset_ns,
-                    "hostname": meta["hostname"]})
+        except RankClaimed as claim:
+            self._refuse(rank, claim, report=not (stepless and self.yield_if_stepless), final=final)
+            return None
+        # rank 0 writes run.json; another rank writes it where no rank has (record's own, with
+        # rank 0 dead in step 0; or none yet)
+        existing = load_json(self.run_dir / RUN_META)
+        if rank == 0 or "world_size" not in existing:
+            from neuron_prof import __version__
+            update_run_meta(self.run_dir, self.run_id, {
+                "schema_version": SCHEMA_VERSION, "neuron_prof_version": __version__,
+                "run_id_scope": self._run_id_scope, "command": self.command, "cwd": os.getcwd(),
+                "torch_version": torch.__version__, "device": meta["device"], "world_size": world,
+                "start_time_ns": self._start_ns + self._clock_offset_ns, "hostname": meta["hostname"]},
+                replace=rank == 0 or not existing)
         return self._writer
+
+    def _refuse(self, rank: int, claim: RankClaimed, report: bool, final: bool) -> None:
+        """Another process owns this rank's folder: this capture ends, writing nothing there (the
+        owner's files are never touched); a note in the run directory says who tried, for the report."""
+        if report:
+            note = write_conflict_note(self.run_dir, rank, claim.holder.get("run_id") or self.run_id, claim)
+            log.warning("neuron_prof: rank %d of %s is claimed by another process (%s); this process (pid %d) "
+                        "records nothing (noted in %s)", rank, self.run_dir, claim, os.getpid(), note.name)
+        self._pending.clear()
+        if final:
+            return  # stop() is ending the capture already
+        self._closed = True
+        self._set_window(False)
+        for c in self.collectors:
+            self._guard(c, c.uninstall)
+        self._release()
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's capture (and its open files) stay the parent's. Runs
+        right after fork, one thread alive: no lock is taken (another thread may have held it)."""
+        global _current
+        self._closed = True
+        self._writer = None
+        if _current is self:
+            _current = None
+        atexit.unregister(self._stop_at_exit)
+
+    def _release(self) -> None:
+        global _current
+        with _current_lock:
+            if _current is self:
+                _current = None
+        atexit.unregister(self._stop_at_exit)
+
+
+def _has_own_rank() -> bool:
+    """Whether a launcher gave this process a rank (or it joined a process group)."""
+    if "RANK" in os.environ:
+        return True
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False

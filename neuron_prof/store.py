@@ -5,11 +5,20 @@ table's journal), then one manifest line naming the committed length of every st
 A ``kill -9`` between the two leaves bytes past the last commit, which readers ignore, so a run
 loses at most what came after its last flush (the step in flight). A file shorter than its
 committed length is real damage, and readers say so.
+
+Ownership: a writer claims its rank folder with an OS lock (``flock`` on ``.writer.lock``) held for
+its lifetime and released by the OS if the process dies, and stamps ``rank.json`` with its run id.
+A folder is replaced only when no live process holds it and it belongs to another (older) run (or
+to a process of this run that completed no step); a second process of the same run never touches
+it otherwise (``RankClaimed``).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -17,8 +26,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_META, RUN_META, TABLE_SUFFIX, TABLES,
-                                row_dtype)
+from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_LOCK, RANK_META, RUN_META, TABLE_SUFFIX,
+                                TABLES, conflict_note_name, row_dtype)
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -116,14 +125,59 @@ class _Journal:
         os.close(self._fd)
 
 
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON object the writer side only consults (whose is this folder?): anything unreadable
+    is as good as absent, since it is about to be replaced or was never ours."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class RankClaimed(Exception):
+    """Another process owns the rank folder: a live one holds it (``live``), or a finished process
+    of the same run wrote it. ``holder`` is that process's rank.json (may be empty if unreadable)."""
+
+    def __init__(self, rank_dir: Path, holder: Mapping[str, Any], live: bool) -> None:
+        self.rank_dir, self.holder, self.live = rank_dir, dict(holder), live
+        whose = f"pid {holder.get('pid', '?')}" + (f" on {holder['hostname']}" if holder.get("hostname") else "")
+        super().__init__(f"{rank_dir.name} is {'held by the live' if self.live else 'already written by'} "
+                         f"process {whose}")
+
+
+def _claim(rank_dir: Path, run_id: str) -> int:
+    """Lock ``rank_dir`` for this process; the lock's file descriptor. Raises RankClaimed."""
+    fd = os.open(rank_dir / RANK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RankClaimed(rank_dir, load_json(rank_dir / RANK_META), live=True) from None
+    except OSError:  # a file system without locks (some network mounts): the run id still guards it
+        pass
+    holder = load_json(rank_dir / RANK_META)
+    # a finished process of this run wrote it: its data stays, unless that process completed no
+    # step (one that ran a few ops before the trainer started, say): a training rank replaces it
+    if holder.get("run_id") == run_id and not holder.get("stepless"):
+        os.close(fd)
+        raise RankClaimed(rank_dir, holder, live=False)
+    return fd
+
+
 class RankWriter:
-    """The tables of one rank. Not thread-safe: the session calls it from one thread at a time."""
+    """The tables of one rank. Not thread-safe: the session calls it from one thread at a time.
+
+    Creating one claims the folder (``RankClaimed`` if another process owns it); ``rank_meta``
+    must carry the writer's ``run_id``.
+    """
 
     def __init__(self, rank_dir: Path, rank_meta: Mapping[str, Any]) -> None:
         self.dir = rank_dir
         rank_dir.mkdir(parents=True, exist_ok=True)
-        for stale in rank_dir.iterdir():  # a previous capture into the same folder is replaced
-            if stale.is_file():
+        self._lock_fd = _claim(rank_dir, rank_meta["run_id"])
+        for stale in rank_dir.iterdir():  # an older run's capture, no longer written by anyone
+            if stale.is_file() and stale.name != RANK_LOCK:  # the lock file stays: others may wait on it
                 stale.unlink()
         write_json_atomic(rank_dir / RANK_META, rank_meta)
         self._streams: dict[str, _TableStream] = {}
@@ -165,6 +219,7 @@ class RankWriter:
             journal.close()
         self._write_manifest(step, counters, sizes, closed=True)
         self._manifest.close()
+        os.close(self._lock_fd)  # the folder is this run's for good; rank.json says whose
 
     def _stream(self, table: str) -> _TableStream:
         stream = self._streams.get(table)
@@ -184,3 +239,36 @@ class RankWriter:
 
 def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
     write_json_atomic(run_dir / RUN_META, meta)
+
+
+def update_run_meta(run_dir: Path, run_id: str, fields: Mapping[str, Any], *, replace: bool) -> None:
+    """Merge ``fields`` into run.json if it is this run's; another run's, or none, is replaced by
+    ``fields`` alone if ``replace`` (else left as it is)."""
+    meta = load_json(run_dir / RUN_META)
+    if meta.get("run_id") != run_id:
+        if not replace:
+            return
+        meta = {}
+    write_run_meta(run_dir, {**meta, **fields, "run_id": run_id})
+
+
+def run_ranks(run_dir: Path, run_id: str) -> list[int]:
+    """The ranks whose folder this run has claimed (written or being written)."""
+    ranks = []
+    for d in sorted(run_dir.glob("rank-*")):
+        meta = load_json(d / RANK_META) if d.is_dir() and d.name[5:].isdigit() else {}
+        if meta.get("run_id") == run_id:
+            ranks.append(int(d.name[5:]))
+    return ranks
+
+
+def write_conflict_note(run_dir: Path, rank: int, run_id: str, claim: RankClaimed) -> Path:
+    """Leave word that this process wanted ``rank`` and wrote nothing there (readers list it).
+    ``run_id``: the run of the folder it conflicted with, so the note goes with that capture."""
+    path = run_dir / conflict_note_name(rank, os.getpid())
+    write_json_atomic(path, {
+        "run_id": run_id, "rank": rank, "pid": os.getpid(), "hostname": socket.gethostname(),
+        "argv": list(getattr(sys, "orig_argv", sys.argv)), "time_ns": time.time_ns(),
+        "holder_pid": claim.holder.get("pid"), "holder_hostname": claim.holder.get("hostname"),
+        "live": claim.live})
+    return path

@@ -1,25 +1,129 @@
 """Started by ``neuron-prof record``: capture this Python process with no change to its code.
 
 ``record`` puts this folder first on PYTHONPATH and its settings in NEURON_PROF_RECORD. Every
-Python process of the recorded command imports it at start-up; the torchrun launcher is skipped,
-and helper processes (spawned workers) write nothing unless they complete a training step.
+Python process of the recorded command imports it at start-up, so it must cost next to nothing:
+here only the standard library is imported, and nothing of neuron_prof or torch.
+
+Which processes capture, and from when (the README's "Capture with no code change"):
+
+- a launcher (torchrun, ``python -m torch.distributed.run|launch``, ``accelerate launch``)
+  captures nothing;
+- a *main* process — one whose nearest Python ancestor in the command that imported torch
+  before starting it is ``record`` or a launcher (the command itself, each rank a launcher
+  starts; a shell script or a Python wrapper without torch in between does not count) — starts
+  capture when it imports torch, with the interpreter's start as the capture's origin, and ends
+  steps at its optimizer's steps;
+- any other Python process (a helper that the training script or a library starts: Inductor's
+  checks and compile workers, a data-loading process) only registers an optimizer step pre-hook
+  when it imports torch, and starts capture at its first optimizer step. A helper that never
+  steps leaves nothing; one that steps and wants a rank another process owns writes nothing
+  there and leaves a conflict note (neuron_prof/store.py).
+
+Each process tells its children what they are through NEURON_PROF_PARENT, which they inherit.
 Whatever goes wrong here is reported on stderr once and never stops the user's program.
 """
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import os
-import sys
+import time
+
+_ORIGIN_NS = time.monotonic_ns()  # first thing: the capture's origin in main processes
+
+import importlib.machinery  # noqa: E402
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+PARENT_ENV = "NEURON_PROF_PARENT"  # "launcher": children are mains; "trainer": children are helpers
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                     "accelerate.commands.accelerate_cli")
+_LAUNCHER_SCRIPTS = {"torchrun": None, "accelerate": "launch"}  # console script -> its launching subcommand
 
 
 def _is_launcher(argv: list[str]) -> bool:
-    if len(argv) > 2 and argv[1] == "-m" and argv[2] in _LAUNCHERS:
-        return True
-    return len(argv) > 1 and os.path.basename(argv[1]) == "torchrun"
+    if len(argv) > 2 and argv[1] == "-m":
+        return argv[2] in _LAUNCHER_MODULES
+    if len(argv) < 2:
+        return False
+    name = os.path.basename(argv[1])
+    if name not in _LAUNCHER_SCRIPTS:
+        return False
+    sub = _LAUNCHER_SCRIPTS[name]
+    return sub is None or sub in argv[2:3]
+
+
+def _warn(what: str, exc: BaseException) -> None:
+    print(f"neuron_prof: {what} ({type(exc).__name__}: {exc}); running without capture", file=sys.stderr)
+
+
+class _AfterImport:
+    """Calls ``callback`` once module ``name`` has been imported (a post-import hook).
+
+    It patches the loader of the spec it hands out for ``name`` so that the callback runs right
+    after the module's code; a spec looked up without being imported (``importlib.util.find_spec``,
+    as libraries do to test for torch) costs nothing, and the hook stays until a real import.
+    """
+
+    def __init__(self, name: str, callback) -> None:
+        self._name, self._callback, self._finding = name, callback, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self._name or self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)  # from the finders after this one
+        finally:
+            self._finding = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_call(module) -> None:
+            del loader.exec_module  # the loader is torch's alone; it is as it was from here on
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+                self._callback()
+
+        loader.exec_module = exec_then_call
+        return spec
+
+
+def _start_main_or_helper(config: dict, helper: bool) -> None:
+    """A main captures from the interpreter's start; one that completes no step (a launcher-like
+    parent) writes nothing if the ranks it started wrote the run. A helper captures from its first
+    step and reports a rank another process owns."""
+    try:
+        import neuron_prof
+        sched = config.get("schedule")
+        neuron_prof.profile(
+            config["run_dir"], schedule=neuron_prof.schedule(**sched) if sched else None,
+            collectors=config["collectors"], auto_step=True, max_events=config.get("max_events") or 50_000_000,
+            command=config.get("command"), run_id=config["run_id"], origin_ns=None if helper else _ORIGIN_NS,
+            yield_if_stepless=not helper).start()  # stopped by the session's atexit handler
+    except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
+        _warn("capture not started", exc)
+
+
+def _start_at_first_step(config: dict) -> None:
+    """A helper: nothing until its first optimizer step, then capture from that step's start.
+
+    A global optimizer step *pre*-hook starts it: the capture's own step clock (a post-hook, a
+    separate list) then ends step 0 when that same step returns, so the rank is claimed at once.
+    The hook stays registered (removing a hook from inside torch's loop over them is an error)
+    and costs one call per step after that.
+    """
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    first = [True]
+
+    def at_step(optimizer, args, kwargs) -> None:
+        if first:
+            first.clear()
+            _start_main_or_helper(config, helper=True)
+
+    register_optimizer_step_pre_hook(at_step)
 
 
 def _start() -> None:
@@ -27,15 +131,27 @@ def _start() -> None:
     config = json.loads(os.environ["NEURON_PROF_RECORD"])
     argv = list(getattr(sys, "orig_argv", sys.argv))
     if _is_launcher(argv):
+        os.environ[PARENT_ENV] = "launcher"
         return
-    import neuron_prof
-    sched = config.get("schedule")
-    prof = neuron_prof.profile(
-        config["run_dir"], schedule=neuron_prof.schedule(**sched) if sched else None,
-        collectors=config["collectors"], auto_step=True,
-        max_events=config.get("max_events") or 50_000_000, command=config.get("command"),
-        needs_step="--multiprocessing-fork" in argv, startup=True)
-    prof.start()  # stopped by the session's atexit handler
+    main = os.environ.get(PARENT_ENV) == "launcher"
+    pid = os.getpid()
+
+    def on_torch() -> None:
+        # from its import of torch on, a process's Python children are its helpers; until then
+        # (a wrapper without torch: poetry run, a launcher of the user's own) they are mains too
+        os.environ[PARENT_ENV] = "trainer"
+        try:
+            if main and os.getpid() == pid:  # a child forked before torch was imported is a helper
+                _start_main_or_helper(config, helper=False)
+            else:
+                _start_at_first_step(config)
+        except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
+            _warn("capture not started", exc)
+
+    if "torch" in sys.modules:  # imported already (a .pth file of the environment, say)
+        on_torch()
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", on_torch))
 
 
 def _chain_next_sitecustomize() -> None:
@@ -50,6 +166,5 @@ if os.environ.get("NEURON_PROF_RECORD"):
     try:
         _start()
     except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
-        print(f"neuron_prof: capture not started ({type(exc).__name__}: {exc}); running without it",
-              file=sys.stderr)
+        _warn("capture not started", exc)
 _chain_next_sitecustomize()
