@@ -1,0 +1,239 @@
+"""The numbers a user reads first are about training, not about starting up or compiling.
+
+Real scripts under `neuron-prof record`: a Trainer-like script with a slow set-up (start-up is its
+own span, not step 0), a torch.compile'd model with a graph break (compiling is not running), and
+the session's own step-boundary work (never charged to the optimizer)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import neuron_prof
+from conftest import cli, line_of, viewer_page, write_script
+from neuron_prof.analysis.steps import own_work, time_split
+from neuron_prof.analysis.ops import run_time_ops
+from neuron_prof.analysis.sync import sync_points
+from neuron_prof.report import summarize
+
+SETUP_SECONDS = 1.0
+
+TRAINER = f"""
+import time
+import torch
+import torch.nn as nn
+
+
+class Config:
+    vocab, dim, layers = 64, 32, 2
+
+
+def build_model(cfg):
+    return nn.Sequential(nn.Embedding(cfg.vocab, cfg.dim),
+                         *[nn.Sequential(nn.Linear(cfg.dim, cfg.dim), nn.GELU()) for _ in range(cfg.layers)],
+                         nn.Linear(cfg.dim, cfg.vocab))
+
+
+class Trainer:
+    '''Like Hugging Face's Trainer: set-up in __init__, steps end at the optimizer's step().'''
+
+    def __init__(self, model, data):
+        self.model, self.data = model, data
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def training_step(self, batch):
+        logits = self.model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        return loss.detach()
+
+    def train(self, steps):
+        for step in range(steps):
+            loss = self.training_step(self.data[step % len(self.data)])
+            self.opt.step()
+            self.opt.zero_grad()
+            if step % 2 == 0:
+                print("loss", loss.item())  # LOG-SYNC
+
+
+torch.manual_seed(0)
+cfg = Config()
+data = torch.randint(0, cfg.vocab, (4, 8, 17))
+print("max token", data.max().item())  # SETUP-SYNC
+time.sleep({SETUP_SECONDS})  # slow set-up: tokenizer, data files, model from a config
+Trainer(build_model(cfg), data).train(8)
+"""
+
+COMPILED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 64)
+        self.b = nn.Linear(64, 32)
+
+    def forward(self, x):
+        h = F.relu(self.a(x))
+        if h.sum() > 0:  # BREAK
+            h = h * 2
+        return self.b(h)
+
+
+torch.manual_seed(0)
+model = torch.compile(M())
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for _ in range(6):
+    model(torch.randn(16, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _record(tmp: Path, name: str, body: str) -> tuple[Path, Path]:
+    script = write_script(tmp / f"{name}.py", body)
+    run_dir = tmp / "run"
+    res = cli("record", "-o", run_dir, "--", sys.executable, script, cwd=tmp)
+    assert res.returncode == 0, res.stderr
+    return script, run_dir
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory) -> tuple[Path, Path]:
+    return _record(tmp_path_factory.mktemp("trainer"), "trainer", TRAINER)
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory) -> tuple[Path, Path]:
+    return _record(tmp_path_factory.mktemp("compiled"), "compiled", COMPILED)
+
+
+def test_startup_is_its_own_span_and_step_0_begins_at_the_first_forward(trainer_run):
+    _, run_dir = trainer_run
+    run = neuron_prof.load(run_dir)
+    (startup,) = run.spans[run.spans["name"].astype(str) == "start-up"].itertuples()
+    assert startup.dur >= SETUP_SECONDS * 1e9  # the sleep is start-up ...
+    step0 = run.steps.set_index("step").loc[0]
+    assert step0["ts"] == startup.ts + startup.dur and step0["dur"] < startup.dur  # ... not step 0
+    first_forward = run.ops[run.ops["module"].astype(str) != ""]["ts"].min()
+    assert startup.ts + startup.dur <= first_forward
+    # what ran before (imports, the set-up's .item()) is in no step
+    assert (run.ops[run.ops["ts"] < step0["ts"]]["step"] == -1).all()
+
+
+def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypatch):
+    _, run_dir = trainer_run
+    run = neuron_prof.load(run_dir)
+    s = summarize(run)
+    (st,) = s["steps"]
+    assert (st["steps"], st["warmup"], st["steady"], st["basis"]) == (8, 1, 7, "steady")
+    assert st["max_ms"] * 1e6 < run.spans["dur"].max()
+    texts = [f["text"] for f in neuron_prof.findings.findings(s)]
+    assert not any("outside any op" in t for t in texts), texts
+    assert any(t.startswith("start-up took") for t in texts)
+    at = viewer_page(monkeypatch, run_dir, "overview", title="Overview")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["start-up"] == f"{run.spans['dur'].max() / 1e9:.2f} s"
+    assert metrics["steady steps"] == "7"
+
+
+def test_sync_points_outside_steady_steps_are_one_off(trainer_run):
+    script, run_dir = trainer_run
+    s = summarize(neuron_prof.load(run_dir))
+    rows = {int(r["source"].rsplit(":", 1)[1]): r for r in s["sync_points"]["by_source"]}
+    setup = rows[line_of(script, "SETUP-SYNC")]
+    assert (setup["count"], setup["in_steps"], setup["per_step"]) == (1, 0, None)
+    log = rows[line_of(script, "LOG-SYNC")]
+    # the log after every second optimizer step falls in the next step: steps 1, 3, 5, 7 (steady)
+    assert log["count"] == log["in_steps"] == 4 and log["per_step"] == pytest.approx(4 / 7)
+    text = cli("report", run_dir).stdout
+    assert "steps count from 0" in text and "start-up of rank 0" in text
+
+
+def test_the_optimizer_is_not_charged_for_the_sessions_own_work(trainer_run):
+    _, run_dir = trainer_run
+    run = neuron_prof.load(run_dir)
+    steps = run.steps.set_index("step")
+    gaps = own_work(run.steps)
+    assert len(gaps) == len(steps) - 1 and (gaps["dur"] > 0).all()  # the session's work between steps
+    opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
+    assert len(opt) == 8
+    for step, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]):
+        # the post-hook that ends the step runs inside this range; the flush after it is not in it
+        assert ts + dur <= steps.loc[step + 1, "ts"]
+
+
+def test_compiling_is_not_running(compiled_run):
+    script, run_dir = compiled_run
+    run = neuron_prof.load(run_dir)
+    s = summarize(run)
+    kinds = run.step_kinds
+    assert kinds.loc[kinds["step"] == 0, "compile_ns"].item() > 0  # the first call compiled
+    (st,) = s["steps"]
+    assert st["basis"] == "steady" and st["steady"] == 5
+    assert s["warmup_steps"][0]["step"] == 0 and s["warmup_steps"][0]["compile_ms"] > 0
+    # the break site's cost: the steady steps' self time of the graph that ends at the break
+    (site,) = s["compile"]["break_sites"]
+    assert site["source"] == f"{script.name}:{line_of(script, 'BREAK')}"
+    ops = run.ops
+    names = ops["name"].astype(str)
+    cid = site["compile_ids"][0]
+    steady = kinds[kinds["steady"]]["step"]
+    regions = ops[names.str.startswith("Torch-Compiled Region: ") & ops["step"].isin(steady)]
+    mine = regions[names[regions.index] == f"Torch-Compiled Region: {cid}"]
+    nested = sum(int(r.dur) for r in regions.itertuples() for m in mine.itertuples()
+                 if r.Index != m.Index and m.ts <= r.ts and r.ts + r.dur <= m.ts + m.dur and r.tid == m.tid)
+    expected = (mine["dur"].sum() - nested) / len(steady) / 1e6
+    assert site["frame_ms_per_step"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_compile_time_ops_are_left_out_of_op_figures(compiled_run):
+    _, run_dir = compiled_run
+    run = neuron_prof.load(run_dir)
+    s = summarize(run)
+    assert s["ops"]["compile_events"] > 0
+    spans = [(t, a, a + d) for t, a, d in zip(run.compiles["tid"], run.compiles["ts"], run.compiles["dur"])]
+    ops = run.ops
+    steady = run.step_kinds[run.step_kinds["steady"]]["step"]
+    outside = np.array([not any(t == tid and a <= ts and ts + dur <= b for t, a, b in spans)
+                        for tid, ts, dur in zip(ops["tid"], ops["ts"], ops["dur"])])
+    counted = ops[outside & ops["step"].isin(steady).to_numpy()]
+    for row in s["ops"]["top_by_self_time"]:
+        calls = counted[(counted["name"].astype(str) == row["name"]) &
+                        (counted["module"].astype(str) == (row["module"] or ""))]
+        assert row["calls"] == len(calls), row  # compile-time ops (fake tensors, tracing) are not in the table
+
+
+def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
+    _, run_dir = compiled_run
+    run = neuron_prof.load(run_dir)
+    step0 = run.step_kinds[run.step_kinds["step"] == 0]
+    top = run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, step0, top_level=True)
+    (row,) = time_split(top, step0, sync_points(run.ops, run.op_parent, run.op_compile[0])).to_dict("records")
+    parts = sum(row[f"{k}_ms"] for k in ("compute", "communication", "sync", "compile", "idle"))
+    assert row["compile_ms"] > 0.5 * row["step_ms"]
+    assert parts == pytest.approx(row["step_ms"], rel=0.01)
+
+
+NO_STEP = """
+import torch
+model = torch.nn.Linear(8, 8)
+for _ in range(3):
+    print(model(torch.randn(4, 8)).sum().item())  # SYNC
+"""
+
+
+def test_a_run_without_a_completed_step_prints_no_per_step_figures(tmp_path):
+    script, run_dir = _record(tmp_path, "infer", NO_STEP)
+    res = cli("report", run_dir)
+    assert res.returncode == 0, res.stderr
+    assert "no completed step" in res.stdout and "/step" not in res.stdout and "ms/step" not in res.stdout
+    sync = json.loads(cli("report", run_dir, "--json").stdout)["sync_points"]["by_source"]
+    assert [(r["count"], r["per_step"]) for r in sync] == [(3, None)]
