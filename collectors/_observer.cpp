@@ -933,10 +933,20 @@ void py_set_recording(bool on) {
   if (g_handle == 0) return;
   bool was = g_recording.exchange(on);
   if (was == on) return;
-  if (on)
+  if (on) {
     at::reenableCallback(g_handle);
-  else
-    at::disableCallback(g_handle);
+    return;
+  }
+  at::disableCallback(g_handle);
+  // A window closes at a step boundary, which under `record` is inside torch.optim's step range
+  // (its post-hook ends the step): with the callback off that range would never end and its
+  // children would lose their parent. The calling thread's open ops end here instead (other
+  // threads' open lists are theirs alone to touch).
+  ThreadState* st = get_state();
+  if (!st) return;
+  int64_t te = now_ns();
+  for (auto& f : st->open) emit(st, f, te);
+  st->open.clear();
 }
 
 void py_stop() {

@@ -245,15 +245,18 @@ class Session:
             for c in self.collectors:
                 if hasattr(c, "on_step"):
                     self._guard(c, c.on_step, self.step_num, now)
+            mark = now
+            if self._action(self.step_num + 1) is Action.NONE:
+                # a window closing: the ops open on this thread (torch.optim's step range, whose
+                # post-hook ends the step) end here, in this step's data
+                mark = self._own_work_since(mark)
+                self._set_window(False)
             if action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS:
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
-            self._enter_step()
             # the next step begins after our own work: steps are contiguous but for these gaps
-            self._step_start = end = time.monotonic_ns()
-            for c in self.collectors:
-                if hasattr(c, "exclude"):
-                    self._guard(c, c.exclude, end - now)
+            self._step_start = self._own_work_since(mark)
+            self._enter_step()
 
     def stop(self, exc: BaseException | None = None) -> None:
         """End capture: the step in progress is kept as incomplete, everything is committed.
@@ -297,6 +300,14 @@ class Session:
             self._window_on = on
             for c in list(self.collectors):
                 self._guard(c, c.window, on)
+
+    def _own_work_since(self, t0: int) -> int:
+        """Our own work on this thread since ``t0`` is kept out of the ops open on it; returns now."""
+        t1 = time.monotonic_ns()
+        for c in self.collectors:
+            if hasattr(c, "exclude"):
+                self._guard(c, c.exclude, t1 - t0)
+        return t1
 
     def _split_startup(self) -> None:
         """Step 0 begins at the first module call, if one came before the first step ended;

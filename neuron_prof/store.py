@@ -92,12 +92,14 @@ def _write_all(fd: int, data: Any) -> None:
 
 
 class _Journal:
-    """Rows of a fixed-width table since the last compaction: one packed write per step."""
+    """Rows of a fixed-width table since the last compaction: one packed write per step. The rows
+    are not kept in memory as well: compaction reads them back from the file (page cache), so a
+    capture's resident memory does not climb by every step's rows between compactions (which
+    would read as the process growing)."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.dtype = row_dtype(schema)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        self._pending: list[np.ndarray] = []
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self.size = 0
 
     def write(self, columns: Mapping[str, Any]) -> None:
@@ -106,17 +108,17 @@ class _Journal:
         for name in self.dtype.names:
             rows[name] = columns[name]
         _write_all(self._fd, rows.view(np.uint8))
-        self._pending.append(rows)
         self.size += rows.nbytes
 
     def take(self) -> np.ndarray | None:
         """Everything journaled since the last ``take``, for the Arrow stream."""
-        if not self._pending:
+        if not self.size:
             return None
-        rows = np.concatenate(self._pending)
-        self._pending = []
+        data = os.pread(self._fd, self.size, 0)
+        if len(data) != self.size:
+            raise OSError(f"journal {self._fd}: read {len(data)} of {self.size} bytes back")
         self.size = 0  # committed from now on as Arrow rows; the file is emptied after the commit
-        return rows
+        return np.frombuffer(data, dtype=self.dtype)
 
     def truncate(self) -> None:
         os.ftruncate(self._fd, 0)

@@ -237,3 +237,31 @@ def test_a_run_without_a_completed_step_prints_no_per_step_figures(tmp_path):
     assert "no completed step" in res.stdout and "/step" not in res.stdout and "ms/step" not in res.stdout
     sync = json.loads(cli("report", run_dir, "--json").stdout)["sync_points"]["by_source"]
     assert [(r["count"], r["per_step"]) for r in sync] == [(3, None)]
+
+
+SCHEDULED = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for _ in range(8):
+    model(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_the_last_captured_steps_optimizer_range_ends_with_its_step(tmp_path):
+    """A window closes at a step boundary, inside torch.optim's step range under `record`: that range
+    still ends (at the boundary), so Adam's reads of its own CPU step counters keep their parent and
+    are not taken for sync points."""
+    script = write_script(tmp_path / "sched.py", SCHEDULED)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--schedule", "1,1,3,1", "--", sys.executable, script, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = neuron_prof.load(run_dir)
+    opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
+    assert sorted(opt["step"]) == [2, 3, 4]  # every captured step's, the last one's included
+    steps = run.steps.set_index("step")
+    assert all(ts + dur <= steps.loc[s + 1, "ts"] for s, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]))
+    assert summarize(run)["sync_points"]["events"] == 0
