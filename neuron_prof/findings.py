@@ -98,8 +98,15 @@ def called_from(x: Mapping[str, Any]) -> str:
 
 def process_note(x: Mapping[str, Any]) -> str:
     """What the process's resident memory says about a leak (a row of ``Run.memory_leaks``): the
-    likely cause when it grows much faster than the leaking device's tracked bytes, else nothing."""
+    likely cause when it grows much faster than the leaking device's tracked bytes; when its growth
+    was not judged (every step captured) and the leaking tensors were made with a grad_fn, what
+    that may mean; else nothing."""
     if not x.get("process_outgrows"):
+        growth = x.get("process_growth_per_step")
+        if x.get("grad") and (growth is None or growth != growth):  # NaN: the process was not judged
+            return ("the leaking tensors were made with a grad_fn: if what is kept is the loss or output itself, "
+                    "each keeps its whole autograd graph, far more host memory than its tensors (keep "
+                    "`loss.item()` or `loss.detach()`; capture with --schedule to see the process's growth)")
         return ""
     rate = f"the process grows {format_bytes(x['process_growth_per_step'])} per step"
     ratio = x["process_growth_per_step"] / max(x["growth_per_step"], 1)

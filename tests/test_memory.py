@@ -16,6 +16,8 @@ import neuron_prof
 from conftest import MEMORY_STEPS, cli, line_of, viewer_page, write_script
 from neuron_prof.analysis import memory as mem
 from neuron_prof.examples import memory_leak as ml
+from neuron_prof.findings import findings
+from neuron_prof.report import summarize
 from neuron_prof.units import format_bytes
 
 EXAMPLE = Path(ml.__file__).resolve()
@@ -48,6 +50,10 @@ def test_leak_is_found_with_its_bytes_per_step_and_lines(memory_runs):
     assert set(leaks["steps_seen"]) == {MEMORY_STEPS - 1}  # survivors from every step before the last
     steps = run.memory_steps["live"].to_numpy()
     assert (np.diff(steps) == ml.leaked_bytes_per_step()).all()
+    # every step captured: the process's growth is not judged, but the kept results carry a
+    # grad_fn, and the finding says what that may mean
+    finding = next(f["text"] for f in findings(summarize(run)) if f["text"].startswith("memory grows"))
+    assert "made with a grad_fn" in finding and "keeps its whole autograd graph" in finding
 
 
 def test_clean_loop_reports_no_leak(memory_runs):
