@@ -8,7 +8,8 @@ import pandas as pd
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis.ops import in_steps, op_stats, run_time_ops
+from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, run_time_ops, run_time_rows,
+                                     step_phases)
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import called_from, findings, process_note, user_line
@@ -36,10 +37,13 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     kinds = run.step_kinds
     ops = run.ops
     scope, basis, n_scope = basis_steps(kinds, captured_only=True)
-    stats = op_stats(run_time_ops(ops, run.op_compile, run.op_run_self_ns, scope, ("name", "module", "bwd"))).head(top)
+    keep = run_time_rows(ops, run.op_compile[0], scope)
+    inside, compile_ns = run.op_compile
+    stats = op_stats(run_time_ops(ops, keep, compile_ns, run.op_run_self_ns, ("name", "module", "bwd"))).head(top)
     if n_scope:
         stats["self_ms_per_step"] = stats["self_ms"] / n_scope
-    top_level = run_time_ops(ops, run.op_compile, run.op_run_self_ns, scope, top_level=True)
+    top_level = run_time_ops(ops, keep, compile_ns, run.op_run_self_ns, top_level=True)
+    phase_ns = phase_time(ops, step_phases(ops, run.op_parent), run.op_run_self_ns, keep)
     sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
     runs = comp.region_runs(ops, run.op_parent, run.op_compile[1])
     scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
@@ -61,10 +65,10 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         "steps": _records(step_stats(kinds)),
         "warmup_steps": _records(warmup.assign(step_ms=warmup["dur"] / 1e6, compile_ms=warmup["compile_ns"] / 1e6)
                                  [["rank", "step", "step_ms", "compile_ms"]]),
-        "step_breakdown": _records(step_breakdown(top_level, scope)),
-        "time_split": _records(time_split(top_level, scope, sync)),
+        "step_breakdown": _records(step_breakdown(top_level, scope, phase_ns)),
+        "time_split": _records(time_split(top_level, scope, sync, comm_ops(ops, run.op_parent, keep, compile_ns))),
         "ops": {"captured_steps": n_scope, "basis": basis, "events": int(len(ops)),
-                "compile_events": int(run.op_compile[0].sum()), "top_by_self_time": _records(stats)},
+                "compile_events": int(inside.sum()), "top_by_self_time": _records(stats)},
         "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, scope))},
         "compile": {
             "frames_compiled": int(len(run.compiles)),

@@ -5,6 +5,7 @@ import inspect
 
 import neuron_prof
 from neuron_prof.examples import train_transformer
+from neuron_prof.report import summarize
 from conftest import check_trace, cli, line_of
 from pathlib import Path
 
@@ -60,13 +61,9 @@ def test_report_lists_steps_and_top_ops(demo_run):
 
 
 def test_step_breakdown_accounts_for_the_step(demo_run):
-    from neuron_prof.analysis.ops import run_time_ops
-    from neuron_prof.analysis.steps import PHASES, basis_steps, step_breakdown
+    from neuron_prof.analysis.steps import PHASES
     run = neuron_prof.load(demo_run)
-    scope, basis, _ = basis_steps(run.step_kinds, captured_only=True)
-    assert basis == "steady" and list(scope["step"]) == [2, 3, 4]
-    top = run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, scope, top_level=True)
-    (row,) = step_breakdown(top, scope).to_dict("records")
+    (row,) = summarize(run)["step_breakdown"]
     assert row["steps"] == 3
     assert all(row[f"{p}_ms"] > 0 for p in ("forward", "backward", "optimizer"))
     # on CPU the backward pass runs on the calling thread: the phases tile the step (a few ops

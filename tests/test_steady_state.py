@@ -16,7 +16,7 @@ import pytest
 import neuron_prof
 from conftest import cli, line_of, viewer_page, write_script
 from neuron_prof.analysis.steps import own_work, time_split
-from neuron_prof.analysis.ops import run_time_ops
+from neuron_prof.analysis.ops import comm_ops, run_time_ops, run_time_rows
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.report import summarize
 
@@ -215,8 +215,11 @@ def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
     _, run_dir = compiled_run
     run = neuron_prof.load(run_dir)
     step0 = run.step_kinds[run.step_kinds["step"] == 0]
-    top = run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, step0, top_level=True)
-    (row,) = time_split(top, step0, sync_points(run.ops, run.op_parent, run.op_compile[0])).to_dict("records")
+    keep = run_time_rows(run.ops, run.op_compile[0], step0)
+    top = run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, top_level=True)
+    sync = sync_points(run.ops, run.op_parent, run.op_compile[0])
+    comm = comm_ops(run.ops, run.op_parent, keep, run.op_compile[1])
+    (row,) = time_split(top, step0, sync, comm).to_dict("records")
     parts = sum(row[f"{k}_ms"] for k in ("compute", "communication", "sync", "compile", "idle"))
     assert row["compile_ms"] > 0.5 * row["step_ms"]
     assert parts == pytest.approx(row["step_ms"], rel=0.01)
@@ -265,3 +268,32 @@ def test_the_last_captured_steps_optimizer_range_ends_with_its_step(tmp_path):
     steps = run.steps.set_index("step")
     assert all(ts + dur <= steps.loc[s + 1, "ts"] for s, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]))
     assert summarize(run)["sync_points"]["events"] == 0
+
+
+CLOSURE = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(256, 64), torch.randn(256, 1)
+
+
+def closure():
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+
+
+for _ in range(6):
+    opt.step(closure)  # as Lightning and LBFGS do: forward and backward inside optimizer.step
+"""
+
+
+def test_forward_and_backward_inside_an_optimizer_closure_count_as_such(tmp_path):
+    script, run_dir = _record(tmp_path, "closure", CLOSURE)
+    (row,) = summarize(neuron_prof.load(run_dir))["step_breakdown"]
+    assert row["forward_ms"] > 0 and row["backward_ms"] > 0
+    assert row["optimizer_ms"] < row["forward_ms"] + row["backward_ms"]  # SGD's update is the small part
+    parts = sum(row[f"{p}_ms"] for p in ("forward", "backward", "optimizer", "compile", "outside_ops"))
+    assert parts == pytest.approx(row["step_ms"], rel=0.02)

@@ -13,7 +13,7 @@ import pytest
 
 import neuron_prof
 from conftest import viewer_page
-from neuron_prof.analysis.ops import MODULE_ROOT, filter_tree, module_tree, op_stats, run_time_ops, self_time
+from neuron_prof.analysis.ops import MODULE_ROOT, filter_tree, module_tree, op_stats, run_time_ops, run_time_rows, self_time
 from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.report import summarize
 
@@ -51,7 +51,8 @@ def _scope(run):
     """What the report's op table is over: the steady captured steps, compiling left out."""
     basis = basis_steps(run.step_kinds, captured_only=True)
     cols = ("rank", "step", "tid", "depth", "name", "module", "shapes", "bwd")
-    return run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, basis.steps, cols), basis.per_rank
+    keep = run_time_rows(run.ops, run.op_compile[0], basis.steps)
+    return run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, cols), basis.per_rank
 
 
 def test_op_table_is_op_stats_over_the_captured_steps(demo_run, monkeypatch):

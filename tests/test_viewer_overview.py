@@ -9,9 +9,6 @@ from streamlit.testing.v1 import AppTest
 
 import neuron_prof
 from conftest import REPO, cli, line_of, viewer_page
-from neuron_prof.analysis.ops import run_time_ops
-from neuron_prof.analysis.steps import basis_steps, time_split
-from neuron_prof.analysis.sync import sync_points
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.findings import findings
 from neuron_prof.report import summarize
@@ -37,9 +34,7 @@ def test_leak_run_overview_shows_facts_findings_and_where_time_goes(monkeypatch,
     assert at.markdown[0].value.startswith(":material/error: memory grows")
     assert any(link.label == "see Memory" for link in at.get("page_link"))
     split = at.dataframe[0].value
-    scope = basis_steps(run.step_kinds, captured_only=True).steps
-    top = run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, scope, top_level=True)
-    expected = time_split(top, scope, sync_points(run.ops, run.op_parent, run.op_compile[0]))
+    expected = pd.DataFrame(summarize(run)["time_split"])
     assert split["compute ms"].tolist() == expected["compute_ms"].round(3).tolist()
     assert len(at.get("plotly_chart")) == 2  # step time per rank, where the time goes
 

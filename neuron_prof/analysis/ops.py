@@ -37,6 +37,67 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
     return parent
 
 
+def has_ancestor(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> np.ndarray:
+    """True where some ancestor of the op (not the op itself) is flagged."""
+    has_parent = parent >= 0
+    up = np.maximum(parent, 0)
+    inside = np.zeros(len(parent), dtype=bool)
+    for _ in range(max_depth):
+        inside = has_parent & (flagged[up] | inside[up])
+    return inside
+
+
+def name_mask(ops: pd.DataFrame, pred) -> np.ndarray:
+    """``pred(name)`` for every op, evaluated once per distinct name (names are categorical)."""
+    cat = ops["name"].astype("category")
+    return np.array([bool(pred(str(c))) for c in cat.cat.categories] + [False], dtype=bool)[cat.cat.codes.to_numpy()]
+
+
+OP_PHASES = ("forward", "backward", "optimizer", "communication")
+OPTIMIZER_PREFIX = "Optimizer."  # torch.optim's record_function ranges: Optimizer.step#Adam.step, ...
+COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
+
+
+def step_phases(ops: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
+    """The phase of a training step each op's self time belongs to, as an index into ``OP_PHASES``:
+    ``communication`` for collective ops (``c10d::``, NCCL/Gloo ranges) and what runs inside them;
+    ``backward`` for other ops autograd's backward pass ran; ``optimizer`` for the rest of
+    torch.optim's ranges (``Optimizer.step``/``zero_grad`` and what runs inside them) outside any
+    module; ``forward`` for everything else, a module's ops inside an optimizer range included:
+    Lightning and closure optimizers (LBFGS) run forward and backward inside
+    ``optimizer.step(closure)``."""
+    depth = int(ops["depth"].to_numpy().max(initial=0))
+
+    def within(flag: np.ndarray) -> np.ndarray:
+        return flag | has_ancestor(parent, flag, depth)
+
+    phase = np.zeros(len(ops), dtype=np.int8)
+    in_opt = within(name_mask(ops, lambda n: n.startswith(OPTIMIZER_PREFIX)))
+    phase[in_opt & (ops["module"].astype(str) == "").to_numpy()] = OP_PHASES.index("optimizer")
+    phase[ops["bwd"].to_numpy(bool)] = OP_PHASES.index("backward")
+    phase[within(name_mask(ops, lambda n: n.startswith(COMM_PREFIXES)))] = OP_PHASES.index("communication")
+    return phase
+
+
+def comm_ops(ops: pd.DataFrame, parent: np.ndarray, keep: np.ndarray, compile_ns: np.ndarray) -> pd.DataFrame:
+    """The outermost collective ops (``c10d::``, NCCL/Gloo ranges) among the ``keep`` rows, at any
+    depth (DDP's all-reduce runs inside backward, which runs inside ``optimizer.step(closure)``
+    under Lightning), with their run time: rank, step, dur."""
+    comm = name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
+    if not comm.any():
+        return pd.DataFrame({"rank": [], "step": [], "dur": []})
+    outer = comm & ~has_ancestor(parent, comm, int(ops["depth"].to_numpy().max(initial=0))) & keep
+    out = ops.loc[outer, ["rank", "step"]]
+    return out.assign(dur=ops["dur"].to_numpy()[outer] - compile_ns[outer])
+
+
+def phase_time(ops: pd.DataFrame, phase: np.ndarray, self_ns: np.ndarray, keep: np.ndarray) -> pd.DataFrame:
+    """Run-time self time per rank and phase (``step_phases``) of the ``keep`` rows: rank, phase, ns."""
+    df = pd.DataFrame({"rank": ops["rank"].to_numpy()[keep], "phase": phase[keep], "ns": self_ns[keep]})
+    out = df.groupby(["rank", "phase"], as_index=False)["ns"].sum()
+    return out.assign(phase=[OP_PHASES[i] for i in out["phase"]])
+
+
 def self_time(ops: pd.DataFrame, parent: np.ndarray | None = None, dur: np.ndarray | None = None) -> np.ndarray:
     """Duration minus the duration of direct children (ns). ``parent``: ``parent_index(ops)``, if
     the caller has it already (it is the expensive part). ``dur``: the durations to use instead of
@@ -107,18 +168,20 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
 RUN_TIME_COLUMNS = ("rank", "step", "tid", "name", "bwd")  # what step breakdowns need
 
 
-def run_time_ops(ops: pd.DataFrame, op_compile: tuple[np.ndarray, np.ndarray], run_self_ns: np.ndarray,
-                 steps: pd.DataFrame, columns: tuple[str, ...] = RUN_TIME_COLUMNS,
-                 top_level: bool = False) -> pd.DataFrame:
-    """The ops of ``steps`` (``step_kinds`` rows) that ran outside torch.compile's compiles, as
-    ``columns`` plus ``dur`` and ``self_ns``: their run time and run-time self time
-    (``op_compile`` = ``compile_overlap(...)``, ``run_self_ns`` = ``self_time`` over run time;
-    ``Run.op_compile`` and ``Run.op_run_self_ns``). Index labels are kept. ``top_level``: only
-    depth-0 ops (what step breakdowns add up)."""
-    inside, compile_ns = op_compile
-    keep = ~inside & in_steps(ops, steps)
+def run_time_rows(ops: pd.DataFrame, in_compile: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """Mask of the ops of ``steps`` (``step_kinds`` rows) that ran outside torch.compile's
+    compiles (``in_compile`` = ``Run.op_compile[0]``): what run-time figures are over."""
+    return ~in_compile & in_steps(ops, steps)
+
+
+def run_time_ops(ops: pd.DataFrame, keep: np.ndarray, compile_ns: np.ndarray, run_self_ns: np.ndarray,
+                 columns: tuple[str, ...] = RUN_TIME_COLUMNS, top_level: bool = False) -> pd.DataFrame:
+    """The ``keep`` rows (``run_time_rows``) as ``columns`` plus ``dur`` and ``self_ns``: their
+    run time and run-time self time (``compile_ns`` = ``Run.op_compile[1]``, ``run_self_ns`` =
+    ``Run.op_run_self_ns``). Index labels are kept. ``top_level``: only depth-0 ops (what the
+    busiest thread of a step covered)."""
     if top_level:
-        keep &= ops["depth"].to_numpy() == 0
+        keep = keep & (ops["depth"].to_numpy() == 0)
     out = ops.loc[keep, [c for c in columns if c != "dur"]]
     return out.assign(dur=ops["dur"].to_numpy()[keep] - compile_ns[keep], self_ns=run_self_ns[keep])
 

@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.ops import OP_PHASES
+
 
 def step_kinds(steps: pd.DataFrame, compile_spans: pd.DataFrame | None = None) -> pd.DataFrame:
     """``steps`` plus ``compile_ns`` (compile time within the step, from
@@ -96,8 +98,7 @@ def own_work(steps: pd.DataFrame) -> pd.DataFrame:
     return gap.assign(dur=gap["dur"].astype(np.int64))[cols].reset_index(drop=True)
 
 
-PHASES = ("forward", "backward", "optimizer", "compile", "outside_ops")
-_OPTIMIZER_PREFIX = "Optimizer."  # torch.optim's record_function ranges: Optimizer.step#Adam.step, ...
+PHASES = (*OP_PHASES, "compile", "outside_ops")
 
 
 def _busiest(top: pd.DataFrame) -> pd.Series:
@@ -105,24 +106,21 @@ def _busiest(top: pd.DataFrame) -> pd.Series:
     return top.groupby(["rank", "step", "tid"])["dur"].sum().groupby(["rank", "step"]).max()
 
 
-def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame, phase_ns: pd.DataFrame) -> pd.DataFrame:
     """Where each step's wall time went, per rank, mean ms per step of ``steps`` (``step_kinds``
-    rows; the report passes the steady captured steps). ``top``: the top-level ops of those steps
-    with their run-time durations (``analysis.ops.run_time_ops(..., top_level=True)``).
-
-    ``optimizer`` = torch.optim's step/zero_grad ranges, ``backward`` = ops run for autograd's
-    backward pass, ``forward`` = every other op, ``compile`` = torch.compile compiling inside the
-    step, ``outside_ops`` = the rest of the step on its busiest thread: Python between ops, data
-    loading, waiting. Backward running on another thread (an accelerator's autograd thread)
-    overlaps the calling thread's wait, so phases can sum past 100%.
+    rows; the report passes the steady captured steps). ``phase_ns``: the ops' run-time self time
+    per rank and phase over those steps (``analysis.ops.phase_time`` of ``step_phases``: forward,
+    backward, optimizer, wherever they nest); ``top``: their top-level ops with run-time
+    durations (``analysis.ops.run_time_ops(..., top_level=True)``), for what the busiest thread
+    covered. ``compile`` = torch.compile compiling inside the steps, ``outside_ops`` = the rest of
+    the step on its busiest thread: Python between ops, data loading, waiting. Backward running on
+    another thread (an accelerator's autograd thread) overlaps the calling thread's wait, so
+    phases can sum past 100%.
     """
     cols = ["rank", "steps", "step_ms", *(f"{p}_ms" for p in PHASES), *(f"{p}_pct" for p in PHASES)]
     if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
-    phase = np.full(len(top), "forward", dtype=object)
-    phase[top["bwd"].to_numpy()] = "backward"
-    phase[top["name"].astype(str).str.startswith(_OPTIMIZER_PREFIX).to_numpy()] = "optimizer"
-    per = top.assign(phase=phase).groupby(["rank", "phase"])["dur"].sum().unstack(fill_value=0)
+    per = phase_ns.pivot_table(index="rank", columns="phase", values="ns", aggfunc="sum", fill_value=0)
     covered = _busiest(top)
     rows = []
     for rank, s in steps.groupby("rank"):
@@ -130,7 +128,7 @@ def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         step_ns = s["dur"].sum()
         comp = s["compile_ns"].sum()
         cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
-        ms = {p: (per.loc[rank, p] if rank in per.index and p in per.columns else 0) / n / 1e6 for p in PHASES[:3]}
+        ms = {p: (per.loc[rank, p] if rank in per.index and p in per.columns else 0) / n / 1e6 for p in OP_PHASES}
         ms["compile"] = comp / n / 1e6
         ms["outside_ops"] = max(step_ns - cov - comp, 0) / n / 1e6
         step_ms = step_ns / n / 1e6
@@ -140,33 +138,29 @@ def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
-_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 
 
-def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
+def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
     """Where a step's time goes, per rank, mean ms per step of ``steps`` (as ``step_breakdown``):
-    ``compute`` (top-level ops that are neither communication nor sync points), ``communication``
-    (top-level collective ops: ``c10d::``, NCCL/Gloo ranges), ``sync`` (sync points: the host
-    waiting for the device; ``analysis.sync.sync_points``), ``compile`` (torch.compile compiling
-    inside the steps) and ``idle`` (the rest of the step on its busiest thread: Python, data
-    loading). Nothing is counted twice: the kinds add up to the step (less what other threads
-    ran at the same time)."""
+    ``communication`` (collective ops at any depth, ``analysis.ops.comm_ops``), ``sync`` (sync
+    points: the host waiting for the device; ``analysis.sync.sync_points``), ``compute`` (the rest
+    of the top-level ops' run time), ``compile`` (torch.compile compiling inside the steps) and
+    ``idle`` (the rest of the step on its busiest thread: Python, data loading). Nothing is counted
+    twice: the kinds add up to the step (less what other threads ran at the same time)."""
     cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
     if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
-    comm = top["name"].astype(str).str.startswith(_COMM_PREFIXES).to_numpy()
     covered = _busiest(top)
     rows = []
     for rank, s in steps.groupby("rank"):
         n = len(s)
-        mine = (top["rank"] == rank).to_numpy()
-        dur = top["dur"].to_numpy()[mine]
-        comm_ns = dur[comm[mine]].sum()
+        ops_ns = top.loc[top["rank"] == rank, "dur"].sum()
+        comm_ns = comm[(comm["rank"] == rank) & comm["step"].isin(s["step"])]["dur"].sum() if len(comm) else 0
         sy = sync[(sync["rank"] == rank) & sync["step"].isin(s["step"])]["dur"].sum() if len(sync) else 0
         comp = s["compile_ns"].sum()
         cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
         idle = max(s["dur"].sum() - cov - comp, 0)
-        ms = {"compute": (dur.sum() - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
+        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
               "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})

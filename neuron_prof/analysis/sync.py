@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.ops import in_steps, parent_index
+from neuron_prof.analysis.ops import has_ancestor, in_steps, parent_index
 
 SYNC_OPS: dict[str, str] = {
     "aten::_local_scalar_dense": "read device value (.item(), bool(), int(), float(), print)",
@@ -38,16 +38,6 @@ def _is_device_to_host(name: str, devices: str) -> bool:
     if name == "aten::copy_":  # copy_(self=dst, src)
         return len(devs) >= 2 and devs[0] == "cpu" and devs[1] != "cpu"
     return len(devs) >= 2 and devs[0] != "cpu" and devs[-1] == "cpu"  # _to_copy(self, ..., device=cpu)
-
-
-def _ancestor_mask(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> np.ndarray:
-    """True where some ancestor of the op (not the op itself) is flagged."""
-    has_parent = parent >= 0
-    up = np.maximum(parent, 0)
-    inside = np.zeros(len(parent), dtype=bool)
-    for _ in range(max_depth):
-        inside = has_parent & (flagged[up] | inside[up])
-    return inside
 
 
 def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
@@ -80,8 +70,8 @@ def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
     flagged = kind != None  # noqa: E711 - elementwise on an object array
     parent = parent_index(ops) if parent is None else parent
     max_depth = int(ops["depth"].max())
-    keep = flagged & ~_ancestor_mask(parent, flagged, max_depth)
-    in_optimizer = _ancestor_mask(parent, per_name(lambda n: n.startswith(OPTIMIZER_RANGE)).astype(bool), max_depth)
+    keep = flagged & ~has_ancestor(parent, flagged, max_depth)
+    in_optimizer = has_ancestor(parent, per_name(lambda n: n.startswith(OPTIMIZER_RANGE)).astype(bool), max_depth)
     host_only = per_device(lambda d: all(x.strip() in ("cpu", "") for x in d.split(",")))
     keep &= ~(in_optimizer & host_only & per_name(lambda n: n == "aten::_local_scalar_dense").astype(bool))
     if exclude is not None:

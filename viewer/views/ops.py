@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats, run_time_ops
+from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats, run_time_ops, run_time_rows
 from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.viewer import data
 
@@ -20,7 +20,8 @@ def _scope(run) -> tuple[pd.DataFrame, int]:
     """The report's op scope: the steady captured steps' ops, compiling left out."""
     basis = basis_steps(run.step_kinds, captured_only=True)
     cols = ("name", "module", "shapes", "bwd")
-    return run_time_ops(run.ops, run.op_compile, run.op_run_self_ns, basis.steps, cols), basis.per_rank
+    keep = run_time_rows(run.ops, run.op_compile[0], basis.steps)
+    return run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, cols), basis.per_rank
 
 
 @st.cache_data(max_entries=8, show_spinner="aggregating ops ...")
