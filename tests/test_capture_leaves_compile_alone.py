@@ -146,3 +146,26 @@ def test_compiled_optimizer_step_under_record_keeps_compiles_and_steps(tmp_path,
     assert rec["compile_ids"] == plain["compile_ids"] and rec["frames"] == plain["frames"]
     steps = neuron_prof.load(tmp_path / "run").steps
     assert int(steps.complete.sum()) == 3  # the compiled optimizer step still ends each step
+
+
+def test_stop_puts_dynamo_and_the_hooks_back(tmp_path):
+    """In process, with Dynamo loaded: while capturing, neuron_prof's callbacks are in Dynamo's
+    ignore list and the module hooks watch for compiles; after stop nothing of it is left."""
+    import torch
+    import torch._dynamo
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer
+
+    def state():
+        return (set(torch._dynamo.config.ignore_logging_functions), list(sys.meta_path),
+                dict(vars(torch._dynamo.callback_handler)), len(nn_module._global_forward_pre_hooks),
+                len(nn_module._global_forward_hooks), len(optimizer._global_optimizer_post_hooks))
+
+    torch._dynamo.reset()
+    before = state()
+    prof = neuron_prof.profile(tmp_path / "run", auto_step=True).start()
+    during = state()
+    assert len(during[0]) == len(before[0]) + 4  # module pre/post hooks, step clock, memory's note
+    assert "run_start_callbacks" in during[2] and during[3] == before[3] + 1
+    prof.stop()
+    assert state() == before

@@ -128,3 +128,24 @@ def test_build_folder_is_where_torch_builds(tmp_path):
         assert res.returncode == 0, res.stderr
         ours, torchs = json.loads(res.stdout.split("FOLDERS ", 1)[1])
         assert ours == torchs and ours.startswith(str(tmp_path)), (ours, torchs)
+
+
+STOP_BEFORE_DYNAMO = """
+import sys
+import torch
+import neuron_prof
+finders = list(sys.meta_path)
+prof = neuron_prof.profile(sys.argv[1], auto_step=True).start()
+waiting = len(sys.meta_path) > len(finders)
+prof.stop()
+import torch._dynamo.utils, torch._dynamo.config
+hook = torch._dynamo.utils.log_compilation_event.__code__.co_filename  # torch's own, not a wrapper
+untouched = (sys.meta_path == finders and not torch._dynamo.config.ignore_logging_functions
+             and hook.startswith(torch.__path__[0]))
+print("WAITING", waiting, "UNTOUCHED", untouched)
+"""
+
+
+def test_a_capture_stopped_before_dynamo_leaves_nothing_waiting(tmp_path):
+    script = write_script(tmp_path / "stop.py", STOP_BEFORE_DYNAMO)
+    assert "WAITING True UNTOUCHED True" in run_python(script, tmp_path / "run").stdout
