@@ -42,7 +42,7 @@ class _Loader(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
-    def create_module(self, spec):  # noqa: D102
+    def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -57,7 +57,7 @@ class _Loader(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path`` while a callback waits: wraps the loader of a waited-for module."""
 
-    def find_spec(self, fullname, path, target=None):  # noqa: D102
+    def find_spec(self, fullname, path, target=None):
         if fullname not in _waiting or fullname in getattr(_finding, "names", ()):
             return None
         names = _finding.__dict__.setdefault("names", set())
