@@ -5,10 +5,12 @@
 Compiles examples/graph_breaks.py (six graph breaks, two recompiles: 21 frame compiles with
 Inductor) from scratch each round — dynamo reset, Inductor's FX graph cache off — with no capture,
 with only a ``logging.NullHandler`` on torch's structured trace log (what torch itself spends
-building structured records once anyone listens), and under
-``neuron_prof.profile(collectors=["compiler"])``, interleaved; then runs a compiled break-free
-function 2,000 times with and without the collector installed. The order of the modes rotates
-from round to round: on a busy machine the first compile of a round runs measurably slower.
+building structured records once anyone listens), under ``neuron_prof.profile(collectors=
+["compiler"])`` and under ``neuron_prof.profile()`` (the default collectors: eager ops, compiler,
+memory; every op the compile itself runs is recorded), interleaved; then runs a compiled
+break-free function 2,000 times with and without the compiler collector installed. The order of
+the modes rotates from round to round: on a busy machine the first compile of a round runs
+measurably slower.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import neuron_prof
 from neuron_prof.examples import graph_breaks
 
 
-MODES = ("none", "null handler", "compiler collector")
+MODES = ("none", "null handler", "compiler collector", "default collectors")
 
 
 def compile_once(mode: str, tmp: Path) -> float:
@@ -38,8 +40,9 @@ def compile_once(mode: str, tmp: Path) -> float:
     handler = logging.NullHandler()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the example prints at one of its breaks
-        if mode == "compiler collector":
-            with neuron_prof.profile(tmp / f"c{time.monotonic_ns()}", collectors=["compiler"]):
+        if mode in ("compiler collector", "default collectors"):
+            kwargs = {"collectors": ["compiler"]} if mode == "compiler collector" else {}
+            with neuron_prof.profile(tmp / f"c{time.monotonic_ns()}", **kwargs):
                 graph_breaks.run("inductor")
         elif mode == "null handler":
             trace_log.addHandler(handler)
@@ -76,7 +79,7 @@ def main() -> None:
     torch._inductor.config.fx_graph_cache = False
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        compile_once("compiler collector", tmp)  # warm imports, codegen toolchain and the collector
+        compile_once("default collectors", tmp)  # warm imports, codegen toolchain, the collectors
         comp: dict[str, list[float]] = {m: [] for m in MODES}
         run = {False: [], True: []}
         for r in range(args.rounds):

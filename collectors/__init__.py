@@ -1,4 +1,5 @@
-"""Event sources, one module each. A collector knows only neuron_prof.recording.
+"""Event sources, one module each. A collector knows only neuron_prof.recording (and
+neuron_prof.torchhooks, for the callbacks it hands torch).
 
 ``REGISTRY`` maps the names users pass to ``profile(collectors=...)`` / ``--collectors`` to
 collector classes; importing a collector must not import torch extensions until ``install``.

@@ -1,7 +1,9 @@
 """The compiler collector: what ``torch.compile`` did, from hooks in Dynamo and Inductor.
 
 Mechanism: a handful of narrow hooks, each on a point where torch already hands over the fact we
-want, all put back at uninstall (and inert if someone wrapped them on top of us):
+want, all put back at uninstall (and inert if someone wrapped them on top of us). Each is put in
+when the program imports the module it hooks (:func:`neuron_prof.torchhooks.when_imported`;
+at once if it already has): starting a capture imports neither Dynamo nor Inductor.
 
 ======================================================  =========================================
 hook (torch 2.13)                                       table(s)
@@ -19,9 +21,18 @@ the ``graph_breaks`` artifact loggers (what             ``graph_breaks``
 ``TORCH_LOGS=graph_breaks`` prints), our handler only
 ``torch._dynamo.convert_frame.``                        ``recompiles`` (one row per cache entry
 ``get_and_maybe_log_recompilation_reasons``             whose guards failed)
-``torch._inductor.debug.dump_inductor_provenance_``     ``fusions`` (kernel -> FX nodes, with
-``info`` and ``FxGraphCache.cache_hit_post_compile``    ``trace.provenance_tracking_level=1``)
+``torch._inductor.debug.set_kernel_post_grad_``         ``fusions`` (kernel -> FX nodes: the
+``provenance_tracing``, called at every kernel's        scheduler nodes of each generated
+codegen (and its copies in ``codegen.cpp`` and          kernel, ``collectors/_fusions``), kept
+``codegen.triton``); ``compile_fx.``                    per compiled graph for cache hits
+``fx_codegen_and_compile``; ``FxGraphCache.``
+``cache_hit_post_compile``
 ======================================================  =========================================
+
+No setting of torch's is changed: nothing here enters a compile cache key (Inductor's
+provenance tracking, which would give the same fusion facts, does: see ``collectors/_fusions``),
+and every wrapper is hidden from Dynamo's frame evaluation
+(:func:`neuron_prof.torchhooks.skip_frames`).
 
 Why not torch's structured trace log (``trace_log``, what tlparse reads): torch builds every
 structured record — graphs printed, guards, generated code, each JSON-encoded and md5-hashed — as
@@ -40,10 +51,13 @@ its stack; such rows get the stack of the first one. ``compile_phases.depth`` is
 phases (the compile itself and ``compile_attempt_N`` are not phases), so the depth-0 phases of a
 frame lie inside its ``compiles`` span; the lazy backward compile (at the first ``backward()``) is
 ``backward compile`` with ``(backward)`` phases under it. ``fusions.nodes`` are the names of the
-nodes of the graph dynamo handed to Inductor (pre-grad names via ``postToPre``; post-grad names
-where there is none, e.g. nodes made by the joint graph); extern kernels
-(``extern_kernels.addmm``) are one-node rows. ``compile_cache`` counts Inductor's FX graph cache
-and AOTAutograd's cache (hit/miss/bypass) from ``torch._dynamo.utils.counters``.
+nodes of the graph dynamo handed to Inductor (pre-grad names through each post-grad node's
+``from_node`` history; post-grad names where there is none, e.g. nodes made by the joint graph
+or the backward pass), for the forward and the backward graph; an extern kernel
+(``extern_kernels.addmm``) lists the node it computes. A graph loaded from Inductor's caches has
+the fusion rows of its fresh compile if that compile was captured (``collectors/_fusions``).
+``compile_cache`` counts Inductor's FX graph cache and AOTAutograd's cache (hit/miss/bypass) from
+``torch._dynamo.utils.counters``.
 
 The hooks only file away what they are handed (a tuple each); everything is parsed in ``flush``.
 All rows are kept whatever ``keep`` says: compiles are rare and usually happen in the first,
@@ -64,7 +78,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import re
 import sys
@@ -74,7 +87,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from neuron_prof.collectors._fusions import FusionRecord, Kernels, fused_nodes
 from neuron_prof.recording import Frame, Recorder, framework_prefixes
+from neuron_prof.torchhooks import skip_frames, when_imported
 
 __all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class"]
 
@@ -261,8 +276,11 @@ class _Patches:
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, ours)
 
-    def replace(self, owner: Any, name: str, ours: Any) -> None:
-        original = vars(owner)[name]
+    def replace(self, owner: Any, name: str, ours: Any, original: Any = None) -> None:
+        """``owner.name = ours``; ``original`` is what goes back (default: what is there now)."""
+        if original is None:
+            original = vars(owner)[name]
+        skip_frames(getattr(ours, "__func__", ours))
         setattr(owner, name, ours)
         self._saved.append((owner, name, original, ours))
 
@@ -297,19 +315,23 @@ class CompilerCollector:
     Tables: ``compiles``, ``compile_phases``, ``graph_breaks``, ``recompiles``, ``fusions``,
     ``compile_cache`` (see ``neuron_prof.schema``).
 
-    ``provenance``: turn on Inductor's provenance tracking (``trace.provenance_tracking_level=1``)
-    while installed, for the ``fusions`` table (restored at uninstall).
+    ``fusions``: record Inductor's fusion decisions (the ``fusions`` table) from its kernel codegen.
     """
 
     name = "compiler"
 
-    def __init__(self, provenance: bool = True) -> None:
-        self.provenance = provenance
+    def __init__(self, fusions: bool = True) -> None:
+        self.fusions = fusions
         self._on = False  # wrappers left behind by someone wrapping ours call straight through
+        self._rec: Recorder | None = None
         self._patches = _Patches()
+        self._cancels: list[Callable[[], None]] = []  # hooks still waiting for their module
         self._handler: _BreakHandler | None = None
         self._loggers: list[tuple[logging.Logger, int, bool] | tuple[logging.Logger, None, None]] = []
-        self._saved_provenance: int | None = None
+        self._fusion_record = FusionRecord()
+        self._tls = threading.local()  # .kernels: those of the graph being generated on this thread
+        self._kernel_hook: Callable | None = None  # our wrapper of Inductor's per-kernel function
+        self._hook_lock = threading.RLock()  # installing and removing hooks (imports may nest)
         self._raw: list[tuple] = []  # (kind, mono ns, tid, compile id, payload)
         self._reported: list[tuple] = []  # report_fusion / report_cache rows
         self._lock = threading.Lock()
@@ -330,16 +352,22 @@ class CompilerCollector:
     def install(self, rec: Recorder) -> None:
         global _ACTIVE
         try:
+            self._rec = rec
             self._wall_to_mono = time.monotonic_ns() - time.time_ns()
             self._prefixes = tuple(framework_prefixes())
-            self._hook_timed_events()
-            self._hook_metrics()
-            self._hook_recompiles()
-            self._hook_graph_break_logs()
-            if self.provenance:
-                self._hook_provenance()
+            hooks: list[tuple[str, Callable[[Any], None]]] = [("torch._dynamo", self._hook_dynamo)]
+            if self.fusions:
+                hooks += [("torch._inductor.debug", self._hook_kernel_codegen),
+                          ("torch._inductor.codegen.cpp", self._hook_kernel_codegen),
+                          ("torch._inductor.codegen.triton", self._hook_kernel_codegen),
+                          ("torch._inductor.compile_fx", self._hook_graph_codegen),
+                          ("torch._inductor.codecache", self._hook_cache_hits)]
             self._on = True
             _ACTIVE = self
+            for module, hook in hooks:
+                if not self._on:  # a hook that ran at once failed
+                    break
+                self._cancels.append(when_imported(module, self._when_imported(hook)))
         except Exception as exc:  # noqa: BLE001 - training must never break
             rec.failure(self.name, exc)
             self._teardown()
@@ -364,6 +392,27 @@ class CompilerCollector:
         self._teardown()
 
     # ---- the hooks
+    def _when_imported(self, hook: Callable[[Any], None]) -> Callable[[Any], None]:
+        """``hook(module)`` as a post-import callback: never raises into the user's import; a
+        failure switches the whole collector off (every hook put back) and is recorded."""
+        def run(module: Any) -> None:
+            try:
+                with self._hook_lock:
+                    if self._on:
+                        hook(module)
+            except Exception as exc:  # noqa: BLE001 - the user's import must go on
+                rec = self._rec
+                self._teardown()
+                if rec is not None:
+                    rec.failure(self.name, exc)
+        return run
+
+    def _hook_dynamo(self, _dynamo: Any) -> None:
+        self._hook_timed_events()
+        self._hook_metrics()
+        self._hook_recompiles()
+        self._hook_graph_break_logs()
+
     def _hook_timed_events(self) -> None:
         """Dynamo's timed compile events (phases, compile spans), without torch's structured-log
         record of each (~3/4 of all records); torch's own bookkeeping still runs."""
@@ -464,41 +513,90 @@ class CompilerCollector:
                 lg.setLevel(logging.DEBUG)
             lg.addHandler(self._handler)
 
-    def _hook_provenance(self) -> None:
-        """Inductor's kernel -> FX node mapping, from a fresh compile and from an FX cache hit."""
-        import torch._inductor.codecache as codecache
-        import torch._inductor.config as inductor_config
+    def _hook_kernel_codegen(self, module: Any) -> None:
+        """Every kernel Inductor generates, with the scheduler nodes it covers (``debug`` defines
+        the function; ``codegen.cpp``/``codegen.triton`` call a copy imported by name)."""
         import torch._inductor.debug as inductor_debug
 
-        dump = inductor_debug.dump_inductor_provenance_info
-        _signature_is(dump, [])
+        name = "set_kernel_post_grad_provenance_tracing"
+        ours = self._kernel_hook
+        if module is not inductor_debug:
+            if ours is not None and vars(module).get(name) is ours:  # imported while we were in
+                self._patches.replace(module, name, ours, original=ours.original)
+            elif ours is not None:
+                self._patches.replace(module, name, self._kernel_wrapper(vars(module)[name]))
+            return
+        original = vars(module)[name]
+        _signature_is(original, ["node_schedule", "kernel_name", "is_extern"])
+        self._kernel_hook = self._kernel_wrapper(original)
+        self._patches.replace(module, name, self._kernel_hook)
+
+    def _kernel_wrapper(self, original: Callable) -> Callable:
+        import torch._inductor.debug as inductor_debug
+
+        col = self
+
+        def set_kernel_post_grad_provenance_tracing(node_schedule, kernel_name, is_extern=False):
+            out = original(node_schedule, kernel_name, is_extern)
+            if col._on and kernel_name:
+                try:
+                    nodes = fused_nodes(node_schedule, is_extern, inductor_debug._pre_grad_graph_id)
+                    col._put(("fusion", time.monotonic_ns(), threading.get_native_id(), _current_compile_id(),
+                              (str(kernel_name), nodes)))
+                    kernels = getattr(col._tls, "kernels", None)
+                    if kernels is not None:
+                        kernels.append((str(kernel_name), nodes))
+                except Exception:
+                    pass
+            return out
+
+        set_kernel_post_grad_provenance_tracing.original = original  # type: ignore[attr-defined]
+        return set_kernel_post_grad_provenance_tracing
+
+    def _hook_graph_codegen(self, compile_fx: Any) -> None:
+        """The kernels generated for one graph, kept by the graph's code key for cache hits."""
+        original = compile_fx.fx_codegen_and_compile
+        _signature_is(original, ["gm", "example_inputs", "inputs_to_check", "compile_region_name", "graph_kwargs"])
+        col = self
+
+        def fx_codegen_and_compile(gm, example_inputs, inputs_to_check, compile_region_name=None, **graph_kwargs):
+            if not col._on:
+                return original(gm, example_inputs, inputs_to_check, compile_region_name=compile_region_name,
+                                **graph_kwargs)
+            outer = getattr(col._tls, "kernels", None)
+            col._tls.kernels = kernels = []
+            try:
+                out = original(gm, example_inputs, inputs_to_check, compile_region_name=compile_region_name,
+                               **graph_kwargs)
+            finally:
+                col._tls.kernels = outer
+            try:
+                col._fusion_record.remember(getattr(out, "cache_key", None), kernels)
+            except Exception:
+                pass
+            return out
+
+        self._patches.replace(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)
+
+    def _hook_cache_hits(self, codecache: Any) -> None:
+        """A graph loaded from the FX-graph or AOT-autograd cache: its kernels from the record."""
         cache_hit = codecache.FxGraphCache.cache_hit_post_compile
         _signature_is(cache_hit, ["graph", "cache_info", "constants"])
         col = self
 
-        def dump_inductor_provenance_info():
-            mapping = dump()
-            if col._on:
-                try:
-                    col._put(("fusions", time.monotonic_ns(), threading.get_native_id(),
-                              _current_compile_id(), json.dumps(mapping)))
-                except Exception:
-                    pass
-            return mapping
-
         def cache_hit_post_compile(graph, cache_info, constants):
             out = cache_hit(graph, cache_info, constants)
-            mapping = getattr(graph, "inductor_provenance_mapping_str", None)
-            if col._on and mapping:
-                col._put(("fusions", time.monotonic_ns(), threading.get_native_id(),
-                          _current_compile_id(), mapping))
+            if col._on:
+                try:
+                    kernels: Kernels = col._fusion_record.recall(getattr(graph, "cache_key", None))
+                    now, tid, cid = time.monotonic_ns(), threading.get_native_id(), _current_compile_id()
+                    for kernel in kernels:
+                        col._put(("fusion", now, tid, cid, kernel))
+                except Exception:
+                    pass
             return out
 
-        self._patches.replace(inductor_debug, "dump_inductor_provenance_info", dump_inductor_provenance_info)
         self._patches.replace(codecache.FxGraphCache, "cache_hit_post_compile", staticmethod(cache_hit_post_compile))
-        if inductor_config.trace.provenance_tracking_level == 0:
-            self._saved_provenance = 0
-            inductor_config.trace.provenance_tracking_level = 1
 
     # ---- what the hooks call
     def _put(self, item: tuple) -> None:
@@ -552,10 +650,15 @@ class CompilerCollector:
         self._on = False
         if _ACTIVE is self:
             _ACTIVE = None
-        try:
-            self._patches.restore()
-        except Exception:
-            pass
+        for cancel in self._cancels:
+            cancel()
+        self._cancels = []
+        with self._hook_lock:
+            try:
+                self._patches.restore()
+            except Exception:
+                pass
+            self._kernel_hook = None
         for lg, level, propagate in self._loggers:
             try:
                 lg.removeHandler(self._handler)
@@ -565,15 +668,6 @@ class CompilerCollector:
             except Exception:
                 pass
         self._loggers, self._handler = [], None
-        if self._saved_provenance is not None:
-            try:
-                import torch._inductor.config as inductor_config
-
-                if inductor_config.trace.provenance_tracking_level == 1:  # unless changed since
-                    inductor_config.trace.provenance_tracking_level = self._saved_provenance
-            except Exception:
-                pass
-            self._saved_provenance = None
 
     # ---- parse side (flush)
     def _mono(self, wall_us: float) -> int:
@@ -607,8 +701,9 @@ class CompilerCollector:
             self._graph_break(payload, ts, cid, rows)
         elif kind == "recompile":
             self._pending_recompiles.setdefault(cid, []).extend((ts, r) for r in payload)
-        elif kind == "fusions":
-            self._fusions(payload, ts, cid, rows)
+        elif kind == "fusion":
+            kernel, nodes = payload
+            rows.fusions.append((ts, cid, "inductor", kernel, nodes))
 
     def _timed(self, ev: dict, ts: int, tid: int, rec_cid: str, rows: "_Rows") -> None:
         ph, name = ev.get("ph"), str(ev.get("name", ""))
@@ -719,25 +814,6 @@ class CompilerCollector:
                 frames, source_line = self._break_sites.get(key, ([(key[0], "", key[1])], ""))
         self._break_cids.add(cid)
         rows.breaks.append((ts, cid, gb_id, reason, reason_class(reason, source_line=source_line), frames))
-
-    def _fusions(self, payload: Any, ts: int, cid: str, rows: "_Rows") -> None:
-        if not payload:
-            return
-        data = json.loads(payload) if isinstance(payload, str) else payload
-        if not isinstance(data, dict):
-            return
-        post_to_pre = data.get("postToPre") or {}
-        kernels: dict[str, list[str]] = {}
-        for key in ("cppCodeToPost", "tritonCodeToPost"):
-            for kernel, post_nodes in (data.get(key) or {}).items():
-                name = re.sub(r":\d+$", "", str(kernel))
-                nodes = kernels.setdefault(name, [])
-                for post in post_nodes or []:
-                    for n in (post_to_pre.get(post) or [post]):
-                        if n not in nodes:
-                            nodes.append(str(n))
-        for kernel, nodes in kernels.items():
-            rows.fusions.append((ts, cid, "inductor", kernel, nodes))
 
 
 def _is_skip(fail_type: str, fail_reason: Any) -> bool:

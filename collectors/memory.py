@@ -38,6 +38,7 @@ import numpy as np
 
 from neuron_prof.recording import Recorder
 from neuron_prof.schema import MEMORY_KINDS
+from neuron_prof.torchhooks import hide_from_dynamo
 
 DEFAULT_MAX_EVENTS = 4_000_000
 _OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
@@ -128,6 +129,7 @@ class MemoryCollector:
         self._counts: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimizer -> (params, states)
         self._fresh_window = False
         self._hook = None
+        self._unhide = None
         self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # engine id -> rec id
         self._devices: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
@@ -145,7 +147,12 @@ class MemoryCollector:
             tracker.start(self.max_events)
             self.tracker = tracker
             optimizers = self._optimizers
-            self._hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: optimizers.add(opt))
+
+            def note_optimizer(opt, args, kwargs) -> None:
+                optimizers.add(opt)
+
+            self._unhide = hide_from_dynamo(note_optimizer)  # see neuron_prof.torchhooks
+            self._hook = register_optimizer_step_post_hook(note_optimizer)
         except Exception as exc:  # noqa: BLE001 - training must never break
             rec.failure(self.name, exc)
             self._teardown()
@@ -236,6 +243,9 @@ class MemoryCollector:
                 self._hook.remove()
             finally:
                 self._hook = None
+        if self._unhide is not None:
+            self._unhide()
+            self._unhide = None
         if self.tracker is not None:
             try:
                 self.tracker.stop()

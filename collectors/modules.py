@@ -5,19 +5,29 @@ called inside it by their ``named_modules()`` path relative to it (``layers.0.se
 module that is not a submodule of the outermost one is named ``<parent path>.<ClassName>``.
 Each change of the current path is reported as an interned id through ``set_module``.
 
-Hooks return at once while dynamo traces (``torch.compiler.is_compiling()``): dynamo inlines
-global hooks, and calling into C there would break the graph.
+Global module hooks and ``torch.compile`` do not mix: when any global forward hook exists, Dynamo
+traces a module call through ``Module.__call__`` instead of ``forward`` (which reorders the
+compiled graph's inputs, so Inductor's cache keys change), and it guards on the hooks (adding or
+removing one recompiles). So the hooks stand down for good at the start of the process's first
+Dynamo compile, and are not installed at all once Dynamo has compiled something (since its last
+``torch._dynamo.reset()``): from then on ops have no module path (inside compiled code they never
+had one: a ``Torch-Compiled Region`` range stands for its modules). Until then the hooks are hidden
+from Dynamo (:func:`neuron_prof.torchhooks.hide_from_dynamo`): the hooks of a compiled
+module never become compiled frames of their own, and a traced call to them is no call at all.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import warnings
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
+
+from neuron_prof.torchhooks import hide_from_dynamo, skip_frames, when_imported
 
 _is_compiling = torch.compiler.is_compiling
 # torch warns that global hooks fire once more for torch.compile's OptimizedModule wrapper; the
@@ -33,6 +43,15 @@ def _unwrap(m):
     return m._orig_mod if _is_compiled_wrapper(m) else m
 
 
+def dynamo_has_compiled() -> bool:
+    """Whether compiled code may exist in this process: Dynamo has started compiling a frame since
+    it was imported or last reset (``torch._dynamo.reset()`` drops all compiled code)."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    return getattr(convert_frame, "FRAME_COUNTER", 1) != 0
+
+
 class ModuleTracker:
     def __init__(self, set_module: Callable[[int], None], intern: Callable[[str], int],
                  on_first_call: Callable[[int], None] | None = None) -> None:
@@ -43,26 +62,88 @@ class ModuleTracker:
         # id(root) -> (weakref(root), root path id, {id(child): (weakref(child), path, path id)})
         self._roots: dict[int, tuple[weakref.ref, str, dict[int, tuple[weakref.ref, str, int]]]] = {}
         self._handles: list = []
+        self._unhide: list[Callable[[], None]] = []
+        self._filter: Any = None
+        self._watch: Callable[[], None] | None = None  # cancels or undoes the compile-start watch
+        self.stood_down = False
+        """True once the hooks were left out or removed for ``torch.compile`` (module docstring)."""
 
     # -- install / uninstall
     def install(self) -> None:
-        if self._handles:
+        if self._handles or self.stood_down:
             return
-        pre = _nn_module.register_module_forward_pre_hook(self._pre_hook)
+        if dynamo_has_compiled():
+            self.stood_down = True
+            return
+        tracker = self
+
+        def pre_hook(module, args) -> None:
+            tracker._pre_hook(module, args)
+
+        def post_hook(module, args, output) -> None:
+            tracker._post_hook(module, args, output)
+
+        self._unhide = [hide_from_dynamo(pre_hook), hide_from_dynamo(post_hook)]
+        pre = _nn_module.register_module_forward_pre_hook(pre_hook)
         try:
-            post = _nn_module.register_module_forward_hook(self._post_hook, always_call=True)
+            post = _nn_module.register_module_forward_hook(post_hook, always_call=True)
         except TypeError:  # torch without always_call
-            post = _nn_module.register_module_forward_hook(self._post_hook)
+            post = _nn_module.register_module_forward_hook(post_hook)
         self._handles = [pre, post]
         warnings.filterwarnings("ignore", message=_COMPILE_HOOK_MESSAGE, category=UserWarning)
         self._filter = warnings.filters[0]
+        self._watch = None
+        cancel = when_imported("torch._dynamo", self._watch_compiles)  # may run at once
+        self._watch = self._watch or cancel
 
-    def uninstall(self) -> None:
+    def _watch_compiles(self, dynamo: Any) -> None:
+        """Stand down at the start of every Dynamo compile (the first one that comes). Hooked on
+        the instance's ``run_start_callbacks``, which runs before Dynamo traces a frame: a
+        registered start callback would not survive ``torch._dynamo.reset()``."""
+        handler = getattr(dynamo, "callback_handler", None)
+        original = getattr(handler, "run_start_callbacks", None)
+        if original is None:  # a torch without it: stand down now rather than change its graphs
+            self._stand_down()
+            return
+        tracker = self
+
+        def run_start_callbacks(args: Any) -> None:
+            tracker._stand_down()
+            original(args)
+
+        skip_frames(run_start_callbacks)
+        handler.run_start_callbacks = run_start_callbacks
+
+        def undo() -> None:
+            if vars(handler).get("run_start_callbacks") is run_start_callbacks:
+                del handler.run_start_callbacks
+
+        self._watch = undo
+
+    def _stand_down(self) -> None:
+        """Remove the hooks for good; ops from now on (on this thread: the module being compiled
+        was pushed, and its post-hook will not run) have no module path."""
+        if self._handles:
+            self.stood_down = True
+            self._remove_hooks()
+            self._tls.stack = []
+            self._set(0)
+
+    def _remove_hooks(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def uninstall(self) -> None:
+        self._remove_hooks()
+        if self._watch is not None:
+            self._watch()
+            self._watch = None
+        for undo in self._unhide:
+            undo()
+        self._unhide = []
         self._roots.clear()
-        if getattr(self, "_filter", None) in warnings.filters:
+        if self._filter in warnings.filters:
             warnings.filters.remove(self._filter)
             getattr(warnings, "_filters_mutated", lambda: None)()  # invalidate cached lookups
         self._filter = None

@@ -1,6 +1,7 @@
 """The recording API: everything a collector may know of the session.
 
-Collectors import this module and nothing else from neuron_prof (DESIGN.md: a collector never
+Collectors import this module and nothing else from neuron_prof but ``neuron_prof.torchhooks``
+(how to hand torch a callback without changing what torch does; DESIGN.md: a collector never
 imports the viewer, an exporter or another collector). The session implements it.
 """
 from __future__ import annotations
