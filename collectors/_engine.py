@@ -222,6 +222,7 @@ def build_folder(name: str) -> str:
     """Where ``torch.utils.cpp_extension`` builds extension ``name`` (its ``_get_build_directory``,
     which imports setuptools: this is the same rule without it)."""
     import torch
+    import torch._appdirs  # not imported by `import torch`; cpp_extension imports it itself
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is None:
