@@ -18,8 +18,11 @@ the ``neuron-prof`` CLI process itself (``record -- true`` alone is that part). 
   (on CPU Inductor starts one helper process per candidate instruction set).
 
 ``--other-checkout DIR`` measures the ``record`` modes once more with neuron_prof imported from
-DIR (``git archive <commit> | tar -x -C DIR``): the same figures before a change. The native engine
-is built before the first round (a cold build is a one-time cost).
+DIR: the same figures before a change. DIR is a tree whose package folder holds its subpackages,
+as an install has them (``git archive <commit> | tar -x -C DIR``, then ``ln -s ../collectors
+DIR/neuron_prof/collectors``, the same for ``examples`` and ``viewer``): with the repository's
+layout, ``neuron_prof.collectors`` would come from this checkout's editable install instead. The
+native engine is built before the first round (a cold build is a one-time cost).
 """
 from __future__ import annotations
 
@@ -125,7 +128,9 @@ def main() -> None:
             cmd = [py, "-m", "neuron_prof", "record", "-q", "-o", str(tmp / f"run{next(runs)}"), "--", *cmd]
         return measure(cmd, env, tmp)
 
-    run("tiny training script", "record")  # builds the native engine
+    for setup in setups:  # builds each checkout's native engine
+        if setup != "plain":
+            run("tiny training script", setup)
     modes = [(name, setup) for name in commands for setup in setups]
     modes += [(RECORD_ALONE, s) for s in setups if s != "plain"]
     times: dict[tuple[str, str], list[tuple[float, float]]] = {m: [] for m in modes}
