@@ -191,12 +191,6 @@ class Run:
         return parent_index(self.ops)
 
     @functools.cached_property
-    def op_self_ns(self) -> np.ndarray:
-        """Self time of each row of ``ops`` (ns): its duration minus its direct children's."""
-        from neuron_prof.analysis.ops import self_time
-        return self_time(self.ops, self.op_parent)
-
-    @functools.cached_property
     def op_compile(self) -> tuple[np.ndarray, np.ndarray]:
         """``(inside, compile_ns)`` for each row of ``ops``: whether it ran within a torch.compile
         compile on its thread, and how much compiling lies within it
@@ -209,7 +203,8 @@ class Run:
         """Self time of each row of ``ops`` (ns) with compiling left out: 0 for ops inside a
         compile; the op table, region costs and break-site costs start from it."""
         from neuron_prof.analysis.ops import self_time
-        return self_time(self.ops, self.op_parent, self.ops["dur"].to_numpy() - self.op_compile[1])
+        compile_ns = self.op_compile[1]
+        return self_time(self.ops, self.op_parent, self.ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
 
     @functools.cached_property
     def compile_spans(self) -> pd.DataFrame:

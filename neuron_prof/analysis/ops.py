@@ -12,15 +12,19 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
     that started before it on the same rank and thread and contains it.
     """
     n = len(ops)
-    parent = np.full(n, -1, dtype=np.int64)
     if n == 0:
-        return parent
-    order = np.lexsort((ops["depth"].to_numpy(), ops["ts"].to_numpy(), ops["tid"].to_numpy(),
-                        ops["rank"].to_numpy()))
-    depth = ops["depth"].to_numpy()[order]
-    ts = ops["ts"].to_numpy()[order]
-    end = ts + ops["dur"].to_numpy()[order]
-    group = ops["rank"].to_numpy()[order].astype(np.int64) * (1 << 40) + ops["tid"].to_numpy()[order]
+        return np.full(0, -1, dtype=np.int64)
+    rank = ops["rank"].to_numpy()
+    one_rank = rank.min() == rank.max()  # the common case: no rank key (memory at 10M+ ops)
+    keys = (ops["depth"].to_numpy(), ops["ts"].to_numpy(), ops["tid"].to_numpy())
+    order = np.lexsort(keys if one_rank else (*keys, rank))
+    depth = keys[0][order]
+    ts = keys[1][order]
+    end = ops["dur"].to_numpy()[order]
+    end += ts
+    group = keys[2][order].astype(np.int64, copy=False)
+    if not one_rank:
+        group = group + (rank[order].astype(np.int64) << 40)
     sorted_parent = np.full(n, -1, dtype=np.int64)
     for d in range(1, int(depth.max(initial=0)) + 1):
         cand = np.flatnonzero(depth == d - 1)
@@ -32,6 +36,8 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
         p = cand[np.maximum(k, 0)]
         ok &= (group[p] == group[kids]) & (ts[p] <= ts[kids]) & (end[p] >= end[kids])
         sorted_parent[kids[ok]] = p[ok]
+    del depth, ts, end, group
+    parent = np.full(n, -1, dtype=np.int64)
     valid = sorted_parent >= 0
     parent[order[valid]] = order[sorted_parent[valid]]
     return parent
@@ -47,9 +53,10 @@ def has_ancestor(parent: np.ndarray, flagged: np.ndarray, max_depth: int) -> np.
     return inside
 
 
-def name_mask(ops: pd.DataFrame, pred) -> np.ndarray:
-    """``pred(name)`` for every op, evaluated once per distinct name (names are categorical)."""
-    cat = ops["name"].astype("category")
+def name_mask(ops: pd.DataFrame, pred, column: str = "name") -> np.ndarray:
+    """``pred(value)`` of ``column`` for every op, evaluated once per distinct value (the ops'
+    string columns are categorical: no per-row strings over millions of ops)."""
+    cat = ops[column].astype("category")
     return np.array([bool(pred(str(c))) for c in cat.cat.categories] + [False], dtype=bool)[cat.cat.codes.to_numpy()]
 
 
@@ -73,7 +80,7 @@ def step_phases(ops: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
 
     phase = np.zeros(len(ops), dtype=np.int8)
     in_opt = within(name_mask(ops, lambda n: n.startswith(OPTIMIZER_PREFIX)))
-    phase[in_opt & (ops["module"].astype(str) == "").to_numpy()] = OP_PHASES.index("optimizer")
+    phase[in_opt & ~name_mask(ops, bool, "module")] = OP_PHASES.index("optimizer")
     phase[ops["bwd"].to_numpy(bool)] = OP_PHASES.index("backward")
     phase[within(name_mask(ops, lambda n: n.startswith(COMM_PREFIXES)))] = OP_PHASES.index("communication")
     return phase
@@ -93,9 +100,10 @@ def comm_ops(ops: pd.DataFrame, parent: np.ndarray, keep: np.ndarray, compile_ns
 
 def phase_time(ops: pd.DataFrame, phase: np.ndarray, self_ns: np.ndarray, keep: np.ndarray) -> pd.DataFrame:
     """Run-time self time per rank and phase (``step_phases``) of the ``keep`` rows: rank, phase, ns."""
-    df = pd.DataFrame({"rank": ops["rank"].to_numpy()[keep], "phase": phase[keep], "ns": self_ns[keep]})
-    out = df.groupby(["rank", "phase"], as_index=False)["ns"].sum()
-    return out.assign(phase=[OP_PHASES[i] for i in out["phase"]])
+    ranks, rank_idx = np.unique(ops["rank"].to_numpy()[keep], return_inverse=True)
+    n = len(OP_PHASES)
+    ns = np.bincount(rank_idx.reshape(-1) * n + phase[keep], weights=self_ns[keep], minlength=len(ranks) * n)
+    return pd.DataFrame({"rank": np.repeat(ranks, n), "phase": list(OP_PHASES) * len(ranks), "ns": ns})
 
 
 def self_time(ops: pd.DataFrame, parent: np.ndarray | None = None, dur: np.ndarray | None = None) -> np.ndarray:

@@ -1,6 +1,8 @@
 """Overview: run facts, step time per rank, where the time goes, and the findings of every analysis."""
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -48,6 +50,7 @@ else:
         st.caption(" · ".join(f"rank {r}: start-up {d / 1e9:.2f} s before step 0"
                               for r, d in zip(startup["rank"], startup["dur"])) + " (not a step, not drawn)")
 
+time.sleep(0.1)  # let the server send what is drawn before the analyses hold the GIL for seconds
 s = data.summary()
 r = s["run"]
 with findings_box:
