@@ -278,21 +278,33 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         settled = np.r_[ts[1:] != ts[:-1], True]  # the state after all events of one instant, as timeline()
         live, ts = live[settled], ts[settled]
         mine = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == str(device))]
-        for _, s in active[active["rank"] == rank].iterrows():
-            lo, hi = np.searchsorted(ts, s["ts"], "left"), np.searchsorted(ts, s["ts"] + s["dur"], "right")
+        # allocations by time made: a step's are one slice of them (no pass over all per step)
+        by_made = np.argsort(mine["alloc_ts"].to_numpy(), kind="stable")
+        made_ts = mine["alloc_ts"].to_numpy()[by_made]
+        freed_ts = mine["free_ts"].to_numpy()[by_made]
+        size = mine["bytes"].to_numpy()[by_made]
+        for step, s_ts, s_dur in active.loc[active["rank"] == rank, ["step", "ts", "dur"]].itertuples(index=False):
+            lo, hi = np.searchsorted(ts, s_ts, "left"), np.searchsorted(ts, s_ts + s_dur, "right")
             if hi <= lo:
                 continue
             j = lo + int(np.argmax(live[lo:hi]))
             t = int(ts[j])
-            made = mine[(mine["alloc_ts"] >= s["ts"]) & (mine["alloc_ts"] <= t) & (mine["free_ts"] > t)]
-            if made.empty:  # nothing made in the step (e.g. the frees at exit): no peak of its own
+            a, b = np.searchsorted(made_ts, s_ts, "left"), np.searchsorted(made_ts, t, "right")
+            alive = np.where(freed_ts[a:b] > t, size[a:b], -1)  # made in the step, alive at its peak
+            if not len(alive) or alive.max() < 0:  # nothing made in the step (e.g. the frees at exit)
                 continue
-            c = made.loc[made["bytes"][::-1].idxmax()]  # the largest; the latest of equals
-            rows.append({"rank": rank, "device": device, "step": int(s["step"]), "ts": t, "bytes": int(live[j]),
-                         "op": str(c["top_op"]), "source": str(c["source"]), "user_source": str(c["user_source"]),
-                         "module": str(c["module"]), "alloc_bytes": int(c["bytes"]), "category": str(c["category"]),
-                         "source_full": str(c["source_full"])})
-    return pd.DataFrame(rows, columns=PEAK_COLUMNS)
+            made = by_made[b - 1 - int(np.argmax(alive[::-1]))]  # the largest; the latest of equals
+            rows.append((rank, device, int(step), t, int(live[j]), mine.index[made]))
+    if not rows:
+        return pd.DataFrame(columns=PEAK_COLUMNS)
+    rank, device, step, ts, live, made = zip(*rows)
+    c = allocs.loc[list(made)]  # the blocks that made the peaks, fetched at once
+    return pd.DataFrame({
+        "rank": rank, "device": device, "step": step, "ts": ts, "bytes": live,
+        **{col: c[src].astype(str).to_numpy() for col, src in (("op", "top_op"), ("source", "source"),
+                                                              ("user_source", "user_source"), ("module", "module"),
+                                                              ("category", "category"), ("source_full", "source_full"))},
+        "alloc_bytes": c["bytes"].to_numpy(np.int64)})[PEAK_COLUMNS]
 
 
 SITE_KEY = ["source", "user_source", "module", "top_op", "category"]
