@@ -12,7 +12,8 @@ MLP (``DEPTH`` layers: about a hundred autograd nodes a step, like a real model'
 Backward freed the graph's saved tensors, so the tensors kept grow by 4 bytes a step (the loss),
 but each kept loss keeps its whole graph of nodes: the process grows far faster. ``detached``
 keeps ``loss.detach()``: the same 4 bytes a step, no graph. A third argument trains for at least
-that many seconds (the process's growth is judged over time; see ``analysis.memory``).
+that many seconds and then as many steps again (the process's growth is judged over time, after
+the captured steps; see ``analysis.memory``).
 All sizes follow from the constants below (float32: 4 bytes per element).
 """
 from __future__ import annotations
@@ -65,15 +66,17 @@ def train(steps: int, mode: str = "leak", prof=None) -> list:
 
 
 def train_history(steps: int, mode: str = "history", prof=None, seconds: float = 0.0) -> list:
-    """``history`` / ``detached`` (see the module docstring): ``steps`` steps, and more until
-    ``seconds`` have passed."""
+    """``history`` / ``detached`` (see the module docstring): ``steps`` steps; with ``seconds``,
+    for at least that long and then ``steps`` more (the process's growth is judged over the later
+    steps, so a stall of the machine in the first seconds cannot leave too few of them)."""
     torch.manual_seed(0)
     layers = [m for _ in range(DEPTH) for m in (torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU())]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     history = []
     end = time.monotonic() + seconds
-    while len(history) < steps or time.monotonic() < end:
+    after = 0  # steps begun once `seconds` had passed
+    while len(history) < steps or seconds and after < steps:
         loss = torch.nn.functional.mse_loss(model(torch.randn(BATCH, WIDTH)), torch.randn(BATCH, 1))  # LOSS-LINE
         opt.zero_grad()
         loss.backward()
@@ -81,6 +84,7 @@ def train_history(steps: int, mode: str = "history", prof=None, seconds: float =
         history.append(loss if mode == "history" else loss.detach())  # HISTORY-LINE
         if prof is not None:
             prof.step()
+        after += time.monotonic() >= end
     return history
 
 
