@@ -3,7 +3,8 @@
 Two helpers, for every callback neuron_prof installs into torch (global module hooks, optimizer
 step hooks, the compiler collector's wrappers):
 
-* :func:`when_imported` runs a set-up when a module is imported (at once if it already is). A
+* :func:`when_imported` (``neuron_prof._bootstrap.imports``) runs a set-up when a module is
+  imported (at once if it already is). A
   collector hooks ``torch._dynamo`` or Inductor only once the program imports them, so starting a
   capture never imports them (about 2 s each on a busy 2-core machine) and a process that never
   compiles never pays for them.
@@ -23,106 +24,12 @@ step hooks, the compiler collector's wrappers):
 """
 from __future__ import annotations
 
-import importlib.abc
-import sys
-import threading
 import types
-from typing import Any, Callable
+from typing import Callable
 
-__all__ = ["when_imported", "hide_from_dynamo"]
+from neuron_prof._bootstrap.imports import when_imported
 
-_lock = threading.RLock()
-_waiting: dict[str, list[Callable[[types.ModuleType], None]]] = {}
-_finding = threading.local()  # names this thread is looking up through the other finders
-
-
-class _Loader(importlib.abc.Loader):
-    """The module's own loader, then the callbacks waiting for the module."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__loader__ = module.__spec__.loader = self._loader  # the module keeps its own loader
-        self._loader.exec_module(module)
-        _fire(module.__spec__.name)
-
-    def __getattr__(self, name: str) -> Any:  # is_package, get_code, resource readers...
-        return getattr(self._loader, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """First on ``sys.meta_path`` while a callback waits: wraps the loader of a waited-for module."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _waiting or fullname in getattr(_finding, "names", ()):
-            return None
-        names = _finding.__dict__.setdefault("names", set())
-        names.add(fullname)
-        try:
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-        finally:
-            names.discard(fullname)
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Loader(spec.loader)
-        return spec
-
-
-_FINDER = _Finder()
-
-
-def _fire(name: str) -> None:
-    with _lock:
-        callbacks = _waiting.pop(name, [])
-        _update_finder()
-    module = sys.modules.get(name)
-    for cb in callbacks:
-        if module is not None:
-            cb(module)
-
-
-def _update_finder() -> None:
-    present = _FINDER in sys.meta_path
-    if _waiting and not present:
-        sys.meta_path.insert(0, _FINDER)
-    elif not _waiting and present:
-        sys.meta_path.remove(_FINDER)
-
-
-def when_imported(name: str, callback: Callable[[types.ModuleType], None]) -> Callable[[], None]:
-    """Call ``callback(module)`` once module ``name`` has been imported, on the importing thread
-    right after the module's code ran; at once if it already is. Returns a function that cancels
-    the call if it has not happened yet (nothing is left on ``sys.meta_path`` once no callback
-    waits). ``callback`` must not raise: an import of the user's must never fail because of us."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-        return lambda: None
-    with _lock:
-        _waiting.setdefault(name, []).append(callback)
-        _update_finder()
-
-    def cancel() -> None:
-        with _lock:
-            callbacks = _waiting.get(name, [])
-            if callback in callbacks:
-                callbacks.remove(callback)
-                if not callbacks:
-                    del _waiting[name]
-            _update_finder()
-
-    return cancel
+__all__ = ["when_imported", "hide_from_dynamo", "skip_frames"]
 
 
 def _code_of(fn: Callable) -> types.CodeType | None:

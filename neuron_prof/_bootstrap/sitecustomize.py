@@ -56,39 +56,18 @@ def _warn(what: str, exc: BaseException) -> None:
     print(f"neuron_prof: {what} ({type(exc).__name__}: {exc}); running without capture", file=sys.stderr)
 
 
-class _AfterImport:
-    """Calls ``callback`` once module ``name`` has been imported (a post-import hook).
-
-    It patches the loader of the spec it hands out for ``name`` so that the callback runs right
-    after the module's code; a spec looked up without being imported (``importlib.util.find_spec``,
-    as libraries do to test for torch) costs nothing, and the hook stays until a real import.
-    """
-
-    def __init__(self, name: str, callback) -> None:
-        self._name, self._callback, self._finding = name, callback, False
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self._name or self._finding:
-            return None
-        self._finding = True
-        try:
-            spec = importlib.util.find_spec(fullname)  # from the finders after this one
-        finally:
-            self._finding = False
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_call(module) -> None:
-            del loader.exec_module  # the loader is torch's alone; it is as it was from here on
-            exec_module(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-                self._callback()
-
-        loader.exec_module = exec_then_call
-        return spec
+def _post_import_hooks():
+    """``neuron_prof._bootstrap.imports`` loaded by its path: importing it by name would import the
+    ``neuron_prof`` package (numpy and all) in every Python process of the command. Registered
+    under its own name, so the collectors' hooks later share its registry."""
+    name = "neuron_prof._bootstrap.imports"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, "imports.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _start_main_or_helper(config: dict, helper: bool) -> None:
@@ -148,10 +127,8 @@ def _start() -> None:
         except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
             _warn("capture not started", exc)
 
-    if "torch" in sys.modules:  # imported already (a .pth file of the environment, say)
-        on_torch()
-    else:
-        sys.meta_path.insert(0, _AfterImport("torch", on_torch))
+    # at once if torch is imported already (a .pth file of the environment, say)
+    _post_import_hooks().when_imported("torch", lambda torch: on_torch())
 
 
 def _chain_next_sitecustomize() -> None:
