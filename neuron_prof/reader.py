@@ -1,22 +1,31 @@
 """Reading the run store: commit-aware, so a killed capture reads up to its last completed step.
 
 Everything that can be wrong with a run on disk becomes a NeuronProfError that names the file and
-says what to do; nothing here unpickles or evaluates anything from the run.
+says what to do; nothing here unpickles or evaluates anything from the run. This module is the one
+boundary where run files become tables, so the checks are made here, by construction: files are
+opened as regular files only (``safefile``), never read past what the manifest commits, JSON
+documents are checked field by field (``documents``), committed bytes against their checksums,
+Arrow tables fully validated, interned ids range-checked. What passes is safe for every reader.
 """
 from __future__ import annotations
 
-import json
+import os
 import signal
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.schema import (CONFLICT_GLOB, JOURNAL_SUFFIX, MANIFEST, RANK_META, RUN_META, SCHEMA_VERSION,
-                                TABLE_SUFFIX, TABLES, row_dtype)
+from neuron_prof.safefile import open_regular, read_at, read_small
+from neuron_prof.schema import (CONFLICT_GLOB, LOWEST_REFERENCE, JOURNAL_SUFFIX, MANIFEST, RANK_META, REFERENCES, RUN_META,
+                                SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
+from neuron_prof.store import sign
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
 
@@ -52,79 +61,114 @@ class RankData:
         return t
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise NeuronProfError(f"{path}: missing {what}; this folder is damaged: re-record the run") from None
-    except (OSError, ValueError) as exc:
-        raise NeuronProfError(f"{path}: unreadable {what} ({exc}); re-record the run or restore the file") from None
-    if not isinstance(data, dict):
-        raise NeuronProfError(f"{path}: {what} is not a JSON object; re-record the run or restore the file")
-    version = data.get("schema_version", SCHEMA_VERSION)
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise NeuronProfError(f"{path}: written by a newer neuron_prof (schema {version}, this one reads "
-                              f"{SCHEMA_VERSION}); upgrade neuron_prof")
-    return data
-
-
-def _last_commit(path: Path) -> dict[str, Any]:
-    """The last complete manifest line; a torn final line (killed mid-write) is ignored."""
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except FileNotFoundError:
-        return {}
-    for raw in reversed(lines):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and isinstance(line.get("sizes"), dict):
-            return line
-    return {}
-
-
+_JSON_LIMIT = 16 << 20  # run.json, rank.json, a conflict note: kilobytes when written by neuron_prof
+_MANIFEST_TAIL = 1 << 20  # the last commit is the last complete line: read only the end of the file
 _DAMAGED = "the rank folder is damaged: re-record the run (or delete this rank folder)"
 
 
-def _read_committed(path: Path, committed: int) -> bytes:
-    """A stream's or journal's bytes; shorter than the manifest's commit means damage."""
+def _read_json(path: Path, what: str, spec: Mapping[str, documents.Check],
+               fix: str = "re-record the run or restore the file") -> dict[str, Any]:
     try:
-        data = path.read_bytes()
+        data = read_small(path, what, fix, _JSON_LIMIT)
+    except FileNotFoundError:
+        raise NeuronProfError(f"{path}: missing {what}; this folder is damaged: re-record the run") from None
+    doc = documents.parse(data, path, what, fix)
+    version = doc.get("schema_version", SCHEMA_VERSION)
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise NeuronProfError(f"{path}: written by a newer neuron_prof (schema {version}, this one reads "
+                              f"{SCHEMA_VERSION}); upgrade neuron_prof")
+    documents.check(doc, spec, path, what, fix)
+    return doc
+
+
+def _last_commit(path: Path, signed: bool) -> dict[str, Any]:
+    """The last complete manifest line. A final line without its newline is torn (the writer was
+    killed mid-write) and ignored; a complete line that does not parse, or whose ``check`` does not
+    match (``signed``: a run of schema 2 on), is damage."""
+    try:
+        fd, size = open_regular(path, "manifest", _DAMAGED)
+    except FileNotFoundError:
+        return {}
+    try:
+        start = max(size - _MANIFEST_TAIL, 0)
+        tail = read_at(fd, start, size - start)
+    finally:
+        os.close(fd)
+    lines = tail.split(b"\n")[:-1]  # the last element is a torn line or empty
+    if start:
+        lines = lines[1:]  # began mid-line
+    if not lines:
+        if start:
+            raise NeuronProfError(f"{path}: no complete line in its last {_MANIFEST_TAIL} bytes; {_DAMAGED}")
+        return {}
+    line = documents.parse(lines[-1], path, "last commit", _DAMAGED)
+    documents.check(line, documents.COMMIT, path, "last commit", _DAMAGED, required=("sizes",))
+    if signed:
+        check = line.get("check")
+        if check is None or check != sign(dict(line))["check"]:
+            raise NeuronProfError(f"{path}: the last commit's checksum does not match its content; {_DAMAGED}")
+        for table in line["sizes"]:
+            if table not in line.get("crc", {}):
+                raise NeuronProfError(f"{path}: the last commit has no checksum for {table}; {_DAMAGED}")
+        for table in line.get("journal", {}):
+            if table not in line.get("journal_crc", {}):
+                raise NeuronProfError(f"{path}: the last commit has no checksum for the {table} journal; {_DAMAGED}")
+    return line
+
+
+def _read_committed(path: Path, committed: int, crc: int | None) -> tuple[bytes, int]:
+    """A stream's or journal's committed bytes, and how many bytes follow them (written after the
+    last commit: ignored). Shorter than the commit, or not matching its checksum, is damage."""
+    try:
+        fd, size = open_regular(path, "table", _DAMAGED)
     except FileNotFoundError:
         if not committed:
-            return b""
+            return b"", 0
         raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; {_DAMAGED}") from None
-    if len(data) < committed:
-        raise NeuronProfError(f"{path}: truncated ({len(data)} of {committed} committed bytes); {_DAMAGED}")
-    return data
-
-
-def _read_table(path: Path, committed: int) -> tuple[pa.Table, int]:
-    data = _read_committed(path, committed)
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data[:committed])).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise NeuronProfError(f"{path}: corrupt table ({exc}); re-record the run (or delete this rank folder)") from None
-    return table, len(data) - committed
+        if size < committed:
+            raise NeuronProfError(f"{path}: truncated ({size} of {committed} committed bytes); {_DAMAGED}")
+        data = read_at(fd, 0, committed)
+    finally:
+        os.close(fd)
+    if len(data) < committed:
+        raise NeuronProfError(f"{path}: truncated while read ({len(data)} of {committed} committed bytes); {_DAMAGED}")
+    if crc is not None and zlib.crc32(data) != crc:
+        raise NeuronProfError(f"{path}: damaged: its bytes do not match the checksum of their commit; {_DAMAGED}")
+    return data, size - committed
 
 
-def _read_journal(path: Path, committed: int, schema: pa.Schema) -> tuple[pa.Table, int]:
+def _read_table(path: Path, name: str, committed: int, crc: int | None) -> tuple[pa.Table, int]:
+    data, extra = _read_committed(path, committed, crc)
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        expected = TABLES[name]
+        for f in table.schema:
+            if f.name in expected.names and not f.type.equals(expected.field(f.name).type):
+                raise pa.ArrowInvalid(f"column {f.name} is {f.type}, not {expected.field(f.name).type}")
+        table.validate(full=True)  # offsets and lengths within their buffers, before any use
+    except pa.ArrowException as exc:
+        raise NeuronProfError(f"{path}: corrupt table ({str(exc).splitlines()[0][:160]}); "
+                              "re-record the run (or delete this rank folder)") from None
+    return table, extra
+
+
+def _read_journal(path: Path, committed: int, crc: int | None, schema: pa.Schema) -> tuple[pa.Table, int]:
     """Rows journaled since the last compaction, up to the committed size."""
-    data = _read_committed(path, committed)
     dtype = row_dtype(schema)
     if committed % dtype.itemsize:
         raise NeuronProfError(f"{path}: committed size {committed} is not a whole number of "
                               f"{dtype.itemsize}-byte rows; {_DAMAGED}")
+    data, extra = _read_committed(path, committed, crc)
     rows = np.frombuffer(data, dtype=dtype, count=committed // dtype.itemsize)
     table = pa.Table.from_arrays([pa.array(np.ascontiguousarray(rows[f.name]), type=f.type) for f in schema],
                                  schema=schema)
-    return table, len(data) - committed
+    return table, extra
 
 
 def read_run_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_META
-    return _read_json(path, "run metadata") if path.exists() else {}
+    return _read_json(path, "run metadata", documents.RUN_META) if os.path.lexists(path) else {}
 
 
 def rank_dirs(run_dir: Path) -> list[Path]:
@@ -133,7 +177,12 @@ def rank_dirs(run_dir: Path) -> list[Path]:
         raise NeuronProfError(f"{run_dir}: no such run directory; {RECORD_HINT.replace('RUN', str(run_dir))}")
     if not run_dir.is_dir():
         raise NeuronProfError(f"{run_dir}: not a directory; pass the run directory that holds run.json")
-    return sorted(p for p in run_dir.glob("rank-*") if p.is_dir() and p.name[5:].isdigit())
+    dirs = sorted(p for p in run_dir.glob("rank-*") if p.name[5:].isdigit() and len(p.name) <= 12)
+    for p in dirs:
+        if p.is_symlink():
+            raise NeuronProfError(f"{p}: a rank folder that is a symbolic link; neuron_prof reads only the run's own "
+                                  "folders: replace it by the folder itself, or delete it")
+    return [p for p in dirs if p.is_dir()]
 
 
 def describe_exit(exit_status: Any) -> str:
@@ -163,7 +212,7 @@ class RunFiles:
 def _owner(rank_dir: Path) -> str | None:
     """The run id in a rank folder's rank.json; None if unreadable (read_rank says why)."""
     try:
-        return _read_json(rank_dir / RANK_META, "rank metadata").get("run_id")
+        return _read_json(rank_dir / RANK_META, "rank metadata", documents.RANK_META).get("run_id")
     except NeuronProfError:
         return None
 
@@ -179,6 +228,12 @@ def read_run(run_dir: Path) -> RunFiles:
     stale = [d for d in dirs if isinstance(world, int) and int(d.name[5:]) >= world
              or shared_id is not None and _owner(d) not in (shared_id, None)]
     ranks = [read_rank(d) for d in dirs if d not in stale]
+    seen: dict[int, Path] = {}
+    for rd in ranks:
+        if rd.rank in seen:
+            raise NeuronProfError(f"{rd.dir}: claims rank {rd.rank}, like {seen[rd.rank]}; one of them is a copy or "
+                                  "belongs to another run: delete it")
+        seen[rd.rank] = rd.dir
     if not ranks:
         if not meta.get("run_id"):
             raise NeuronProfError(f"{run_dir}: not a neuron_prof run (no rank-NNNNN/ folders); "
@@ -198,40 +253,71 @@ def read_run(run_dir: Path) -> RunFiles:
 
 def _conflict_notes(run_dir: Path) -> list[dict[str, Any]]:
     notes = []
+    fix = "delete the file (it only reports a process that wrote nothing)"
     for path in sorted(run_dir.glob(CONFLICT_GLOB)):
-        if not path.is_file():
-            continue
-        note = _read_json(path, "conflict note")
-        if not (isinstance(note.get("rank"), int) and isinstance(note.get("pid"), int)
-                and isinstance(note.get("argv"), list)):
-            raise NeuronProfError(f"{path}: conflict note without rank, pid and argv; delete the file "
-                                  "(it only reports a process that wrote nothing)")
+        note = _read_json(path, "conflict note", documents.CONFLICT, fix)
+        documents.check(note, documents.CONFLICT, path, "conflict note", fix, required=("rank", "pid", "argv"))
         notes.append(note)
     return notes
 
 
 def read_rank(rank_dir: Path) -> RankData:
-    meta = _read_json(rank_dir / RANK_META, "rank metadata")
-    commit = _last_commit(rank_dir / MANIFEST)
+    meta = _read_json(rank_dir / RANK_META, "rank metadata", documents.RANK_META)
+    rank = int(rank_dir.name[5:])
+    if meta.get("rank", rank) != rank:
+        raise NeuronProfError(f"{rank_dir / RANK_META}: says rank {meta['rank']}, but its folder is {rank_dir.name}; "
+                              f"{_DAMAGED}")
+    signed = meta.get("schema_version", 1) >= 2
+    commit = _last_commit(rank_dir / MANIFEST, signed)
+    crc = commit.get("crc", {}) if signed else {}
+    journal_crc = commit.get("journal_crc", {}) if signed else {}
     tables: dict[str, pa.Table] = {}
     ignored: dict[str, int] = {}
     for name, size in commit.get("sizes", {}).items():
         if name not in TABLES:
             continue  # a table from a newer collector: readers of this version skip it
-        tables[name], extra = _read_table(rank_dir / f"{name}{TABLE_SUFFIX}", int(size))
+        tables[name], extra = _read_table(rank_dir / f"{name}{TABLE_SUFFIX}", name, size, crc.get(name))
         if extra:
             ignored[name] = extra
     for name, size in commit.get("journal", {}).items():
         if name not in TABLES:
             continue
-        rows, extra = _read_journal(rank_dir / f"{name}{JOURNAL_SUFFIX}", int(size), TABLES[name])
+        rows, extra = _read_journal(rank_dir / f"{name}{JOURNAL_SUFFIX}", size, journal_crc.get(name), TABLES[name])
         tables[name] = pa.concat_tables([tables[name], rows]) if name in tables else rows
         if extra:
             ignored[name] = ignored.get(name, 0) + extra
     for suffix in (TABLE_SUFFIX, JOURNAL_SUFFIX):  # written but never committed: killed in step 0
         for path in rank_dir.glob(f"*{suffix}"):
             name = path.name[: -len(suffix)]
-            if name in TABLES and name not in tables and path.stat().st_size:
-                ignored[name] = ignored.get(name, 0) + path.stat().st_size
-    return RankData(rank=int(meta.get("rank", rank_dir.name[5:])), dir=rank_dir, meta=meta, tables=tables,
-                    last_commit=commit, closed=bool(commit.get("closed")), ignored_bytes=ignored)
+            size = path.lstat().st_size
+            if name in TABLES and name not in tables and size:
+                ignored[name] = ignored.get(name, 0) + size
+    rd = RankData(rank=rank, dir=rank_dir, meta=meta, tables=tables, last_commit=commit,
+                  closed=bool(commit.get("closed")), ignored_bytes=ignored)
+    _check_references(rd)
+    return rd
+
+
+def _check_references(rd: RankData) -> None:
+    """Interned tables number their rows densely from 0 or 1, and every id another table holds is
+    one of them (or 0, the empty string or stack): an id out of range would index past a lookup
+    array, or allocate one as large as the id."""
+    last = {}
+    for interned in LOWEST_REFERENCE:
+        ids = rd.table(interned).column("id").to_numpy()
+        if len(ids) and not (ids[0] in (0, 1) and np.array_equal(ids, np.arange(ids[0], ids[0] + len(ids)))):
+            raise NeuronProfError(f"{rd.dir / (interned + TABLE_SUFFIX)}: its ids are not numbered in order from 0 "
+                                  f"or 1; {_DAMAGED}")
+        last[interned] = int(ids[-1]) if len(ids) else 0
+    for name in rd.tables:
+        for column, interned in REFERENCES[name].items():
+            values = rd.tables[name].column(column)
+            if pa.types.is_list(values.type):
+                values = pc.list_flatten(values)
+            if not len(values):
+                continue
+            lo, hi = (v.as_py() for v in pc.min_max(values).values())
+            lowest = LOWEST_REFERENCE[interned]
+            if lo < lowest or hi > last[interned]:
+                raise NeuronProfError(f"{rd.dir / (name + TABLE_SUFFIX)}: {column} holds id {lo if lo < lowest else hi}, "
+                                      f"but {interned} has ids {lowest}..{last[interned]}; {_DAMAGED}")

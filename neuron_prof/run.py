@@ -14,30 +14,23 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
-from neuron_prof.schema import MEMORY_KINDS
+from neuron_prof.schema import MEMORY_KINDS, REFERENCES, TABLES
 
-_STRING_COLUMNS = {
-    "ops": ("name", "module", "shapes", "dtypes", "devices"),
-    "marks": ("name",),
-    "threads": ("name",),
-    "spans": ("name",),
-    "compiles": ("compile_id", "func", "file", "backend", "status", "fail_reason"),
-    "compile_phases": ("compile_id", "phase"),
-    "graph_breaks": ("compile_id", "gb_id", "reason", "reason_class"),
-    "recompiles": ("compile_id", "func", "reason"),
-    "fusions": ("compile_id", "backend", "kernel"),
-    "compile_cache": ("compile_id", "cache", "result"),
-    "memory_events": ("device", "op", "top_op", "module", "shape", "dtype"),
-    "memory_steps": ("device",),
-    "memory_tensors": ("device", "category", "shape", "dtype"),
-    "memory_ooms": ("device", "message"),
-}
+def _string_columns(lists: bool) -> dict[str, tuple[str, ...]]:
+    """Per table, its columns of string ids (``lists``: of lists of them)."""
+    return {table: tuple(c for c, into in refs.items()
+                         if into == "strings" and pa.types.is_list(TABLES[table].field(c).type) == lists)
+            for table, refs in REFERENCES.items()}
+
+
+_STRING_COLUMNS = _string_columns(lists=False)
+_STRING_LIST_COLUMNS = _string_columns(lists=True)
 _HANDED_OVER = ("ops", "memory_events")  # read once per Run (cached properties), then dropped by the reader
 
-_STRING_LIST_COLUMNS = {"fusions": ("nodes",)}
 _FRAME_COLUMNS = {"recompiles": ("func",)}  # "func (file:line)": shown with the file short
 
 

@@ -3,13 +3,17 @@
 A rank folder holds one append-only Arrow IPC stream per table (``<table>.arrows``) and a
 ``manifest.jsonl`` whose last complete line says how many bytes of each table are committed.
 Strings and Python stacks are interned: other tables hold ids into ``strings`` and ``stacks``.
+Interned ids are dense, in row order, from 0 or 1; id 0 of ``strings`` and ``stacks`` is the empty
+string and the empty stack (written or not); :data:`REFERENCES` says which columns hold which ids.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: manifest lines carry CRC-32s of the committed bytes and of themselves (``store.sign``);
+readers verify them for runs of version 2 and read version 1 runs without."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
 JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory")
@@ -96,6 +100,34 @@ TABLES: dict[str, pa.Schema] = {
     # the process's resident memory at every step boundary (collector "memory"; Linux)
     "process_memory": pa.schema([("step", _i32), ("ts", _i64), ("rss", _i64)]),
 }
+
+
+_STRING_IDS = {
+    "frames": ("file", "func"),
+    "ops": ("name", "module", "shapes", "dtypes", "devices"),
+    "marks": ("name",),
+    "threads": ("name",),
+    "spans": ("name",),
+    "compiles": ("compile_id", "func", "file", "backend", "status", "fail_reason"),
+    "compile_phases": ("compile_id", "phase"),
+    "graph_breaks": ("compile_id", "gb_id", "reason", "reason_class"),
+    "recompiles": ("compile_id", "func", "reason"),
+    "fusions": ("compile_id", "backend", "kernel", "nodes"),
+    "compile_cache": ("compile_id", "cache", "result"),
+    "memory_events": ("device", "op", "top_op", "module", "shape", "dtype"),
+    "memory_steps": ("device",),
+    "memory_tensors": ("device", "category", "shape", "dtype"),
+    "memory_ooms": ("device", "message"),
+}
+REFERENCES: dict[str, dict[str, str]] = {
+    table: {**{c: "strings" for c in _STRING_IDS.get(table, ())},
+            **({"stack": "stacks"} if "stack" in schema.names else {}),
+            **({"frames": "frames"} if table == "stacks" else {})}
+    for table, schema in TABLES.items()
+}
+"""table -> column -> the interned table its ids (or lists of ids) point into."""
+LOWEST_REFERENCE = {"strings": 0, "stacks": 0, "frames": 1}
+"""The smallest id a reference into each interned table may hold."""
 
 
 MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")

@@ -6,6 +6,11 @@ A ``kill -9`` between the two leaves bytes past the last commit, which readers i
 loses at most what came after its last flush (the step in flight). A file shorter than its
 committed length is real damage, and readers say so.
 
+Integrity: each manifest line carries the CRC-32 of every stream's and journal's committed bytes
+(kept as a running value: the commit costs no re-read) and a ``check``, the CRC-32 of the line
+itself, so a flipped byte anywhere in what a reader uses is reported as damage, never read as
+different numbers.
+
 Ownership: a writer claims its rank folder with an OS lock (``flock`` on ``.writer.lock``) held for
 its lifetime and released by the OS if the process dies, and stamps ``rank.json`` with its run id.
 A folder is replaced only when no live process holds it and it belongs to another (older) run (or
@@ -20,6 +25,7 @@ import os
 import socket
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,8 +39,13 @@ from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_LOCK, 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Readers never see half a JSON file: write aside, then rename over."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    fd = os.open(tmp, _WRITE_NEW | os.O_TRUNC, 0o644)  # never through a link left in the run directory
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
+
+
+_WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _converter(type_: pa.DataType) -> Callable[[Any], pa.Array]:
@@ -63,13 +74,15 @@ class _TableStream:
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.schema = schema
         self._columns = [(f.name, _converter(f.type)) for f in schema]
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(path, _WRITE_NEW | os.O_TRUNC, 0o644)
         self._size = 0
+        self.crc = 0
         self._write(schema.serialize())
 
     def _write(self, buf: pa.Buffer) -> None:
         _write_all(self._fd, buf)
         self._size += buf.size
+        self.crc = zlib.crc32(buf, self.crc)
 
     def write(self, columns: Mapping[str, Any]) -> None:
         arrays = [convert(columns[name]) for name, convert in self._columns]
@@ -99,16 +112,20 @@ class _Journal:
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.dtype = row_dtype(schema)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o644)
         self.size = 0
+        self.crc = 0
 
     def write(self, columns: Mapping[str, Any]) -> None:
         n = len(columns["ts"])
         rows = np.empty(n, dtype=self.dtype)
         for name in self.dtype.names:
             rows[name] = columns[name]
-        _write_all(self._fd, rows.view(np.uint8))
+        data = rows.view(np.uint8)
+        _write_all(self._fd, data)
         self.size += rows.nbytes
+        self.crc = zlib.crc32(data, self.crc)
 
     def take(self) -> np.ndarray | None:
         """Everything journaled since the last ``take``, for the Arrow stream."""
@@ -117,7 +134,7 @@ class _Journal:
         data = os.pread(self._fd, self.size, 0)
         if len(data) != self.size:
             raise OSError(f"journal {self._fd}: read {len(data)} of {self.size} bytes back")
-        self.size = 0  # committed from now on as Arrow rows; the file is emptied after the commit
+        self.size = self.crc = 0  # committed from now on as Arrow rows; the file is emptied after the commit
         return np.frombuffer(data, dtype=self.dtype)
 
     def truncate(self) -> None:
@@ -150,7 +167,7 @@ class RankClaimed(Exception):
 
 def _claim(rank_dir: Path, run_id: str) -> int:
     """Lock ``rank_dir`` for this process; the lock's file descriptor. Raises RankClaimed."""
-    fd = os.open(rank_dir / RANK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(rank_dir / RANK_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -176,15 +193,17 @@ class RankWriter:
 
     def __init__(self, rank_dir: Path, rank_meta: Mapping[str, Any]) -> None:
         self.dir = rank_dir
+        if rank_dir.is_symlink():  # never a folder of ours: writing through it would write elsewhere
+            rank_dir.unlink()
         rank_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _claim(rank_dir, rank_meta["run_id"])
         for stale in rank_dir.iterdir():  # an older run's capture, no longer written by anyone
-            if stale.is_file() and stale.name != RANK_LOCK:  # the lock file stays: others may wait on it
+            if stale.name != RANK_LOCK and (stale.is_symlink() or not stale.is_dir()):  # others may wait on the lock
                 stale.unlink()
         write_json_atomic(rank_dir / RANK_META, rank_meta)
         self._streams: dict[str, _TableStream] = {}
         self._journals: dict[str, _Journal] = {}
-        self._manifest = open(rank_dir / MANIFEST, "a", buffering=1)
+        self._manifest = os.fdopen(os.open(rank_dir / MANIFEST, _WRITE_NEW | os.O_APPEND, 0o644), "a", buffering=1)
         self._commits = 0
 
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
@@ -201,7 +220,7 @@ class RankWriter:
 
     def commit(self, step: int, counters: Mapping[str, Any]) -> None:
         """Declare everything written so far readable (one manifest line)."""
-        self._write_manifest(step, counters, {name: s.size() for name, s in self._streams.items()})
+        self._write_manifest(step, counters, {name: (s.size(), s.crc) for name, s in self._streams.items()})
 
     def compact(self, step: int, counters: Mapping[str, Any]) -> None:
         """Move journaled rows into the Arrow streams. Crash-safe by order: Arrow bytes, then a
@@ -216,7 +235,7 @@ class RankWriter:
 
     def close(self, step: int, counters: Mapping[str, Any]) -> None:
         self.compact(step, counters)
-        sizes = {name: s.close() for name, s in self._streams.items()}
+        sizes = {name: (s.close(), s.crc) for name, s in self._streams.items()}
         for journal in self._journals.values():
             journal.close()
         self._write_manifest(step, counters, sizes, closed=True)
@@ -229,14 +248,26 @@ class RankWriter:
             stream = self._streams[table] = _TableStream(self.dir / f"{table}{TABLE_SUFFIX}", TABLES[table])
         return stream
 
-    def _write_manifest(self, step: int, counters: Mapping[str, Any], sizes: Mapping[str, int],
+    def _write_manifest(self, step: int, counters: Mapping[str, Any], streams: Mapping[str, tuple[int, int]],
                         closed: bool = False) -> None:
+        """``streams``: each stream's (committed size, CRC-32 of those bytes)."""
         self._commits += 1
-        line = {"commit": self._commits, "t": time.monotonic_ns(), "step": step, "sizes": dict(sizes),
+        line = {"commit": self._commits, "t": time.monotonic_ns(), "step": step,
+                "sizes": {name: size for name, (size, _) in streams.items()},
                 "journal": {name: j.size for name, j in self._journals.items()}, **counters}
         if closed:
             line["closed"] = True
-        self._manifest.write(json.dumps(line) + "\n")
+        line["crc"] = {name: crc for name, (_, crc) in streams.items()}
+        line["journal_crc"] = {name: j.crc for name, j in self._journals.items()}
+        self._manifest.write(json.dumps(sign(line)) + "\n")
+
+
+def sign(line: dict[str, Any]) -> dict[str, Any]:
+    """``line`` with its ``check`` last: the CRC-32 of its JSON text without it (what a reader
+    recomputes from the parsed line: ``json`` keeps the key order)."""
+    line.pop("check", None)
+    line["check"] = zlib.crc32(json.dumps(line).encode())
+    return line
 
 
 def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:

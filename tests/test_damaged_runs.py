@@ -1,0 +1,168 @@
+"""Damaged and hostile runs: each reader check of the run store, on a copy of a real run.
+
+Each case here crashed, hung, read without bound or silently changed the report before the
+validation layer (neuron_prof/reader.py with safefile.py and documents.py): a segfault on a flipped
+byte of strings.arrows, a FIFO that blocked `report` forever, a link to /dev/zero read until memory
+ran out, tracebacks on wrong JSON types. tests/test_fuzz_runs.py covers the same ground at random.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from conftest import cli, one_line_error
+from neuron_prof.store import sign
+
+
+@pytest.fixture
+def run(demo_run, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(demo_run, copy)
+    return copy
+
+
+def _edit_json(path: Path, **fields) -> None:
+    doc = json.loads(path.read_text())
+    doc.update(fields)
+    path.write_text(json.dumps(doc))
+
+
+def _last_commit(rank_dir: Path) -> dict:
+    return json.loads((rank_dir / "manifest.jsonl").read_text().splitlines()[-1])
+
+
+def _commit_again(rank_dir: Path, line: dict) -> None:
+    """Append ``line`` as a new, correctly signed last commit (what a forger would have to do)."""
+    with open(rank_dir / "manifest.jsonl", "a") as f:
+        f.write(json.dumps(sign(line)) + "\n")
+
+
+def test_flipped_byte_in_strings_is_damage_not_a_crash(run):
+    """A string offset out of bounds used to crash report, export and load (exit 139)."""
+    strings = run / "rank-00000" / "strings.arrows"
+    data = bytearray(strings.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    strings.write_bytes(bytes(data))
+    for cmd in ("report", "export"):
+        one_line_error(cli(cmd, run, timeout=120), str(strings), "checksum", "re-record")
+
+
+def test_a_changed_number_in_the_manifest_is_damage(run):
+    """A byte flip that keeps the JSON valid used to change the report's capture-health figures."""
+    manifest = run / "rank-00000" / "manifest.jsonl"
+    lines = manifest.read_text().splitlines(keepends=True)
+    line = json.loads(lines[-1])
+    line["written"] = {k: v + 1 for k, v in line["written"].items()}
+    manifest.write_text("".join(lines[:-1]) + json.dumps(line) + "\n")
+    one_line_error(cli("report", run), str(manifest), "checksum")
+
+
+def test_a_torn_last_line_is_a_kill_not_damage(run):
+    """The writer killed mid-line: the commit before it is read (the crash-safety promise)."""
+    manifest = run / "rank-00000" / "manifest.jsonl"
+    with open(manifest, "a") as f:
+        f.write('{"commit": 99, "sizes": {"ops": 1')
+    assert cli("report", run).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dev-urandom", "outside", "directory"])
+def test_a_table_that_is_not_a_regular_file_is_refused(run, tmp_path, kind):
+    """A FIFO hung `report` forever; links to /dev/zero or /dev/urandom read until memory ran out."""
+    table = run / "rank-00000" / "ops.arrows"
+    outside = tmp_path / "elsewhere.arrows"
+    shutil.copy(table, outside)
+    table.unlink()
+    if kind == "fifo":
+        os.mkfifo(table)
+    elif kind == "directory":
+        table.mkdir()
+    else:
+        table.symlink_to({"dev-zero": "/dev/zero", "dev-urandom": "/dev/urandom", "outside": outside}[kind])
+    what = {"fifo": "FIFO", "directory": "directory"}.get(kind, "symbolic link")
+    one_line_error(cli("report", run, timeout=60), str(table), what)
+
+
+def test_a_symlinked_rank_folder_is_refused(run, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (run / "rank-00000").rename(elsewhere)
+    (run / "rank-00000").symlink_to(elsewhere)
+    one_line_error(cli("report", run), "rank-00000", "symbolic link")
+
+
+@pytest.mark.parametrize("file, fields, needle", [
+    ("run.json", {"cwd": 1}, "'cwd'"),
+    ("run.json", {"world_size": -1}, "'world_size'"),
+    ("run.json", {"command": {"a": 1}}, "'command'"),
+    ("run.json", {"start_time_ns": 1.5}, "'start_time_ns'"),
+    ("rank-00000/rank.json", {"rank": "x"}, "'rank'"),
+    ("rank-00000/rank.json", {"clock_offset_ns": None}, "'clock_offset_ns'"),
+    ("rank-00000/rank.json", {"rank": 3}, "says rank 3"),
+])
+def test_wrong_json_types_name_the_field(run, file, fields, needle):
+    _edit_json(run / file, **fields)
+    for cmd in ("report", "export"):
+        one_line_error(cli(cmd, run), str(run / file), needle)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"schema_version": 2, "cwd": Infinity}', "not a number JSON allows"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"cwd": "\xff"}'.encode("latin-1"), "unreadable"),
+])
+def test_unparsable_json_is_one_line(run, text, needle):
+    path = run / "run.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    one_line_error(cli("report", run), str(path), needle)
+
+
+def test_a_null_size_in_a_signed_commit_is_refused(run):
+    rank_dir = run / "rank-00000"
+    line = _last_commit(rank_dir)
+    line["sizes"]["ops"] = None
+    _commit_again(rank_dir, line)
+    one_line_error(cli("report", run), "manifest.jsonl", "'sizes'")
+
+
+def test_an_interned_id_out_of_range_is_refused(run):
+    """A table whose checksums are right (written by a forger, or a buggy writer) but whose ops name a
+    string id past the strings table: it used to index past the lookup array."""
+    rank_dir = run / "rank-00000"
+    path = rank_dir / "strings.arrows"
+    line = _last_commit(rank_dir)
+    strings = pa.ipc.open_stream(path.read_bytes()[: line["sizes"]["strings"]]).read_all().slice(0, 3)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, strings.schema) as writer:
+        writer.write_table(strings)
+    data = sink.getvalue().to_pybytes()
+    path.write_bytes(data)
+    line["sizes"]["strings"], line["crc"]["strings"] = len(data), zlib.crc32(data)
+    _commit_again(rank_dir, line)
+    one_line_error(cli("report", run), str(rank_dir), "holds id", "but strings has ids 0..2")
+
+
+def test_two_folders_claiming_one_rank_are_refused(run):
+    shutil.copytree(run / "rank-00000", run / "rank-0")
+    one_line_error(cli("report", run), "claims rank 0", "rank-00000")
+
+
+def test_runs_written_before_checksums_still_read(run):
+    """Schema 1 runs (no checksums) read as they did: the same report."""
+    before = cli("report", run)
+    assert before.returncode == 0, before.stderr
+    rank_dir = run / "rank-00000"
+    _edit_json(rank_dir / "rank.json", schema_version=1)
+    manifest = rank_dir / "manifest.jsonl"
+    lines = [json.loads(x) for x in manifest.read_text().splitlines()]
+    for line in lines:
+        for key in ("crc", "journal_crc", "check"):
+            line.pop(key)
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    after = cli("report", run)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout
