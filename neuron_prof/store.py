@@ -32,6 +32,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.safefile import read_small
 from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_LOCK, RANK_META, RUN_META, TABLE_SUFFIX,
                                 TABLES, conflict_note_name, row_dtype)
 
@@ -148,8 +150,8 @@ def load_json(path: Path) -> dict[str, Any]:
     """A JSON object the writer side only consults (whose is this folder?): anything unreadable
     is as good as absent, since it is about to be replaced or was never ours."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_small(path, "JSON document", "", 1 << 20))  # no link, FIFO or device
+    except (OSError, ValueError, RecursionError, NeuronProfError):
         return {}
     return data if isinstance(data, dict) else {}
 

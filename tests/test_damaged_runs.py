@@ -166,3 +166,28 @@ def test_runs_written_before_checksums_still_read(run):
     after = cli("report", run)
     assert after.returncode == 0, after.stderr
     assert after.stdout == before.stdout
+
+
+def test_capture_never_writes_through_a_link_in_the_run(tmp_path):
+    """A run directory is shared ground: links planted in it (a rank folder, a table, run.json's temp
+    file, the manifest) are replaced, never written through."""
+    import neuron_prof
+    from neuron_prof.examples.train_transformer import train
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("keep me")
+    run.mkdir()
+    (run / "rank-00000").symlink_to(outside)
+    with neuron_prof.profile(run) as prof:
+        train(2, prof)
+    assert not (run / "rank-00000").is_symlink() and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    rank_dir = run / "rank-00000"
+    for name in ("ops.arrows", "manifest.jsonl", "rank.json", ".rank.json.%d.tmp" % os.getpid()):
+        target = rank_dir / name
+        target.unlink(missing_ok=True)
+        target.symlink_to(victim)
+    with neuron_prof.profile(run) as prof:
+        train(2, prof)
+    assert victim.read_text() == "keep me"
+    assert cli("report", run).returncode == 0
