@@ -35,6 +35,8 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         note = process_note(x)
         add("high", "memory", f"memory grows {format_bytes(x['growth_per_step'])} per step on rank {x['rank']} "
                               f"{x['device']}{where}, confidence {x['confidence']:.2f}" + (f"; {note}" if note else ""))
+    for cut in s["health"].get("detail_cuts", []):
+        add("medium", "overview", f"on rank {cut['rank']}, {detail_cut_text(cut)}")
     c = s["compile"]
     if c["cache_limit_hit"]:
         add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
@@ -82,6 +84,22 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
             f": {o['self_pct']:.0f}% of op self time")
     return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+_LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_bytes=...)"),
+           "max_events": ("event cap", "--max-events (record) or profile(max_events=...)")}
+
+
+def detail_cut_text(cut: Mapping[str, Any]) -> str:
+    """Where a rank's budget ended detail capture (a ``health.detail_cuts`` row of the report), in
+    one sentence that says what is missing and what to raise."""
+    what, flag = _LIMITS.get(cut["by"], ("limit", cut["by"]))
+    limit = format_bytes(cut["limit"]) if cut["by"] == "max_bytes" else f"{cut['limit']:,} events"
+    when = f", {cut['t_s']:.1f} s into the capture" if cut.get("t_s") is not None else ""
+    tables = ", ".join(t.replace("_", " ") for t in cut["tables"]) or "detail"
+    return (f"detail stopped after step {cut['step']}{when}, with {format_bytes(cut['bytes'])} on disk ({what} "
+            f"{limit}): {tables} of the {cut['later_steps']} later steps were not captured (their step times and "
+            f"per-step memory were); raise with {flag}")
 
 
 def user_line(x: Mapping[str, Any]) -> str:

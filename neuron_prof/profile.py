@@ -6,15 +6,17 @@ from typing import Iterable, Sequence
 
 from neuron_prof.autostep import OptimizerStepClock
 from neuron_prof.schedule import Schedule
-from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_EVENTS,
-                                 Session, current, log)
+from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES,
+                                 DEFAULT_MAX_EVENTS, Session, current, log)
 
 
 class profile:  # noqa: N801 - mirrors torch.profiler.profile
     """Capture a training run into ``run_dir`` (one ``rank-NNNNN/`` folder per rank).
 
-    With no ``schedule`` every step is captured in detail, bounded by ``max_events`` (after that,
-    step times only). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
+    With no ``schedule`` every step is captured in detail until the rank's folder holds
+    ``max_bytes`` (every table and the manifest; ``None``: no limit) or ``max_events`` op and mark
+    rows are written; later steps keep their step times and per-step memory only, and the run
+    records where detail stopped (the report shows it). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
     steps when the optimizer steps. ``collectors`` picks the event sources (default: eager ops).
     ``origin_ns``: when the capture began (``time.monotonic_ns()``), if before ``start()``: the
     process's start-up is then part of the run (``neuron-prof record`` passes the interpreter's
@@ -25,12 +27,12 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     def __init__(self, run_dir: str | os.PathLike, *, schedule: Schedule | None = None,
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, auto_step: bool = False,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
-                 max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 origin_ns: int | None = None, run_id: str | None = None,
+                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                 command: Sequence[str] | None = None, origin_ns: int | None = None, run_id: str | None = None,
                  yield_if_stepless: bool = False) -> None:
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
-                               max_events=max_events, command=command, run_id=run_id, origin_ns=origin_ns,
-                               yield_if_stepless=yield_if_stepless)
+                               max_events=max_events, max_bytes=max_bytes, command=command, run_id=run_id,
+                               origin_ns=origin_ns, yield_if_stepless=yield_if_stepless)
         self._clock = OptimizerStepClock(self.session.step) if auto_step else None
 
     @property

@@ -12,7 +12,7 @@ from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, 
                                      step_phases)
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
-from neuron_prof.findings import called_from, findings, process_note, user_line
+from neuron_prof.findings import called_from, detail_cut_text, findings, process_note, user_line
 from neuron_prof.reader import describe_exit
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
@@ -88,6 +88,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         "memory": _memory(run, top),
         "health": {
             "ranks": _records(run.health),
+            "detail_cuts": _detail_cuts(run),
             "failures": _records(run.failures[["rank", "collector", "message"]]) if len(run.failures) else [],
             "stale_rank_dirs": [str(d) for d in run.stale_rank_dirs],
             "missing_ranks": run.missing_ranks,
@@ -95,6 +96,24 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "command_exit": meta.get("exit"),  # record's runs: {"code": N} or {"signal": N}
         },
     }
+
+
+def _detail_cuts(run: Run) -> list[dict[str, Any]]:
+    """Per rank whose budget ended detail capture (``max_bytes`` or ``max_events``, the session's
+    ``detail_cut``): the last step captured in detail, seconds from capture start, bytes on disk
+    then, the limit, the tables it stopped and how many later steps ran without them."""
+    out = []
+    steps = run.steps
+    for rd in run.rank_data:
+        cut = rd.last_commit.get("detail_cut")
+        if not isinstance(cut, dict):
+            continue
+        start = rd.meta.get("start_ns")
+        later = steps[(steps["rank"] == rd.rank) & (steps["step"] > cut["step"]) & steps["complete"]]
+        out.append({"rank": rd.rank, "step": int(cut["step"]), "bytes": int(cut["bytes"]), "by": cut["by"],
+                    "limit": int(cut["limit"]), "tables": list(cut["tables"]), "later_steps": int(len(later)),
+                    "t_s": (cut["ts"] - start) / 1e9 if isinstance(start, int) else None})
+    return out
 
 
 def _memory(run: Run, top: int) -> dict[str, Any]:
@@ -322,9 +341,13 @@ def render_text(s: dict[str, Any]) -> str:
                 f"{x['events_written']} events", f"{x['events_dropped']} dropped"]
         if x["ignored_bytes"]:
             bits.append(f"{x['ignored_bytes']} bytes after the last completed step ignored")
+        cut = next((c for c in h["detail_cuts"] if c["rank"] == x["rank"]), None)
         if x["cap_reached_at_step"] is not None:
-            bits.append(f"event cap reached at step {x['cap_reached_at_step']}")
+            what = "disk budget" if cut is not None and cut["by"] == "max_bytes" else "event cap"
+            bits.append(f"{what} reached at step {x['cap_reached_at_step']}")
         out.append("  " + ", ".join(bits))
+        if cut is not None:
+            out.append(f"  rank {x['rank']}: {detail_cut_text(cut)}")
     for f in h["failures"]:
         out.append(f"  rank {f['rank']}: collector {f['collector']} failed: {f['message']}")
     for rank in h["missing_ranks"]:

@@ -31,10 +31,14 @@ log = logging.getLogger("neuron_prof")
 DEFAULT_COLLECTORS = ("eager", "compiler", "memory")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
+DEFAULT_MAX_BYTES = 256 << 20  # per rank; the README's "Bounded memory and disk" says why this size
 IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s
 COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
 COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
 EVENT_TABLES = ("ops", "marks")
+DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors")
+"""Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
+and compiles go on)."""
 STARTUP_SPAN = "start-up"
 
 _current: "Session | None" = None
@@ -136,8 +140,8 @@ class Session:
     def __init__(self, run_dir: str | os.PathLike, schedule: Schedule | None = None,
                  collectors: Iterable[str] = DEFAULT_COLLECTORS, *,
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
-                 max_events: int = DEFAULT_MAX_EVENTS, command: Sequence[str] | None = None,
-                 run_id: str | None = None, origin_ns: int | None = None,
+                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                 command: Sequence[str] | None = None, run_id: str | None = None, origin_ns: int | None = None,
                  yield_if_stepless: bool = False) -> None:
         self.run_dir = Path(run_dir)
         # one id per capture: every process of one `record` shares record's; a session of its own
@@ -154,6 +158,7 @@ class Session:
         self.schedule = schedule
         self.max_buffered_events = max_buffered_events
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.command = list(command) if command is not None else [sys.executable, *sys.argv]
         self.collectors = _make_collectors(collectors)
         self.step_num = 0
@@ -165,7 +170,8 @@ class Session:
         self._writer: RankWriter | None = None
         self._lock = threading.RLock()
         self._window_on = False
-        self._cap_reached_at: int | None = None
+        self._cut: dict[str, Any] | None = None  # where detail capture stopped (see _budget_cut)
+        self._detail_seen: set[str] = set()  # DETAIL_TABLES written so far
         self._step_start = 0
         self._last_commit = 0
         self._last_compact = 0
@@ -288,7 +294,7 @@ class Session:
 
     # ---- internals
     def _action(self, step: int) -> Action:
-        if self._cap_reached_at is not None:
+        if self._cut is not None:
             return Action.NONE
         return Action.RECORD if self.schedule is None else self.schedule.action(step)
 
@@ -356,6 +362,7 @@ class Session:
         for table, rows in self._interner.take_new().items():
             writer.append(table, rows)
         pending, self._pending = self._pending, defaultdict(list)
+        self._detail_seen.update(t for t in DETAIL_TABLES if pending.get(t))
         for table in ("threads", "spans", "steps", "ops", "marks", "failures"):
             for cols in pending.pop(table, ()):
                 writer.append(table, cols)
@@ -364,13 +371,13 @@ class Session:
         for table, batches in pending.items():  # tables of collectors added later
             for cols in batches:
                 writer.append(table, cols)
-        if self._cap_reached_at is None and sum(self._written.values()) >= self.max_events:
-            self._cap_reached_at = self.step_num
-            log.warning("neuron_prof: event cap of %d reached at step %d; later steps keep step times only",
-                        self.max_events, self.step_num)
-        counters = {"dropped": dict(self._dropped), "written": dict(self._written),
-                    "cap_reached_at_step": self._cap_reached_at}
         now = time.monotonic_ns()
+        if self._cut is None and not final:
+            self._cut = self._budget_cut(writer, now)
+        counters = {"dropped": dict(self._dropped), "written": dict(self._written),
+                    "cap_reached_at_step": None if self._cut is None else self._cut["step"]}
+        if self._cut is not None:
+            counters["detail_cut"] = self._cut
         if final:
             writer.close(self.step_num, counters)
         elif now - self._last_compact >= COMPACT_INTERVAL_NS or writer.journal_bytes() >= COMPACT_JOURNAL_BYTES:
@@ -379,6 +386,24 @@ class Session:
         else:
             writer.commit(self.step_num, counters)
         self._last_commit = now
+
+    def _budget_cut(self, writer: RankWriter, now: int) -> dict[str, Any] | None:
+        """Whether this flush used up the rank's budget: ``max_bytes`` of files (every table, the
+        manifest) or ``max_events`` op and mark rows. If so, the step just flushed was the last one
+        captured in detail, and the cut (step, time, bytes, which limit, the detail tables it
+        stops) goes into every later manifest line for the report."""
+        size = writer.bytes_written()
+        if self.max_bytes is not None and size >= self.max_bytes:
+            by, limit = "max_bytes", self.max_bytes
+        elif sum(self._written.values()) >= self.max_events:
+            by, limit = "max_events", self.max_events
+        else:
+            return None
+        tables = [t for t in DETAIL_TABLES if t in self._detail_seen]
+        log.warning("neuron_prof: %s=%d reached after step %d (%d bytes on disk); later steps keep step times "
+                    "and per-step memory only, not %s (raise %s)", by, limit, self.step_num, size,
+                    ", ".join(tables) or "detail", by)
+        return {"step": self.step_num, "ts": now, "bytes": size, "by": by, "limit": limit, "tables": tables}
 
     def _drop_events_before(self, t0: int) -> None:
         """An event still open at a discard (a range around the step boundary) ends up alone in
@@ -416,6 +441,7 @@ class Session:
             "collectors": [c.name for c in self.collectors],
             "schedule": None if self.schedule is None else vars(self.schedule),
             "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
+            "max_bytes": self.max_bytes,
             "stepless": stepless,  # a training process of the same run may replace this folder
         }
         try:

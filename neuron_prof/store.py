@@ -220,6 +220,13 @@ class RankWriter:
     def journal_bytes(self) -> int:
         return sum(j.size for j in self._journals.values())
 
+    def bytes_written(self) -> int:
+        """What this rank's folder holds now: every stream, journal and the manifest (the session's
+        disk budget measures this). Sizes the writer already knows; no system call but the
+        manifest's position."""
+        return (sum(s.size() for s in self._streams.values()) + self.journal_bytes()
+                + self._manifest.tell())
+
     def commit(self, step: int, counters: Mapping[str, Any]) -> None:
         """Declare everything written so far readable (one manifest line)."""
         self._write_manifest(step, counters, {name: (s.size(), s.crc) for name, s in self._streams.items()})

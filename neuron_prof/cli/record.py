@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from neuron_prof import __version__
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.reader import describe_exit
 from neuron_prof.schema import CONFLICT_GLOB, SCHEMA_VERSION
+from neuron_prof.session import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.store import load_json, run_ranks, update_run_meta, write_run_meta
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "_bootstrap"
@@ -33,6 +35,18 @@ def parse_schedule(text: str) -> dict[str, int]:
     return dict(zip(("wait", "warmup", "active", "repeat"), parts))
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.I)
+
+
+def parse_size(text: str) -> int:
+    """A byte count: ``300000``, ``512M``, ``1.5G`` (K, M, G, T: powers of 1024; ``MiB``/``MB`` read the same)."""
+    m = _SIZE.fullmatch(text.strip())
+    size = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")) if m else 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a positive byte count such as 512M or 2G")
+    return size
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("record", help="run a command under capture",
                        description="Run COMMAND under capture: its own Python process and the ranks a launcher "
@@ -41,10 +55,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "steps. Exit code and output are the command's.")
     p.add_argument("-o", "--output", type=Path, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--schedule", type=parse_schedule, metavar="WAIT,WARMUP,ACTIVE[,REPEAT]",
-                   help="capture only these steps in detail (default: every step, up to --max-events)")
+                   help="capture only these steps in detail (default: every step, up to --max-bytes)")
     p.add_argument("--collectors", default="eager,compiler,memory",
                    help="comma-separated event sources (default: eager,compiler,memory)")
-    p.add_argument("--max-events", type=int, default=50_000_000, help="event cap per rank (default 50M)")
+    p.add_argument("--max-bytes", type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                   help=f"disk budget per rank, every table counted: detail capture stops when a rank's folder "
+                        f"holds this much, step times and per-step memory go on (default {DEFAULT_MAX_BYTES >> 20}M)")
+    p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
+                   help=f"op and mark rows per rank after which detail capture stops (default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("-q", "--quiet", action="store_true", help="don't print where the run went")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(func=run)
@@ -67,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
     env["NEURON_PROF_RECORD"] = json.dumps({
         "run_dir": str(run_dir), "schedule": args.schedule, "collectors": collectors,
-        "max_events": args.max_events, "command": cmd, "run_id": run_id})
+        "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id})
     env[PARENT_ENV] = "launcher"  # the command's own Python process is a main (sitecustomize.py)
     try:
         proc = subprocess.Popen(cmd, env=env)
