@@ -49,6 +49,12 @@ def _crcs(v: Any) -> bool:
     return type(v) is dict and all(type(n) is int and 0 <= n < 1 << 32 for n in v.values())
 
 
+def _detail_cut(v: Any) -> bool:
+    """where a budget ended detail capture (``session``): every field the report reads"""
+    return (type(v) is dict and _int(-1)(v.get("step")) and _int()(v.get("ts")) and _int(0)(v.get("bytes"))
+            and v.get("by") in ("max_bytes", "max_events") and _int(0)(v.get("limit")) and _str_list(v.get("tables")))
+
+
 def _exit(v: Any) -> bool:
     return type(v) is dict and (_int()(v.get("code")) or _int(1, 255)(v.get("signal")))
 
@@ -63,12 +69,12 @@ RUN_META: dict[str, Check] = {
 RANK_META: dict[str, Check] = {
     **_COMMON, "rank": _int(0, MAX_RANKS - 1), "pid": _int(0), "python": _str, "clock_offset_ns": _int(),
     "start_ns": _int(0), "collectors": _str_list, "schedule": _optional(lambda v: type(v) is dict),
-    "max_buffered_events": _int(0), "max_events": _int(0), "stepless": _bool,
+    "max_buffered_events": _int(0), "max_events": _int(0), "max_bytes": _optional(_int(0)), "stepless": _bool,
 }
 COMMIT: dict[str, Check] = {
     "commit": _int(0), "t": _int(), "step": _int(-1, (1 << 31) - 1), "sizes": _counts, "journal": _counts,
     "dropped": _counts, "written": _counts, "cap_reached_at_step": _optional(_int(0)), "closed": _bool,
-    "crc": _crcs, "journal_crc": _crcs, "check": _int(0, (1 << 32) - 1),
+    "detail_cut": _detail_cut, "crc": _crcs, "journal_crc": _crcs, "check": _int(0, (1 << 32) - 1),
 }
 CONFLICT: dict[str, Check] = {
     "run_id": _str, "rank": _int(0, MAX_RANKS - 1), "pid": _int(0), "hostname": _str, "argv": _str_list,

@@ -105,14 +105,14 @@ def _detail_cuts(run: Run) -> list[dict[str, Any]]:
     out = []
     steps = run.steps
     for rd in run.rank_data:
-        cut = rd.last_commit.get("detail_cut")
-        if not isinstance(cut, dict):
+        cut = rd.last_commit.get("detail_cut")  # its fields checked by the reader (documents.COMMIT)
+        if cut is None:
             continue
         start = rd.meta.get("start_ns")
         later = steps[(steps["rank"] == rd.rank) & (steps["step"] > cut["step"]) & steps["complete"]]
-        out.append({"rank": rd.rank, "step": int(cut["step"]), "bytes": int(cut["bytes"]), "by": cut["by"],
-                    "limit": int(cut["limit"]), "tables": list(cut["tables"]), "later_steps": int(len(later)),
-                    "t_s": (cut["ts"] - start) / 1e9 if isinstance(start, int) else None})
+        out.append({"rank": rd.rank, "step": cut["step"], "bytes": cut["bytes"], "by": cut["by"],
+                    "limit": cut["limit"], "tables": cut["tables"], "later_steps": int(len(later)),
+                    "t_s": (cut["ts"] - start) / 1e9 if start is not None else None})
     return out
 
 

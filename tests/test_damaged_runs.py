@@ -191,3 +191,15 @@ def test_capture_never_writes_through_a_link_in_the_run(tmp_path):
         train(2, prof)
     assert victim.read_text() == "keep me"
     assert cli("report", run).returncode == 0
+
+
+@pytest.mark.parametrize("cut", [{"step": "x"}, [], {"step": 1, "ts": 0, "bytes": 1, "by": "max_bytes", "limit": 1,
+                                                          "tables": "ops"}])
+def test_a_malformed_detail_cut_is_refused(run, cut):
+    """The report reads the budget's cut from the last commit (``detail_cut``); a signed line with the
+    wrong types there is damage, not a traceback in the report."""
+    rank_dir = run / "rank-00000"
+    line = _last_commit(rank_dir)
+    line["detail_cut"] = cut
+    _commit_again(rank_dir, line)
+    one_line_error(cli("report", run), "manifest.jsonl", "'detail_cut'")
