@@ -1,0 +1,96 @@
+"""Opening files that a run names or holds, and writing outputs next to them, without following links.
+
+A run directory is someone else's data: it may hold a symbolic link, a FIFO or a device where a
+file is expected. Checking a path first and opening it after leaves a gap in which the path can
+change, so every check here is made on the opened descriptor: reads open with ``O_NOFOLLOW``
+(the final component must not be a link) and ``O_NONBLOCK`` (a FIFO must not hang the open),
+then ``fstat`` says whether it is a regular file. Writes never open the destination at all: they
+go to a new temporary file in the destination's folder (``O_CREAT|O_EXCL|O_NOFOLLOW``) that
+``os.replace`` then renames onto it; a rename replaces a link or another file's name, never
+writes through it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from neuron_prof.errors import NeuronProfError
+
+__all__ = ["NotRegularFile", "kind", "open_regular", "read_regular", "atomic_output"]
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegularFile(NeuronProfError):
+    """``path`` is a symbolic link, a FIFO, a device, a folder ...: not read, not written through."""
+
+    def __init__(self, path: str | os.PathLike, what: str, advice: str = "") -> None:
+        self.path, self.what = str(path), what
+        super().__init__(f"{path}: is {what}, not a regular file" + (f"; {advice}" if advice else ""))
+
+
+def kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, as an error message names it."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def open_regular(path: str | os.PathLike, advice: str = "") -> BinaryIO:
+    """``path`` opened for reading if it is a regular file and not a link; else :class:`NotRegularFile`
+    (``advice`` ends its message). Other ``OSError``s (missing, no permission) pass through."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if not os.path.islink(path):  # ELOOP: the final component is a link
+            raise
+        raise NotRegularFile(path, "a symbolic link", advice) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, kind(mode), advice)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, limit: int, advice: str = "") -> bytes:
+    """At most ``limit`` bytes from the start of a regular file (see :func:`open_regular`)."""
+    with open_regular(path, advice) as f:
+        return f.read(limit)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A new file that becomes ``path`` when the block ends without an exception (and is removed
+    otherwise). Whatever was at ``path`` (a file, a link) is replaced, never written to; whether
+    it may be replaced at all is the caller's decision (e.g. ``neuron_prof.export.output``)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
+            yield f
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, a race with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022
