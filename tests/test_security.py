@@ -7,6 +7,7 @@ recorded command and names. Each failed before the fix it names.
 """
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from neuron_prof.cli.export import DEFAULT_NAME, export_run
 from neuron_prof.errors import NeuronProfError
 
 from conftest import cli, one_line_error, shown, viewer_page, write_script
+from test_viewer_browser import browser, page  # noqa: F401 (fixtures: Chromium, as the browser tests drive it)
 
 SECRET = b"TOP-SECRET: not part of any run\n"
 
@@ -150,8 +153,45 @@ def test_compile_page_reads_no_source_inside_the_run(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- viewer: run text is text
 
-MD_PAYLOAD = "![x](http://localhost:9/leak) <img src=http://localhost:9/img> [link](http://localhost:9/l) **b**"
-MODULE = "<img src=http://localhost:9/m>![m](http://localhost:9/m)"  # no dots: a valid module name
+class _Canary(http.server.BaseHTTPRequestHandler):
+    """Answers every request and remembers its path: the page must send none."""
+    hits: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.hits.append(self.path)
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def canary():
+    """A local HTTP server the run's text points at: ``(port, requests it got)``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Canary)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], _Canary.hits
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def markdown_run(canary, tmp_path_factory) -> tuple[Path, list[str], str]:
+    """A real run whose command and module name hold Markdown images, links and HTML pointing at
+    the canary: ``(run, command, module name)``."""
+    port = canary[0]
+    module = f"<img src=http://localhost:{port}/module-img>![m](http://localhost:{port}/module-md)"  # no dots
+    command = ["python", "train.py", "`",  # the backtick would end a code span
+               f"![x](http://127.0.0.1:{port}/leak) <img src=http://127.0.0.1:{port}/img> "
+               f"[link](http://127.0.0.1:{port}/l) **b**"]
+    model = torch.nn.Sequential()
+    model.add_module(module, torch.nn.Linear(8, 8))
+    run_dir = tmp_path_factory.mktemp("markdown") / "run"
+    with neuron_prof.profile(run_dir, command=command) as prof:
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    return run_dir, command, module
 
 
 def _rendered(at) -> list[str]:
@@ -161,24 +201,31 @@ def _rendered(at) -> list[str]:
     return out + [m.label for m in at.metric] + [str(m.value) for m in at.metric]
 
 
-def test_markdown_and_html_in_run_text_are_shown_not_rendered(tmp_path, monkeypatch):
-    model = torch.nn.Sequential()
-    model.add_module(MODULE, torch.nn.Linear(8, 8))
-    command = ["python", "train.py", "`", MD_PAYLOAD]  # the backtick would end a code span
-    with neuron_prof.profile(tmp_path / "run", command=command) as prof:
-        for _ in range(4):
-            model(torch.randn(4, 8)).sum().backward()
-            prof.step()
-    at = viewer_page(monkeypatch, tmp_path / "run", "overview", "Overview")
+def test_markdown_and_html_in_run_text_are_shown_not_rendered(markdown_run, monkeypatch):
+    run_dir, command, module = markdown_run
+    at = viewer_page(monkeypatch, run_dir, "overview", "Overview")
     assert " ".join(command) in [c.value for c in at.code]  # shown, as typed
     live = re.compile(r"(?<!\\)(?:!\[|\]\(|<img|<a |\*\*b)")  # Markdown/HTML that would render
     bad = [v for v in _rendered(at) if live.search(v)]
     assert not bad, bad
-    findings = shown(" ".join(_rendered(at)))
-    assert MODULE in findings  # the finding names the module, literally
-    ops = viewer_page(monkeypatch, tmp_path / "run", "ops", "Ops")
+    assert module in shown(" ".join(_rendered(at)))  # the finding names the module, literally
+    ops = viewer_page(monkeypatch, run_dir, "ops", "Ops")
     labels = [x for p in ops.get("plotly_chart") for t in json.loads(p.proto.spec)["data"] for x in t.get("ids", [])]
     assert labels and not [x for x in labels if "<img" in str(x)]  # Plotly would render the tag
+
+
+def test_markdown_in_run_text_fetches_nothing_in_a_browser(markdown_run, canary, page, tmp_path):
+    """The same run in Chromium: the page shows the text and no request reaches the canary."""
+    from test_viewer_browser import main_text, serve, wait_rendered
+    run_dir, command, module = markdown_run
+    texts = []
+    with serve(run_dir, run_dir, tmp_path) as viewer:
+        for name in ("", "ops"):
+            page.goto(f"{viewer.url}/{name}", wait_until="domcontentloaded")
+            wait_rendered(page)
+            texts.append(main_text(page))
+    assert canary[1] == []
+    assert command[-1] in texts[0]
 
 
 # ----------------------------------------------------------------------------- view --host
