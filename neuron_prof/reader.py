@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import open_regular, read_at, read_small
+from neuron_prof.safefile import open_regular, read_at, read_whole
 from neuron_prof.schema import (CONFLICT_GLOB, LOWEST_REFERENCE, JOURNAL_SUFFIX, MANIFEST, RANK_META, REFERENCES, RUN_META,
                                 SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
 from neuron_prof.store import sign
@@ -69,7 +69,7 @@ _DAMAGED = "the rank folder is damaged: re-record the run (or delete this rank f
 def _read_json(path: Path, what: str, spec: Mapping[str, documents.Check],
                fix: str = "re-record the run or restore the file") -> dict[str, Any]:
     try:
-        data = read_small(path, what, fix, _JSON_LIMIT)
+        data = read_whole(path, _JSON_LIMIT, fix)
     except FileNotFoundError:
         raise NeuronProfError(f"{path}: missing {what}; this folder is damaged: re-record the run") from None
     doc = documents.parse(data, path, what, fix)
@@ -86,14 +86,13 @@ def _last_commit(path: Path, signed: bool) -> dict[str, Any]:
     killed mid-write) and ignored; a complete line that does not parse, or whose ``check`` does not
     match (``signed``: a run of schema 2 on), is damage."""
     try:
-        fd, size = open_regular(path, "manifest", _DAMAGED)
+        f = open_regular(path, _DAMAGED)
     except FileNotFoundError:
         return {}
-    try:
+    with f:
+        size = os.fstat(f.fileno()).st_size
         start = max(size - _MANIFEST_TAIL, 0)
-        tail = read_at(fd, start, size - start)
-    finally:
-        os.close(fd)
+        tail = read_at(f, start, size - start)
     lines = tail.split(b"\n")[:-1]  # the last element is a torn line or empty
     if start:
         lines = lines[1:]  # began mid-line
@@ -120,17 +119,16 @@ def _read_committed(path: Path, committed: int, crc: int | None) -> tuple[bytes,
     """A stream's or journal's committed bytes, and how many bytes follow them (written after the
     last commit: ignored). Shorter than the commit, or not matching its checksum, is damage."""
     try:
-        fd, size = open_regular(path, "table", _DAMAGED)
+        f = open_regular(path, _DAMAGED)
     except FileNotFoundError:
         if not committed:
             return b"", 0
         raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; {_DAMAGED}") from None
-    try:
+    with f:
+        size = os.fstat(f.fileno()).st_size
         if size < committed:
             raise NeuronProfError(f"{path}: truncated ({size} of {committed} committed bytes); {_DAMAGED}")
-        data = read_at(fd, 0, committed)
-    finally:
-        os.close(fd)
+        data = read_at(f, 0, committed)
     if len(data) < committed:
         raise NeuronProfError(f"{path}: truncated while read ({len(data)} of {committed} committed bytes); {_DAMAGED}")
     if crc is not None and zlib.crc32(data) != crc:

@@ -1,56 +1,96 @@
-"""Opening a run's files as untrusted input: regular files only, never through a symlink, never
-more bytes than the reader expects.
+"""Opening files that a run names or holds, and writing outputs next to them, without following links.
 
-Runs travel (copied from clusters, attached to bug reports, served to a team by the viewer), so a
-path in a run directory may be a symlink to ``/etc/shadow`` or ``/dev/zero``, a FIFO that blocks
-every reader, or a directory. Each reader opens through here, and every such case becomes a
-:class:`~neuron_prof.errors.NeuronProfError` that names the file, instead of a hang, an unbounded
-read or a disclosed file. The checks are made on the open file descriptor (``O_NOFOLLOW``, then
-``fstat``), so swapping the file between a check and the read changes nothing.
+A run directory is someone else's data: copied from a cluster, attached to a bug report, served
+by the viewer. It may hold a symbolic link (to ``/etc/shadow``, to ``/dev/zero``), a FIFO that
+blocks every reader, or a directory where a file is expected. Checking a path first and opening it
+after leaves a gap in which the path can change, so every check here is made on the opened
+descriptor: reads open with ``O_NOFOLLOW`` (the final component must not be a link) and
+``O_NONBLOCK`` (a FIFO must not hang the open), then ``fstat`` says whether it is a regular file,
+and they never read more than the caller expects. Writes never open the destination at all: they
+go to a new temporary file in the destination's folder (``O_CREAT|O_EXCL|O_NOFOLLOW``) that
+``os.replace`` then renames onto it; a rename replaces a link or another file's name, never
+writes through it.
 """
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from neuron_prof.errors import NeuronProfError
 
-_KIND = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
-         stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+__all__ = ["NotRegularFile", "kind", "open_regular", "read_regular", "read_whole", "read_at", "atomic_output"]
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def open_regular(path: Path, what: str, fix: str) -> tuple[int, int]:
-    """``(fd, size)`` of the regular file at ``path``; the caller closes ``fd``.
+class NotRegularFile(NeuronProfError):
+    """``path`` is a symbolic link, a FIFO, a device, a folder ...: not read, not written through."""
 
-    ``FileNotFoundError`` passes through (a missing file means different things to different
-    readers); anything else that is not a readable regular file is a NeuronProfError whose message
-    ends with ``fix``. ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a
-    writer; it changes nothing for regular files.
-    """
+    def __init__(self, path: str | os.PathLike, what: str, advice: str = "") -> None:
+        self.path, self.what = str(path), what
+        super().__init__(f"{path}: is {what}, not a regular file" + (f"; {advice}" if advice else ""))
+
+
+def kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, as an error message names it."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def open_regular(path: str | os.PathLike, advice: str = "") -> BinaryIO:
+    """``path`` opened for reading if it is a regular file and not a link; else :class:`NotRegularFile`
+    (``advice`` ends its message). A missing file is ``FileNotFoundError`` (it means different
+    things to different readers); any other failure to open (no permission, a socket) is a
+    NeuronProfError that names the file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, _READ_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NeuronProfError(f"{path}: {what} is a symbolic link; neuron_prof reads only regular files in a "
-                                  f"run (a link could point anywhere); {fix}") from None
-        raise NeuronProfError(f"{path}: cannot read the {what} ({exc.strerror}); {fix}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+        if os.path.islink(path):  # ELOOP: the final component is a link
+            raise NotRegularFile(path, "a symbolic link", advice) from None
+        raise NeuronProfError(f"{path}: cannot read it ({exc.strerror})" + (f"; {advice}" if advice else "")) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, kind(mode), advice)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-        kind = _KIND.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise NeuronProfError(f"{path}: {what} is {kind}, not a regular file; {fix}")
-    return fd, st.st_size
+        raise
 
 
-def read_at(fd: int, offset: int, n: int) -> bytes:
-    """Exactly ``n`` bytes from ``offset`` (fewer only if the file ends first)."""
+def read_regular(path: str | os.PathLike, limit: int, advice: str = "") -> bytes:
+    """At most ``limit`` bytes from the start of a regular file (see :func:`open_regular`)."""
+    with open_regular(path, advice) as f:
+        return f.read(limit)
+
+
+def read_whole(path: str | os.PathLike, limit: int, advice: str = "") -> bytes:
+    """A whole regular file that has no business being larger than ``limit`` bytes (a JSON
+    document); a larger one is a NeuronProfError, not read."""
+    with open_regular(path, advice) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise NeuronProfError(f"{path}: is {size} bytes, more than such a file can be ({limit})"
+                                  + (f"; {advice}" if advice else ""))
+        return read_at(f, 0, size)
+
+
+def read_at(f: BinaryIO, offset: int, n: int) -> bytes:
+    """Exactly ``n`` bytes of ``f`` from ``offset`` (fewer only if the file ends first)."""
     parts, got = [], 0
     while got < n:
-        chunk = os.pread(fd, min(n - got, 1 << 30), offset + got)
+        chunk = os.pread(f.fileno(), min(n - got, 1 << 30), offset + got)
         if not chunk:
             break
         parts.append(chunk)
@@ -58,12 +98,28 @@ def read_at(fd: int, offset: int, n: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def read_small(path: Path, what: str, fix: str, limit: int) -> bytes:
-    """A whole file that has no business being larger than ``limit`` bytes (a JSON document)."""
-    fd, size = open_regular(path, what, fix)
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A new file that becomes ``path`` when the block ends without an exception (and is removed
+    otherwise). Whatever was at ``path`` (a file, a link) is replaced, never written to; whether
+    it may be replaced at all is the caller's decision (e.g. ``neuron_prof.export.output``)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
     try:
-        if size > limit:
-            raise NeuronProfError(f"{path}: {what} is {size} bytes, more than one can be ({limit}); {fix}")
-        return read_at(fd, 0, size)
-    finally:
-        os.close(fd)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
+            yield f
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it, a race with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022

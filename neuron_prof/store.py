@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import read_small
+from neuron_prof.safefile import read_whole
 from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_LOCK, RANK_META, RUN_META, TABLE_SUFFIX,
                                 TABLES, conflict_note_name, row_dtype)
 
@@ -150,7 +150,7 @@ def load_json(path: Path) -> dict[str, Any]:
     """A JSON object the writer side only consults (whose is this folder?): anything unreadable
     is as good as absent, since it is about to be replaced or was never ours."""
     try:
-        data = json.loads(read_small(path, "JSON document", "", 1 << 20))  # no link, FIFO or device
+        data = json.loads(read_whole(path, 1 << 20))  # no link, FIFO or device
     except (OSError, ValueError, RecursionError, NeuronProfError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,12 @@ def capture_graph_breaks(run_dir: Path, backend: str, collectors=None) -> Path:
             prof.step()
     torch._dynamo.reset()
     return run_dir
+
+
+def shown(markdown: str) -> str:
+    """The characters a viewer element whose value is Markdown shows: run text in it is
+    backslash-escaped (viewer/text.py), so tests undo the escapes before comparing."""
+    return re.sub(r"\\(.)", r"\1", markdown)
 
 
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
-from conftest import cli, line_of, viewer_page, write_script
+from conftest import cli, line_of, shown, viewer_page, write_script
 from neuron_prof.paths import display_path, is_user_file
 
 LIBRARY = """
@@ -132,7 +132,8 @@ def test_viewer_shows_short_sources_and_the_users_line(library_run, monkeypatch)
     row = table[table["source"] == lib_line]
     assert len(row) == 1 and row["user_source"].iloc[0] == user_line
     overview = viewer_page(monkeypatch, run_dir, "overview")
-    texts = " ".join(str(e.value) for e in (*overview.markdown, *overview.error, *overview.warning, *overview.info))
+    texts = shown(" ".join(str(e.value) for e in (*overview.markdown, *overview.error, *overview.warning,
+                                                  *overview.info)))
     assert f"from {lib_line} (aten::mean), called from {user_line}" in texts
     assert str(lib.parents[1]) not in texts
 

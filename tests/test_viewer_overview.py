@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import neuron_prof
-from conftest import REPO, cli, line_of, viewer_page
+from conftest import REPO, cli, line_of, shown, viewer_page
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.findings import findings
 from neuron_prof.report import summarize
@@ -27,7 +27,7 @@ def test_leak_run_overview_shows_facts_findings_and_where_time_goes(monkeypatch,
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["device"] == "cpu" and metrics["ranks"] == "1"
     assert metrics["steps"] == str(int(run.steps["complete"].sum())) == "8"
-    text = "\n".join(m.value for m in at.markdown)
+    text = shown("\n".join(m.value for m in at.markdown))
     leak_line = f"examples/memory_leak.py:{line_of(Path(ml.__file__), 'LEAK-LINE')}"
     assert "memory grows 24.1 KiB per step on rank 0 cpu from " + leak_line in text
     # the first card is the most severe one, and it links to the page that explains it
@@ -61,7 +61,7 @@ def test_viewer_page_for_a_missing_run_says_so(monkeypatch, tmp_path):
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
     assert not at.exception
-    assert len(at.error) == 1 and str(tmp_path / "nope") in at.error[0].value
+    assert len(at.error) == 1 and str(tmp_path / "nope") in shown(at.error[0].value)
 
 
 def test_view_command_rejects_a_missing_run(tmp_path):

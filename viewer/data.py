@@ -15,6 +15,7 @@ import streamlit as st
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.run import Run
 from neuron_prof.viewer import DIFF_ENV, RUN_ENV
+from neuron_prof.viewer.text import md
 
 __all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "summary", "no_data"]
 
@@ -47,7 +48,7 @@ def load(path: Path | None = None) -> Run:
     try:
         return _load(str(path), stamp(path))
     except NeuronProfError as exc:
-        st.error(str(exc))
+        st.error(md(exc))  # names files of the run: shown as typed
         st.stop()
 
 
@@ -65,5 +66,6 @@ def summary(path: Path | None = None) -> dict[str, Any]:
 
 
 def no_data(what: str, how: str) -> None:
-    """The plain message a page shows when the run has nothing for it."""
-    st.info(f"This run has no {what}. {how}")
+    """The plain message a page shows when the run has nothing for it: ``what`` may hold run text
+    (a device name) and is escaped; ``how`` is the page's own Markdown."""
+    st.info(f"This run has no {md(what)}. {how}")

@@ -28,12 +28,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                             "default: the first with memory data)")
     p.add_argument("--step", type=int, help="memory-snapshot: as of the end of this step "
                                             "(default: the end of capture)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the output even if it is a link, a special file or a file export did not write "
+                        "(a link is replaced, its target never written)")
     p.set_defaults(func=run)
 
 
 def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto", rank: int | None = None,
-               step: int | None = None) -> tuple[Path, dict]:
-    """Export a run; returns the output path and what was written (used by the CLI and the demo)."""
+               step: int | None = None, force: bool = False) -> tuple[Path, dict]:
+    """Export a run; returns the output path and what was written (used by the CLI and the demo).
+    An existing output is replaced only if export wrote it, or with ``force``
+    (``neuron_prof.export.output``); a link there is never written through."""
+    from neuron_prof.export.output import check_destination
     from neuron_prof.run import load
     if fmt != "memory-snapshot" and (rank is not None or step is not None):
         raise NeuronProfError(f"--rank and --step apply to --format memory-snapshot; a {fmt} trace has every "
@@ -45,6 +51,7 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
     if not out.parent.exists():
         what = "memory snapshot" if fmt == "memory-snapshot" else "trace"
         raise NeuronProfError(f"{out.parent}: no such directory for the {what}; create it or choose another -o")
+    check_destination(out, fmt, force)
     if fmt == "memory-snapshot":
         from neuron_prof.export import memory_snapshot
         return out, memory_snapshot.write(run, out, rank, step)
@@ -55,7 +62,7 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    out, counts = export_run(args.run, args.output, args.format, args.rank, args.step)
+    out, counts = export_run(args.run, args.output, args.format, args.rank, args.step, args.force)
     took = time.perf_counter() - t0
     if args.format == "memory-snapshot":
         devices = ", ".join(f"{i}={name}" for i, name in counts["devices"].items())

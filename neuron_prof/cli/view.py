@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import socket
@@ -31,6 +32,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, run_dir: Path) -> str | None:
+    """The warning ``view`` prints when ``host`` is reachable from other machines, else None."""
+    if is_loopback(host):
+        return None
+    return (f"neuron-prof: warning: --host {host} is not a loopback address: anyone who can reach this machine "
+            f"on the network can open the viewer and see the run's contents ({run_dir}: its commands, file "
+            "names, source lines, the trace and memory snapshots). Serve on 127.0.0.1 (the default) unless "
+            "that is what you want, and never for a run from an untrusted source.")
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -55,6 +76,9 @@ def start(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path |
     Run(run_dir)  # a missing or damaged run is a one-line error here, not a broken page
     if diff is not None:
         Run(diff)
+    warning = exposure_warning(host, run_dir)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     import neuron_prof.viewer
 
     app = Path(neuron_prof.viewer.__file__).resolve().parent / "app.py"

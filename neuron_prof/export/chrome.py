@@ -9,7 +9,6 @@ Gzip if the path ends in .gz.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 
@@ -97,10 +96,8 @@ class ChromeTraceWriter(BufferedTraceWriter):
 
     def _write(self, procs: list[ProcessData]) -> None:
         pidtid = self._tids(procs)
-        opener = (lambda p: gzip.open(p, "wt", encoding="utf-8", compresslevel=self.compresslevel)) \
-            if self.path.endswith(".gz") else (lambda p: open(p, "w", encoding="utf-8"))
         dumps = lambda s: json.dumps(s, ensure_ascii=False)  # noqa: E731
-        with opener(self.path) as f:
+        with self._output(self.compresslevel, text=True) as f:
             f.write('{"displayTimeUnit":"ns","traceEvents":[\n')
             first = True
 

@@ -43,6 +43,7 @@ import numpy as np
 from neuron_prof.analysis.memory import NEVER
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.run import Run
+from neuron_prof.safefile import atomic_output
 
 PICKLE_PROTOCOL = 4
 """The viewer decodes the pickle itself and accepts protocols 2 to 4 only (Python 3.14 defaults
@@ -146,7 +147,7 @@ def write(run: Run, path: str | os.PathLike, rank: int | None = None, step: int 
     """Write :func:`snapshot` to ``path``; returns what went in, for the CLI's summary line:
     rank, devices (trace index -> device name), allocations, frees, ooms, live_blocks, live_bytes."""
     snap, rank, devices = _build(run, rank, step)
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:  # replaces a link at ``path``, never writes through it
         pickle.dump(snap, f, protocol=PICKLE_PROTOCOL)
     actions = Counter(e["action"] for trace in snap["device_traces"] for e in trace)
     return {"rank": rank, "devices": {i: name for name, i in sorted(devices.items(), key=lambda kv: kv[1])},

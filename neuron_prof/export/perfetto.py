@@ -26,7 +26,6 @@ field numbers, so packets are byte-identical to ``TracePacket.SerializeToString(
 """
 from __future__ import annotations
 
-import gzip
 import os
 import struct
 from typing import TYPE_CHECKING
@@ -281,8 +280,6 @@ class PerfettoTraceWriter(BufferedTraceWriter):
 
     # ------------------------------------------------------------------ writing
     def _write(self, procs: list[ProcessData]) -> None:
-        opener = (lambda p: gzip.open(p, "wb", compresslevel=self.compresslevel)) if self.path.endswith(".gz") \
-            else (lambda p: open(p, "wb"))
         ntracks = len(self.tracks)
         blk, msk, lens = varint_block(np.array([self._uuid(h) for h in range(ntracks)], _U64))
         self._track_tab = _Table.prefixed(b"\x58", blk, msk, lens)
@@ -291,7 +288,7 @@ class PerfettoTraceWriter(BufferedTraceWriter):
         # event segments: 0 slice begin, 1 slice end, 2 instant, 3 counter
         self._type_tab = _Table.from_rows([b"\x48\x01", b"\x48\x02", b"\x48\x03", b"\x48\x04"])
         self._flags_tab = _Table.from_rows([b"\x68\x02", b"", b"\x68\x02", b""])
-        with opener(self.path) as f:
+        with self._output(self.compresslevel) as f:
             f.write(self._frame(_start_packet()))
             for j, d in enumerate(procs):
                 self._write_process(f, d, j + 1)

@@ -22,11 +22,18 @@ Slices on one track must nest. Partial overlaps (which real data has now and the
 deterministically before writing: in pre-order (start ascending, end descending) a slice that
 outlives its enclosing slice is clipped to the enclosing slice's end; negative durations become 0.
 ``writer.stats["repaired_slices"]`` counts both.
+
+The file is written as a new one and renamed onto ``path`` at the end (``neuron_prof.safefile``):
+a link or file already at ``path`` is replaced, never written through. Whether it may be replaced
+is the caller's check (``neuron_prof.export.output.check_destination``).
 """
 from __future__ import annotations
 
+import contextlib
+import gzip
+import io
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import IO, Any, Iterator, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -461,6 +468,20 @@ class BufferedTraceWriter:
 
     def _write(self, procs: list[ProcessData]) -> None:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _output(self, compresslevel: int, text: bool = False) -> Iterator[IO]:
+        """The output file for ``_write``: gzip when ``path`` ends in .gz, UTF-8 text if ``text``;
+        it becomes ``path`` only once written completely."""
+        from neuron_prof.safefile import atomic_output
+        with atomic_output(self.path) as raw:
+            with contextlib.ExitStack() as stack:
+                f: IO = raw
+                if self.path.endswith(".gz"):
+                    f = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel))
+                if text:
+                    f = stack.enter_context(io.TextIOWrapper(f, encoding="utf-8"))
+                yield f
 
     # --- gathering per process
     def _concat(self, chunks, with_dur):

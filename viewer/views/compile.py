@@ -4,8 +4,8 @@ guards, compile time by frame and phase, compile caches, fusion groups, compiled
 Every table is a ``neuron_prof.analysis.compile`` function over the run (the report's numbers)."""
 from __future__ import annotations
 
+import io
 import os
-import stat
 from itertools import islice
 from pathlib import Path
 
@@ -16,7 +16,10 @@ import streamlit as st
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import in_steps
 from neuron_prof.analysis.steps import basis_steps
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.safefile import open_regular
 from neuron_prof.viewer import data
+from neuron_prof.viewer.text import md, plot_array
 
 CONTEXT_LINES = 6  # source lines shown on each side of a break
 MAX_SOURCE_BYTES = 8 * 2**20  # don't open anything larger as "source"
@@ -36,23 +39,34 @@ def _recorded_files(run, stack_ids) -> set[str]:
     return {f for rank, sid in stack_ids for f, _, _ in run.stack(int(rank), int(sid))}
 
 
-def _source_window(file: str, line: int, allowed: set[str],
-                   cwd: str | None) -> tuple[str, list[tuple[int, str]]] | None:
-    """Up to CONTEXT_LINES lines either side of ``line`` of a recorded file, or None when the file
-    is not a recorded one, not Python source, not a regular file here, too large, or unreadable."""
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _source_window(file: str, line: int, allowed: set[str], cwd: str | None,
+                   run_dir: Path) -> tuple[str, list[tuple[int, str]]] | None:
+    """Up to CONTEXT_LINES lines either side of ``line`` of a recorded file, or None when the
+    rule (README, "Security") says no: the file must be named by the break's recorded stacks, end
+    in .py, lie outside the run directory both as written and once links are resolved (a run
+    carries no source, so a file in it is the run's maker speaking, e.g. a link to a secret), and
+    be a regular file opened without following a final link, at most MAX_SOURCE_BYTES."""
     if file not in allowed or not file.endswith(".py") or line < 1:
         return None
     p = Path(file)
     if not p.is_absolute() and cwd:
         p = Path(cwd) / p
+    run_real = os.path.realpath(run_dir)
+    real = os.path.realpath(p)
+    if any(_inside(x, d) for x in (os.path.abspath(p), real) for d in (os.path.abspath(run_dir), run_real)):
+        return None
+    first = max(line - CONTEXT_LINES, 1)
     try:
-        st_ = os.stat(p)
-        if not stat.S_ISREG(st_.st_mode) or st_.st_size > MAX_SOURCE_BYTES:
-            return None
-        first = max(line - CONTEXT_LINES, 1)
-        with open(p, encoding="utf-8", errors="replace") as f:
-            lines = list(islice(f, first - 1, line + CONTEXT_LINES))
-    except OSError:
+        with open_regular(real) as raw:  # the resolved path: a link swapped in now is refused, not followed
+            if os.fstat(raw.fileno()).st_size > MAX_SOURCE_BYTES:
+                return None
+            src = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+            lines = list(islice(src, first - 1, line + CONTEXT_LINES))
+    except (OSError, NeuronProfError):
         return None
     if len(lines) < line - first + 1:
         return None  # the file no longer has that line: it changed since the capture
@@ -62,9 +76,9 @@ def _source_window(file: str, line: int, allowed: set[str],
 def _show_site(run, site: dict) -> None:
     rows = run.graph_breaks[(run.graph_breaks["source"].astype(str) == site["source"])
                             & (run.graph_breaks["reason_class"].astype(str) == site["reason_class"])]
-    st.markdown(f"**{site['reason_class']}** at `{site['source']}` · {site['gb_id']} · {site['breaks']} breaks · "
-                f"{site['hits_per_step']:.1f} hits/step · {site['frame_ms_per_step']:.3f} frame ms/step · "
-                f"compile ids {', '.join(site['compile_ids'])}")
+    st.markdown(f"**{md(site['reason_class'])}** at {md(site['source'])} · {md(site['gb_id'])} · {site['breaks']} "
+                f"breaks · {site['hits_per_step']:.1f} hits/step · {site['frame_ms_per_step']:.3f} frame ms/step · "
+                f"compile ids {md(', '.join(site['compile_ids']))}")
     with st.expander("full reason", expanded=False):
         st.code(site["reason"], language=None)
     if rows.empty:
@@ -83,12 +97,13 @@ def _show_site(run, site: dict) -> None:
             return
         file, _, line = frames[0]
         allowed = _recorded_files(run, rows[["rank", "stack"]].drop_duplicates().itertuples(index=False))
-        window = _source_window(file, line, allowed, run.meta.get("cwd"))
+        window = _source_window(file, line, allowed, run.meta.get("cwd"), run.path)
         if window is None:
-            st.caption(f"source of `{file}` is not readable here (moved, changed or not a regular file)")
+            st.caption(f"source of {md(file)} is not readable here (moved, changed, not a regular .py file, or inside the "
+                       "run directory)")
             return
         shown, lines = window
-        st.caption(f"`{shown}`, line {line} (marked `>>`)")
+        st.caption(f"{md(shown)}, line {line} (marked `>>`)")
         width = len(str(lines[-1][0]))
         st.code("\n".join(f"{'>>' if n == line else '  '} {n:>{width}} | {text}" for n, text in lines),
                 language=None)
@@ -115,7 +130,7 @@ cols[2].metric("graph break sites", c["graph_breaks"], help=f"{c['graph_break_ev
 cols[3].metric("recompiles", c["recompiles"])
 if c["cache_limit_hit"]:
     hit = [r["func"] for r in c["recompiles_by_frame"] if r["cache_limit_hit"]]
-    st.error(f"**The recompile (cache size) limit was hit** for {', '.join(f'`{f}`' for f in hit)}: "
+    st.error(f"**The recompile (cache size) limit was hit** for {md(', '.join(hit))}: "
              "those frames run eagerly, uncompiled, for the rest of the run. Fix the recompiles below "
              "(or mark the changing dimension dynamic) rather than raising the limit.",
              icon=":material/error:")
@@ -147,7 +162,7 @@ else:
         "reasons": st.column_config.ListColumn("failed guards", width="large")})
     with st.expander("failed guards, one per line"):
         for r in c["recompiles_by_frame"]:
-            st.markdown(f"**{r['func']}** ({r['recompiles']} recompiles"
+            st.markdown(f"**{md(r['func'])}** ({r['recompiles']} recompiles"
                         + (", :red[CACHE LIMIT HIT]" if r["cache_limit_hit"] else "") + ")")
             st.code("\n".join(r["reasons"]) or "(no failed guard recorded)", language=None)
 
@@ -162,8 +177,9 @@ else:
         "func": "frame", "graph_ops": "ops", "total_ms": st.column_config.NumberColumn("total ms", format="%.1f"),
         **{p: st.column_config.NumberColumn(f"{p} ms", format="%.1f") for p in phases}})
     if phases:
-        long = ctime.assign(frame=ctime["compile_id"] + " " + ctime["func"].astype(str)).melt(
+        long = ctime.assign(frame=plot_array(ctime["compile_id"] + " " + ctime["func"].astype(str))).melt(
             id_vars=["frame", "total_ms"], value_vars=phases, var_name="phase", value_name="ms").dropna(subset=["ms"])
+        long["phase"] = plot_array(long["phase"])  # phase names are run text; the legend renders HTML
         fig = px.bar(long, x="ms", y="frame", color="phase", orientation="h",
                      labels={"ms": "compile time (ms)", "frame": "compile"})
         fig.update_yaxes(categoryorder="total ascending")

@@ -15,6 +15,7 @@ import streamlit as st
 from neuron_prof.analysis.diff import compare
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
+from neuron_prof.viewer.text import md, plot
 
 MAX_SIBLINGS = 200  # run directories offered from the folder this run is in
 
@@ -78,7 +79,7 @@ other = st.selectbox("compare this run with", choices, index=1 if env_run is not
 if other is None:
     st.info("Pick a second run to compare with: start the viewer with `neuron-prof view RUN --diff OTHER_RUN`, "
             "or keep runs side by side in one folder (e.g. `runs/before`, `runs/after`) and choose one above."
-            + ("" if len(choices) > 1 else f" There is no other run directory next to `{current}`."))
+            + ("" if len(choices) > 1 else f" There is no other run directory next to {md(current)}."))
     st.stop()
 
 this_is_baseline = st.toggle("use this run as the baseline", key="diff_swap",
@@ -87,7 +88,7 @@ a_path, b_path = (current, other) if this_is_baseline else (other, current)
 sa, sb = data.summary(a_path), data.summary(b_path)
 cmp = compare(sa, sb)
 a_name, b_name = (a_path.name, b_path.name) if a_path.name != b_path.name else (str(a_path), str(b_path))
-st.caption(f"**a** (baseline): `{a_path}` · **b**: `{b_path}` · change = b − a; lower is better for every "
+st.caption(f"**a** (baseline): {md(a_path)} · **b**: {md(b_path)} · change = b − a; lower is better for every "
            "number here; measured numbers within 5% count as the same")
 
 cards = cmp.set_index("metric")
@@ -115,7 +116,7 @@ st.dataframe(table.style.map(lambda v: _COLORS.get(v, ""), subset=["verdict"]), 
 
 st.subheader("Step time")
 parts = []
-for label, p in ((f"a: {a_name}", a_path), (f"b: {b_name}", b_path)):
+for label, p in ((f"a: {plot(a_name)}", a_path), (f"b: {plot(b_name)}", b_path)):  # legend text renders HTML
     steps = data.load(p).step_kinds
     done = steps[steps["steady"]]
     parts.append(done.assign(ms=done["dur"] / 1e6, run=label, rank=done["rank"].astype(str))[["run", "rank", "step",

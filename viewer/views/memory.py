@@ -20,6 +20,7 @@ from neuron_prof.analysis.timeline import memory_window
 from neuron_prof.findings import called_from, process_note
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
+from neuron_prof.viewer.text import md
 
 TIMELINE_POINTS = 4000  # rows per device in a chart: min/max kept, so the peak is always drawn
 DIFF_BY = ("source", "user_source", "category", "module", "top_op", "op")
@@ -160,8 +161,9 @@ else:
     step = st.selectbox("step", steps, index=steps.index(worst), key="mem_peak_step",
                         format_func=lambda s: f"step {s}" + (" (the highest peak)" if s == worst else ""))
     p = peaks[peaks["step"] == step].iloc[0]
-    made = (f", reached with {int(p['alloc_bytes']):,} bytes from `{p['op']}` at `{p['source'] or '?'}`{called_from(p)}"
-            + (f" (module `{p['module']}`)" if p["module"] else "") + f" [{p['category']}]") if p["op"] else ""
+    made = (f", reached with {int(p['alloc_bytes']):,} bytes from {md(p['op'])} at {md(p['source'] or '?')}"
+            f"{md(called_from(p))}" + (f" (module {md(p['module'])})" if p["module"] else "")
+            + f" [{p['category']}]") if p["op"] else ""
     st.markdown(f"Step {step} peaked at **{format_bytes(p['bytes'])}** ({int(p['bytes']):,} bytes){made}.")
     top_n = st.number_input("sites to list", min_value=1, max_value=200, value=10, key="mem_top")
     sites = _sites(key, mtime, rank, device, int(p["ts"]), int(top_n))
@@ -192,7 +194,7 @@ if leaks.empty:
 else:
     x = leaks.iloc[0]
     g = float(x["growth_per_step"])
-    st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {device}: it grew at "
+    st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {md(device)}: it grew at "
              f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
     note = process_note(x)
     if note:
@@ -243,7 +245,8 @@ ooms = ooms[ooms["rank"] == rank]
 if len(ooms):
     st.subheader("Out of memory")
     for _, o in ooms.iterrows():
-        st.error(f"rank {rank} {o['device']}, step {o['step']}: asked for {int(o['bytes']):,} bytes: {o['message']}")
+        st.error(f"rank {rank} {md(o['device'])}, step {o['step']}: asked for {int(o['bytes']):,} bytes: "
+                 f"{md(o['message'])}")
     st.dataframe(_plain(ooms[["step", "device", "bytes", "message"]]), hide_index=True, key="mem_ooms_table")
 
 # ------------------------------------------------------------------ diff

@@ -12,6 +12,7 @@ import streamlit as st
 from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats, run_time_ops, run_time_rows
 from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.viewer import data
+from neuron_prof.viewer.text import md, plot_array
 
 MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by self time first)
 
@@ -76,9 +77,10 @@ tree = _tree(str(path), mtime)
 text = st.text_input("filter modules", key="ops_module_filter", placeholder="e.g. self_attn or layers.0")
 shown = filter_tree(tree, text)
 if shown.empty:
-    st.info(f"no module path contains {text!r}")
+    st.info(f"no module path contains {md(repr(text))}")
 else:
-    fig = px.treemap(shown, ids="id", parents="parent", names="label", values="total_ms",
+    labels = shown.assign(**{c: plot_array(shown[c]) for c in ("id", "parent", "label")})  # run text: no HTML
+    fig = px.treemap(labels, ids="id", parents="parent", names="label", values="total_ms",
                      branchvalues="total", hover_data={"self_ms": ":.3f", "calls": True})
     fig.update_traces(root_color="lightgrey", hovertemplate="%{id}<br>self time here and below: %{value:.3f} ms"
                                                             "<br>own self time: %{customdata[0]:.3f} ms"

@@ -11,6 +11,7 @@ from neuron_prof.analysis.steps import step_stats
 from neuron_prof.findings import findings
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import step_time_chart
+from neuron_prof.viewer.text import md
 
 _ICONS = {"high": ":material/error:", "medium": ":material/warning:", "info": ":material/info:"}
 _PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "compile": "Graph breaks / Compile",
@@ -22,12 +23,12 @@ meta = run.meta
 # first what needs only the run's metadata and step table (fast at any size), then the analyses
 st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
-st.caption(f"`{cmd}`")
+st.code(cmd, language=None, wrap_lines=True)  # the recorded command, as typed: never Markdown
 kinds = run.step_kinds
 steps = step_stats(kinds)
 startup = run.spans[run.spans["name"].astype(str) == "start-up"]
 cols = st.columns(6)
-cols[0].metric("device", meta.get("device") or "?")
+cols[0].metric("device", md(meta.get("device") or "?"))
 cols[1].metric("ranks", len(run.ranks))
 cols[2].metric("steps", int(steps["steps"].sum()) if len(steps) else 0,
                help="complete steps; warm-up steps (a rank's first step, steps that compiled) are left out of the "
@@ -54,7 +55,7 @@ time.sleep(0.1)  # let the server send what is drawn before the analyses hold th
 s = data.summary()
 r = s["run"]
 with findings_box:
-    st.caption(f"torch {r['torch_version']} · world size {r['world_size']} · started {r['start_time']}")
+    st.caption(f"torch {md(r['torch_version'])} · world size {md(r['world_size'])} · started {md(r['start_time'])}")
     st.subheader("Findings")
     found = findings(s)
     if not found:
@@ -62,7 +63,7 @@ with findings_box:
     for f in found:
         with st.container(border=True):
             left, right = st.columns([5, 1])
-            left.markdown(f"{_ICONS[f['severity']]} {f['text']}")
+            left.markdown(f"{_ICONS[f['severity']]} {md(f['text'])}")  # names from the run: as typed
             if f["page"] != "overview":
                 right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
 

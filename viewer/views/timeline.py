@@ -8,7 +8,6 @@ longest in the window) go to the browser.
 from __future__ import annotations
 
 import base64
-import hashlib
 import html
 import json
 import math
@@ -24,10 +23,12 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from neuron_prof.analysis import timeline as tla
+from neuron_prof.errors import NeuronProfError
 from neuron_prof.viewer import data
+from neuron_prof.viewer import trace as run_trace
+from neuron_prof.viewer.text import md, plot, plot_array
 
 EMBED_LIMIT = 50 << 20  # a bigger trace is offered as a download only (it would travel as base64 in the page)
-TRACE_NAME = "trace.perfetto-trace"  # what `neuron-prof export RUN` writes by default
 MEMORY_POINTS = 2000
 PERFETTO = "https://ui.perfetto.dev"
 _PASS_COLORS = {"forward": "#4C78A8", "backward": "#F58518"}
@@ -69,34 +70,20 @@ def _trace_lock() -> threading.Lock:
     return threading.Lock()
 
 
+@st.cache_resource
+def _spare_dir() -> Path:
+    """This server's own folder for traces of runs it may not write to (private: made anew)."""
+    return Path(tempfile.mkdtemp(prefix="neuron_prof-traces-"))
+
+
 def _trace_file(path: str, mtime: float) -> Path:
-    """The run's Perfetto trace: RUN/trace.perfetto-trace, written again when the run has changed
-    since (its stamp is newer); a temporary folder stands in for a read-only run folder."""
-    run_dir = Path(path)
-    folder = hashlib.sha1(path.encode()).hexdigest()[:16]
-    spare = Path(tempfile.gettempdir()) / "neuron_prof-traces" / folder / TRACE_NAME
     with _trace_lock():
-        for out in (run_dir / TRACE_NAME, spare):
-            try:
-                if out.stat().st_mtime >= mtime:
-                    return out
-            except OSError:
-                pass
-        from neuron_prof.export.trace import write_run
-        from neuron_prof.export.tracewriter import open_writer
-        run = _run(path)
-        for out in (run_dir / TRACE_NAME, spare):
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                write_run(run, open_writer(str(tmp), "perfetto"))
-                os.replace(tmp, out)
-                return out
-            except OSError:  # a read-only run folder: the spare one
-                tmp.unlink(missing_ok=True)
-                if out == spare:
-                    raise
-        raise AssertionError("unreachable")
+        return run_trace.trace_file(Path(path), mtime, lambda: _run(path), _spare_dir())
+
+
+def _trace_bytes(path: str, mtime: float) -> bytes:
+    with run_trace.open_trace(_trace_file(path, mtime)) as f:
+        return f.read()
 
 
 def _perfetto_html(trace: bytes, title: str, file_name: str) -> str:
@@ -200,7 +187,7 @@ if bars.empty and compiles.empty and breaks.empty:
                                        "have no ops.")
 else:
     rows: list[str] = []
-    thread = bars["thread"].astype(str).to_numpy()
+    thread = plot_array(bars["thread"].astype(str))  # run text: Plotly labels render HTML
     row = np.where(bars["depth"].to_numpy() > 0, np.char.add(thread.astype(str), " › depth 1"), thread)
     used = set(row)
     for t in dict.fromkeys(thread):
@@ -215,23 +202,23 @@ else:
         if not mask.any():
             continue
         b = bars[mask]
-        custom = np.column_stack([b["name"].astype(str), b["module"].astype(str), b["source"].astype(str),
+        custom = np.column_stack([plot_array(b["name"]), plot_array(b["module"]), plot_array(b["source"]),
                                   b["ts"].to_numpy()]).astype(object)
         fig.add_trace(go.Bar(orientation="h", y=row[mask], x=b["dur"].to_numpy() / 1e6, base=start[mask],
                              name=pass_, marker_color=_PASS_COLORS[pass_], customdata=custom,
                              hovertemplate="%{customdata[0]}<br>module %{customdata[1]}<br>%{customdata[2]}"
                                            "<br>%{x:.3f} ms<extra>" + pass_ + "</extra>"), row=1, col=1)
     if len(compiles):
-        custom = np.column_stack([compiles["func"].astype(str), compiles["compile_id"].astype(str),
-                                  compiles["status"].astype(str), compiles["source"].astype(str)]).astype(object)
+        custom = np.column_stack([plot_array(compiles["func"]), plot_array(compiles["compile_id"]),
+                                  plot_array(compiles["status"]), plot_array(compiles["source"])]).astype(object)
         fig.add_trace(go.Bar(orientation="h", y=["compile"] * len(compiles), x=compiles["dur"].to_numpy() / 1e6,
                              base=(compiles["ts"].to_numpy() - t0) / 1e6, name="compile", marker_color="#B279A2",
                              customdata=custom,
                              hovertemplate="compile %{customdata[1]} of %{customdata[0]} (%{customdata[2]})"
                                            "<br>%{customdata[3]}<br>%{x:.3f} ms<extra>compile</extra>"), row=1, col=1)
     if len(breaks):
-        custom = np.column_stack([breaks["reason_class"].astype(str), breaks["source"].astype(str),
-                                  breaks["compile_id"].astype(str)]).astype(object)
+        custom = np.column_stack([plot_array(breaks["reason_class"]), plot_array(breaks["source"]),
+                                  plot_array(breaks["compile_id"])]).astype(object)
         fig.add_trace(go.Scatter(x=(breaks["ts"].to_numpy() - t0) / 1e6, y=["compile"] * len(breaks), mode="markers",
                                  marker={"symbol": "x", "size": 10, "color": "#E45756"}, name="graph break",
                                  customdata=custom,
@@ -241,8 +228,8 @@ else:
         for device, m in memory.groupby("device", observed=True, sort=True):
             x = np.r_[(m["ts"].to_numpy() - t0) / 1e6, hi]  # the state holds to the window's end
             y = np.r_[m["total"].to_numpy(), m["total"].to_numpy()[-1]]
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line_shape="hv", name=f"live bytes {device}",
-                                     hovertemplate="%{y:,} bytes<extra>" + str(device) + "</extra>"), row=2, col=1)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line_shape="hv", name=f"live bytes {plot(device)}",
+                                     hovertemplate="%{y:,} bytes<extra>" + plot(device) + "</extra>"), row=2, col=1)
         fig.update_yaxes(title_text="live bytes", row=2, col=1)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows[::-1], row=1, col=1)
     fig.update_xaxes(range=[lo, hi])
@@ -264,19 +251,30 @@ else:
 
 st.subheader("Perfetto")
 st.caption("The whole run (every rank, op, step, compile and memory counter) as a Perfetto trace, written next to "
-           f"the run as `{TRACE_NAME}` and rewritten when the run changes.")
+           f"the run as `{run_trace.TRACE_NAME}` and rewritten when the run changes.")
+why_not = run_trace.blocked(path)
+if why_not:  # a link or special file where the trace goes: never read, served or replaced
+    st.warning(f"The trace is not shown: {md(why_not)}", icon=":material/block:")
+    st.stop()
 c = st.columns(2)
 if c[0].button("Open in Perfetto", key="tl_perfetto", icon=":material/open_in_new:"):
     with st.spinner("writing the Perfetto trace ..."):
-        trace = _trace_file(key, mtime)
-    size = trace.stat().st_size
-    if size > EMBED_LIMIT:
+        trace_path = _trace_file(key, mtime)
+    try:
+        with run_trace.open_trace(trace_path) as f:
+            size = os.fstat(f.fileno()).st_size
+            body = f.read() if size <= EMBED_LIMIT else None
+    except (OSError, NeuronProfError) as exc:  # it changed under us since it was written
+        st.error(f"The trace is not shown: {md(exc)}")
+        st.stop()
+    if body is None:
         st.warning(f"The trace is {size / 2**20:.0f} MiB, too big to hand to Perfetto UI from this page: download it "
-                   f"and open it in {PERFETTO} (Open trace file), or run `trace_processor --httpd {trace}`.")
+                   f"and open it in {PERFETTO} (Open trace file), or run "
+                   f"`trace_processor --httpd` on {md(trace_path)}.")
     else:
-        _show_html(_perfetto_html(trace.read_bytes(), f"neuron_prof: {Path(key).name}", TRACE_NAME), height=48)
-        st.caption(f"{trace} · click the button above to open it in a new tab of {PERFETTO} (the trace goes "
+        _show_html(_perfetto_html(body, f"neuron_prof: {Path(key).name}", run_trace.TRACE_NAME), height=48)
+        st.caption(f"{md(trace_path)} · click the button above to open it in a new tab of {PERFETTO} (the trace goes "
                    "straight from this page to that tab; nothing is uploaded).")
 c[1].download_button("Download the Perfetto trace", key="tl_trace_download", on_click="ignore",
-                     data=lambda k=key, m=mtime: _trace_file(k, m).read_bytes(), file_name=TRACE_NAME,
+                     data=lambda k=key, m=mtime: _trace_bytes(k, m), file_name=run_trace.TRACE_NAME,
                      mime="application/octet-stream", icon=":material/download:")
