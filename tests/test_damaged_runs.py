@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from conftest import cli, one_line_error
+from conftest import cli, one_line_error, write_script
 from neuron_prof.store import sign
 
 
@@ -203,3 +206,23 @@ def test_a_malformed_detail_cut_is_refused(run, cut):
     line["detail_cut"] = cut
     _commit_again(rank_dir, line)
     one_line_error(cli("report", run), "manifest.jsonl", "'detail_cut'")
+
+
+def test_a_run_killed_before_its_first_captured_step_reports(tmp_path):
+    """Killed (SIGKILL) after two steps that the schedule waited through: process memory rows but
+    no captured step. The report used to end in an IndexError (analysis.memory.process_growth)."""
+    script = write_script(tmp_path / "train.py", """
+        import os, signal
+        import neuron_prof
+        from neuron_prof.examples.train_transformer import train
+        with neuron_prof.profile(os.environ["RUN"], schedule=neuron_prof.schedule(wait=5, active=1)) as prof:
+            train(2, prof)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(script)], env={**os.environ, "RUN": str(run)}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    for args in (("report", run), ("report", run, "--json")):
+        res = cli(*args)
+        assert res.returncode == 0, res.stderr
+    assert "did NOT close" in cli("report", run).stdout

@@ -411,8 +411,10 @@ def process_growth(process_memory: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
         captured = steps[(steps["rank"] == rank) & steps["active"]]
         ends = np.sort((captured["ts"] + captured["dur"]).to_numpy(np.int64))  # = their boundaries' ts
         # time since the end of the latest captured step at or before each boundary
-        latest = np.searchsorted(ends, ts, side="right") - 1
-        since = np.where(latest >= 0, ts - ends[np.maximum(latest, 0)], np.iinfo(np.int64).max)
+        since = np.full(len(ts), np.iinfo(np.int64).max)
+        if len(ends):  # none: killed before its first captured step ended
+            latest = np.searchsorted(ends, ts, side="right") - 1
+            since = np.where(latest >= 0, ts - ends[np.maximum(latest, 0)], since)
         judged = (np.arange(len(rss)) >= len(rss) // 2) & (since >= PROCESS_SETTLE_NS)
         per_step = (_median_slope(step[judged], rss[judged]) if judged.sum() >= PROCESS_MIN_BOUNDARIES
                     else float("nan"))
