@@ -117,6 +117,7 @@ def truncate(rng: random.Random, case: Case) -> None:
     boundaries = set(sizes)
     if path.suffix == ".arrows":
         boundaries.update(_message_boundaries(data))
+    boundaries.discard(len(data))
     at = rng.choice(sorted(boundaries)) if boundaries and rng.random() < 0.6 else rng.randrange(len(data))
     path.write_bytes(data[:at])
     if path.suffix in (".arrows", ".journal"):
@@ -470,15 +471,17 @@ def fuzz(bases: list[Path], traces: list[Path], seed: int, cases: range, jobs: i
 
 
 def summary_table(results: list[CaseResult]) -> str:
+    """Per mutation kind: cases, reader runs answered correctly, clean errors, and each failure
+    category with its count; then every failing case with its reproducer."""
+    cases: Counter[str] = Counter(r.case.kind for r in results)
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for r in results:
-        for verdict in r.verdicts.values():
-            counts[r.case.kind][verdict] += 1
-    verdicts = sorted({v for c in counts.values() for v in c}, key=lambda v: (v not in ("ok", "error"), v))
-    width = max(len(v) for v in verdicts) + 2
-    lines = ["reader runs per mutation kind and outcome", f"{'kind':22}" + "".join(f"{v:>{width}}" for v in verdicts)]
-    for kind, c in sorted(counts.items()):
-        lines.append(f"{kind:22}" + "".join(f"{c[v]:>{width}}" for v in verdicts))
+        counts[r.case.kind].update(r.verdicts.values())
+    lines = [f"{'mutation kind':22} {'cases':>5} {'ok':>5} {'error':>5}  failures (reader runs)"]
+    for kind in sorted(counts):
+        c = counts[kind]
+        bad = ", ".join(f"{v} {n}" for v, n in sorted(c.items()) if v not in ("ok", "error"))
+        lines.append(f"{kind:22} {cases[kind]:>5} {c['ok']:>5} {c['error']:>5}  {bad or '-'}")
     failures = [r for r in results if r.failures]
     lines.append(f"{len(results)} cases, {len(failures)} with a failure")
     for r in failures:
