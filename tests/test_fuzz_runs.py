@@ -38,10 +38,9 @@ def _fuzz(tmp_path: Path, bases: list[Path], traces: list[Path], cases: int) -> 
 
 def test_damaged_runs_fail_cleanly(demo_run, tmp_path):
     results = _fuzz(tmp_path, [demo_run], [], RUN_CASES)
-    kinds = {r.case.kind for r in results}
-    assert kinds == set(fuzz_runs.RUN_MUTATIONS)
-    verdicts = [v for r in results for v in r.verdicts.values()]
-    assert verdicts.count("error") > len(verdicts) // 3   # the mutations do damage the run
+    assert {r.case.kind for r in results} == set(fuzz_runs.RUN_MUTATIONS)
+    damaged = {r.case.kind for r in results if "error" in r.verdicts.values()}
+    assert {"truncate", "special file"} <= damaged   # the mutations do reach the readers
 
 
 def test_damaged_traces_are_named(traces, tmp_path):
