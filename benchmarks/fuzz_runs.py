@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import socket
 import stat
@@ -40,7 +39,11 @@ TIME_LIMIT_S = 60
 MEMORY_LIMIT = 3 << 30
 ERROR_PREFIX = "neuron-prof: error: "
 IS_ROOT = os.geteuid() == 0
-LOAD_SUMMARY = """\
+LIMIT = f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
+"""Set first thing in each reader process (a ``preexec_fn`` is unsafe with the pool's threads)."""
+CLI = LIMIT + "import runpy\nrunpy.run_module('neuron_prof', run_name='__main__', alter_sys=True)\n"
+"""``python -m neuron_prof ARGS`` under the memory limit."""
+LOAD_SUMMARY = LIMIT + """\
 import sys
 import neuron_prof
 from neuron_prof.errors import NeuronProfError
@@ -317,17 +320,13 @@ class Outcome:
     stderr: str
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def run_cli(args: list[str], timeout: float = TIME_LIMIT_S) -> Outcome:
     """One reader in a fresh process, under the time and memory limits."""
     argv = [sys.executable, "-c", LOAD_SUMMARY, *args[1:]] if args[0] == "load" else \
-        [sys.executable, "-m", "neuron_prof", *args]
+        [sys.executable, "-c", CLI, *args]
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_memory,
-                             stdin=subprocess.DEVNULL, errors="replace")
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                             errors="replace")
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         return Outcome(" ".join(args), None, out, "")
