@@ -8,6 +8,8 @@ file is a NeuronProfError naming the file and the first problem.
 from __future__ import annotations
 
 import gzip
+import os
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,26 @@ FOREIGN = "get a fresh copy from the tool that wrote it"
 
 
 def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, if it is a regular file: a FIFO would block inspect forever and a
+    device (``/dev/zero``) would be read until memory runs out."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     except FileNotFoundError:
         raise NeuronProfError(f"{path}: no such trace file; write one with "
                               f"`neuron-prof export RUN -o {path}`") from None
-    except IsADirectoryError:
-        raise NeuronProfError(f"{path}: is a directory, not a trace file; pass a .perfetto-trace file") from None
     except OSError as exc:
-        raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); check its permissions") from None
+        raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); pass a .perfetto-trace file "
+                              "you can read") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+        raise NeuronProfError(f"{path}: {what}, not a trace file; pass a .perfetto-trace file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read()
+        except OSError as exc:
+            raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); check the file") from None
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from conftest import check_trace, cli, one_line_error
 from neuron_prof import __version__
 from neuron_prof.export.perfetto import _varint, is_end_of_trace, writer_of
+from neuron_prof.tracecheck import _varint as tracecheck_varint
 from neuron_prof.tracecheck import iter_packets
 
 
@@ -112,3 +114,51 @@ def test_other_tools_traces_are_checked_except_for_the_end_packet(trace, tmp_pat
     assert "not written by neuron_prof" in res.stdout
     bad = write(tmp_path / "foreign-bad.perfetto-trace", _drop_last_slice_end(pkts))
     one_line_error(cli("inspect", bad), str(bad), "never ended", "the tool that wrote it")
+
+
+def _orphan_slice_end(pkts):
+    i = next(i for i, p in enumerate(pkts) if p.HasField("track_event") and p.track_event.type == 1)
+    return pkts[:i] + pkts[i + 1:]
+
+
+def test_slice_end_without_a_begin(trace, tmp_path):
+    bad = write(tmp_path / "bad.perfetto-trace", _orphan_slice_end(packets(trace)))
+    one_line_error(cli("inspect", bad), str(bad), "with no open slice", "neuron-prof export")
+
+
+def test_packet_that_does_not_parse(trace, tmp_path):
+    data = bytearray(trace.read_bytes())
+    offsets = [off for off, _ in iter_packets(bytes(data))]
+    start = offsets[len(offsets) // 2]
+    _, body = tracecheck_varint(bytes(data), start + 1)
+    data[body] = 0x0F   # field 1 with wire type 7, which does not exist
+    bad = tmp_path / "bad.perfetto-trace"
+    bad.write_bytes(bytes(data))
+    one_line_error(cli("inspect", bad), str(bad), f"corrupt packet at byte {start}", "neuron-prof export")
+
+
+def test_cut_inside_a_packet(trace, tmp_path):
+    data = trace.read_bytes()
+    offsets = [off for off, _ in iter_packets(data)]
+    for at in (offsets[1] + 1, offsets[len(offsets) // 2] + 2, len(data) - 1):
+        cut = tmp_path / f"cut-{at}.perfetto-trace"
+        cut.write_bytes(data[:at])
+        one_line_error(cli("inspect", cut), str(cut), "truncated at byte", "neuron-prof export")
+
+
+def test_corrupt_gzip_trace(trace, tmp_path):
+    gz = bytearray(gzip.compress(trace.read_bytes(), mtime=0))
+    gz[len(gz) // 2] ^= 0x55   # inside the deflate stream
+    bad = tmp_path / "bad.perfetto-trace.gz"
+    bad.write_bytes(bytes(gz))
+    one_line_error(cli("inspect", bad), str(bad), "gzip", "neuron-prof export")
+
+
+def test_fifo_and_devices_are_refused_unread(tmp_path):
+    """A FIFO would block the read forever, /dev/zero would be read until memory runs out."""
+    fifo = tmp_path / "fifo.perfetto-trace"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.perfetto-trace"
+    zero.symlink_to("/dev/zero")
+    for path in (fifo, zero):
+        one_line_error(cli("inspect", path, timeout=60), str(path), "a FIFO, socket or device")
