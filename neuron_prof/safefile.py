@@ -45,17 +45,18 @@ def kind(mode: int) -> str:
     return "a special file"
 
 
-def open_regular(path: str | os.PathLike, advice: str = "") -> BinaryIO:
+def open_regular(path: str | os.PathLike, advice: str = "", follow_links: bool = False) -> BinaryIO:
     """``path`` opened for reading if it is a regular file and not a link; else :class:`NotRegularFile`
     (``advice`` ends its message). A missing file is ``FileNotFoundError`` (it means different
     things to different readers); any other failure to open (no permission, a socket) is a
-    NeuronProfError that names the file."""
+    NeuronProfError that names the file. ``follow_links``: for a path the user typed (``inspect
+    TRACE``), whose link is the user's own; its target must still be a regular file."""
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, _READ_FLAGS & ~os.O_NOFOLLOW if follow_links else _READ_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if os.path.islink(path):  # ELOOP: the final component is a link
+        if not follow_links and os.path.islink(path):  # ELOOP: the final component is a link
             raise NotRegularFile(path, "a symbolic link", advice) from None
         raise NeuronProfError(f"{path}: cannot read it ({exc.strerror})" + (f"; {advice}" if advice else "")) from None
     try:

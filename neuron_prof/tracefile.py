@@ -7,47 +7,49 @@ file is a NeuronProfError naming the file and the first problem.
 """
 from __future__ import annotations
 
-import gzip
-import os
-import stat
 import zlib
 from pathlib import Path
 from typing import Any
 
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.safefile import open_regular
 from neuron_prof.tracecheck import TraceReport, check_bytes
 
 REEXPORT = "re-export it with `neuron-prof export RUN -o TRACE`"
 FOREIGN = "get a fresh copy from the tool that wrote it"
 
 
+GZIP_MAX_RATIO = 100
+"""A gzip trace may expand this many times over (Perfetto traces compress 3-10x) or to 1 GiB,
+whichever is more; more is refused unread rather than decompressed into all of memory."""
+
+
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, if it is a regular file: a FIFO would block inspect forever and a
     device (``/dev/zero``) would be read until memory runs out."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+        with open_regular(path, "pass a .perfetto-trace file", follow_links=True) as f:
+            data = f.read()
     except FileNotFoundError:
         raise NeuronProfError(f"{path}: no such trace file; write one with "
                               f"`neuron-prof export RUN -o {path}`") from None
     except OSError as exc:
-        raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); pass a .perfetto-trace file "
-                              "you can read") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
-        raise NeuronProfError(f"{path}: {what}, not a trace file; pass a .perfetto-trace file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read()
-        except OSError as exc:
-            raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); check the file") from None
+        raise NeuronProfError(f"{path}: cannot read the trace ({exc.strerror}); check the file") from None
     if data[:2] == b"\x1f\x8b":
+        limit = max(GZIP_MAX_RATIO * len(data), 1 << 30)
         try:
-            data = gzip.decompress(data)
-        except EOFError:
-            raise NeuronProfError(f"{path}: truncated: the gzip stream ends early; {REEXPORT}") from None
-        except (OSError, zlib.error) as exc:
+            unzip = zlib.decompressobj(wbits=31)
+            out = unzip.decompress(data, limit)
+            if unzip.unconsumed_tail:
+                raise NeuronProfError(f"{path}: decompresses to more than {limit} bytes ({GZIP_MAX_RATIO}x its size); "
+                                      "not a trace neuron_prof wrote (a gzip bomb?): decompress it yourself first")
+            if not unzip.eof:
+                raise NeuronProfError(f"{path}: truncated: the gzip stream ends early; {REEXPORT}")
+            if unzip.unused_data:  # export writes one gzip member, ending the file
+                raise NeuronProfError(f"{path}: {len(unzip.unused_data)} bytes after the end of the gzip stream; "
+                                      f"{REEXPORT}")
+            data = out
+        except zlib.error as exc:
             raise NeuronProfError(f"{path}: damaged gzip ({exc}); {REEXPORT}") from None
     if data[:64].lstrip()[:1] in (b"{", b"["):
         raise NeuronProfError(f"{path}: a JSON trace, not a Perfetto protobuf trace; inspect reads "

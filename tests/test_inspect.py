@@ -161,4 +161,17 @@ def test_fifo_and_devices_are_refused_unread(tmp_path):
     zero = tmp_path / "zero.perfetto-trace"
     zero.symlink_to("/dev/zero")
     for path in (fifo, zero):
-        one_line_error(cli("inspect", path, timeout=60), str(path), "a FIFO, socket or device")
+        one_line_error(cli("inspect", path, timeout=60), str(path), "not a regular file")
+
+
+def test_a_gzip_bomb_is_refused_undecompressed(tmp_path):
+    """1.25 GiB of zeros in about a megabyte of gzip: inspect used to decompress it all into memory."""
+    import zlib
+    bomb = tmp_path / "bomb.perfetto-trace.gz"
+    pack = zlib.compressobj(1, wbits=31)
+    zeros = bytes(64 << 20)
+    with open(bomb, "wb") as f:
+        for _ in range(20):
+            f.write(pack.compress(zeros))
+        f.write(pack.flush())
+    one_line_error(cli("inspect", bomb), str(bomb), "decompresses to more than", "gzip bomb")
