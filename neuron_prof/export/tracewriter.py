@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import os
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator, Mapping, Protocol, runtime_checkable
 
@@ -478,7 +479,8 @@ class BufferedTraceWriter:
             with contextlib.ExitStack() as stack:
                 f: IO = raw
                 if self.path.endswith(".gz"):
-                    f = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel))
+                    # named as gzip.open would name it, not after the temporary file
+                    f = stack.enter_context(gzip.GzipFile(os.path.basename(self.path), "wb", compresslevel, raw))
                 if text:
                     f = stack.enter_context(io.TextIOWrapper(f, encoding="utf-8"))
                 yield f
