@@ -309,6 +309,8 @@ def _check_references(rd: RankData) -> None:
         last[interned] = int(ids[-1]) if len(ids) else 0
     for name in rd.tables:
         for column, interned in REFERENCES[name].items():
+            if column not in rd.tables[name].column_names:
+                continue  # a run from before the column: it reads as id 0
             values = rd.tables[name].column(column)
             if pa.types.is_list(values.type):
                 values = pc.list_flatten(values)
