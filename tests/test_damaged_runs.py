@@ -209,14 +209,19 @@ def test_a_malformed_detail_cut_is_refused(run, cut):
 
 
 def test_a_run_killed_before_its_first_captured_step_reports(tmp_path):
-    """Killed (SIGKILL) after two steps that the schedule waited through: process memory rows but
-    no captured step. The report used to end in an IndexError (analysis.memory.process_growth)."""
+    """Killed (SIGKILL) once its first steps, all waited through by the schedule, are committed:
+    process memory rows but no captured step. The report used to end in an IndexError
+    (analysis.memory.process_growth)."""
     script = write_script(tmp_path / "train.py", """
         import os, signal
         import neuron_prof
         from neuron_prof.examples.train_transformer import train
-        with neuron_prof.profile(os.environ["RUN"], schedule=neuron_prof.schedule(wait=5, active=1)) as prof:
-            train(2, prof)
+        run = os.environ["RUN"]
+        with neuron_prof.profile(run, schedule=neuron_prof.schedule(wait=10**6, active=1)) as prof:
+            for _ in range(10_000):  # steps outside a window are committed about once a second
+                train(1, prof)
+                if os.path.exists(os.path.join(run, "rank-00000", "manifest.jsonl")):
+                    break
             os.kill(os.getpid(), signal.SIGKILL)
     """)
     run = tmp_path / "run"
