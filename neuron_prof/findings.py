@@ -93,7 +93,7 @@ _LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_byt
 def detail_cut_text(cut: Mapping[str, Any]) -> str:
     """Where a rank's budget ended detail capture (a ``health.detail_cuts`` row of the report), in
     one sentence that says what is missing and what to raise."""
-    what, flag = _LIMITS.get(cut["by"], ("limit", cut["by"]))
+    what, flag = _LIMITS[cut["by"]]  # one of the two: checked where the run is read
     limit = format_bytes(cut["limit"]) if cut["by"] == "max_bytes" else f"{cut['limit']:,} events"
     when = f", {cut['t_s']:.1f} s into the capture" if cut.get("t_s") is not None else ""
     tables = ", ".join(t.replace("_", " ") for t in cut["tables"]) or "detail"

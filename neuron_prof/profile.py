@@ -16,8 +16,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     With no ``schedule`` every step is captured in detail until the rank's folder holds
     ``max_bytes`` (every table and the manifest; ``None``: no limit) or ``max_events`` op and mark
     rows are written; later steps keep their step times and per-step memory only, and the run
-    records where detail stopped (the report shows it). Call ``prof.step()`` once per iteration, or pass ``auto_step=True`` to end
-    steps when the optimizer steps. ``collectors`` picks the event sources (default: eager ops).
+    records where detail stopped (the report shows it). Call ``prof.step()`` once per iteration,
+    or pass ``auto_step=True`` to end steps when the optimizer steps. ``collectors`` picks the
+    event sources (default: eager ops).
     ``origin_ns``: when the capture began (``time.monotonic_ns()``), if before ``start()``: the
     process's start-up is then part of the run (``neuron-prof record`` passes the interpreter's
     start). ``run_id`` and ``yield_if_stepless`` are how ``record`` ties the processes of one

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.safefile import open_regular, read_at, read_whole
-from neuron_prof.schema import (CONFLICT_GLOB, LOWEST_REFERENCE, JOURNAL_SUFFIX, MANIFEST, RANK_META, REFERENCES, RUN_META,
-                                SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
+from neuron_prof.schema import (CONFLICT_GLOB, JOURNAL_SUFFIX, LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
+                                RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
 from neuron_prof.store import sign
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
@@ -67,7 +67,7 @@ _DAMAGED = "the rank folder is damaged: re-record the run (or delete this rank f
 
 
 def _read_json(path: Path, what: str, spec: Mapping[str, documents.Check],
-               fix: str = "re-record the run or restore the file") -> dict[str, Any]:
+               fix: str = "re-record the run or restore the file", required: tuple[str, ...] = ()) -> dict[str, Any]:
     try:
         data = read_whole(path, _JSON_LIMIT, fix)
     except FileNotFoundError:
@@ -77,7 +77,7 @@ def _read_json(path: Path, what: str, spec: Mapping[str, documents.Check],
     if type(version) is int and version > SCHEMA_VERSION:
         raise NeuronProfError(f"{path}: written by a newer neuron_prof (schema {version}, this one reads "
                               f"{SCHEMA_VERSION}); upgrade neuron_prof")
-    documents.check(doc, spec, path, what, fix)
+    documents.check(doc, spec, path, what, fix, required)
     return doc
 
 
@@ -123,7 +123,8 @@ def _read_committed(path: Path, committed: int, crc: int | None) -> tuple[bytes,
     except FileNotFoundError:
         if not committed:
             return b"", 0
-        raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; {_DAMAGED}") from None
+        raise NeuronProfError(f"{path}: missing, but the manifest commits {committed} bytes of it; "
+                              f"{_DAMAGED}") from None
     with f:
         size = os.fstat(f.fileno()).st_size
         if size < committed:
@@ -253,9 +254,7 @@ def _conflict_notes(run_dir: Path) -> list[dict[str, Any]]:
     notes = []
     fix = "delete the file (it only reports a process that wrote nothing)"
     for path in sorted(run_dir.glob(CONFLICT_GLOB)):
-        note = _read_json(path, "conflict note", documents.CONFLICT, fix)
-        documents.check(note, documents.CONFLICT, path, "conflict note", fix, required=("rank", "pid", "argv"))
-        notes.append(note)
+        notes.append(_read_json(path, "conflict note", documents.CONFLICT, fix, required=("rank", "pid", "argv")))
     return notes
 
 
@@ -319,5 +318,6 @@ def _check_references(rd: RankData) -> None:
             lo, hi = (v.as_py() for v in pc.min_max(values).values())
             lowest = LOWEST_REFERENCE[interned]
             if lo < lowest or hi > last[interned]:
-                raise NeuronProfError(f"{rd.dir / (name + TABLE_SUFFIX)}: {column} holds id {lo if lo < lowest else hi}, "
-                                      f"but {interned} has ids {lowest}..{last[interned]}; {_DAMAGED}")
+                bad = lo if lo < lowest else hi
+                raise NeuronProfError(f"{rd.dir / (name + TABLE_SUFFIX)}: {column} holds id {bad}, but {interned} has "
+                                      f"ids {lowest}..{last[interned]}; {_DAMAGED}")

@@ -33,18 +33,16 @@ import numpy as np
 import pyarrow as pa
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import read_whole
+from neuron_prof.safefile import atomic_output, read_whole
 from neuron_prof.schema import (JOURNAL_SUFFIX, JOURNALED, MANIFEST, RANK_LOCK, RANK_META, RUN_META, TABLE_SUFFIX,
                                 TABLES, conflict_note_name, row_dtype)
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Readers never see half a JSON file: write aside, then rename over."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, _WRITE_NEW | os.O_TRUNC, 0o644)  # never through a link left in the run directory
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)  # replaces a link at ``path`` itself, never its target
+    """Readers never see half a JSON file, and a link left at ``path`` is replaced, never written
+    through: a new file renamed over it."""
+    with atomic_output(path) as f:
+        f.write(json.dumps(data, indent=2, default=str).encode())
 
 
 _WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
