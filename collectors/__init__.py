@@ -6,6 +6,7 @@ collector classes; importing a collector must not import torch extensions until 
 """
 from __future__ import annotations
 
+from neuron_prof.collectors.collectives import CollectivesCollector
 from neuron_prof.collectors.compiler import CompilerCollector
 from neuron_prof.collectors.eager import EagerCollector
 from neuron_prof.collectors.memory import MemoryCollector
@@ -14,4 +15,5 @@ REGISTRY = {
     EagerCollector.name: EagerCollector,
     CompilerCollector.name: CompilerCollector,
     MemoryCollector.name: MemoryCollector,
+    CollectivesCollector.name: CollectivesCollector,
 }

@@ -30,7 +30,13 @@ bool in_forked_child();
 // Whether the observer works out the shape/dtype allocation ops make (costs a little per op).
 void set_alloc_meta(bool on);
 
-// Registers the memory functions (mem_*) on the extension module.
+// The calling thread's module path id as the module hooks last set it (0: none), and its user
+// Python stack (engine stack id; 0 when the observer is not started or no user frame is running).
+int32_t thread_module();
+int32_t user_stack();
+
+// Registers the memory functions (mem_*) and the collectives observer (comms_*) on the module.
 void register_memory(pybind11::module_& m);
+void register_comms(pybind11::module_& m);
 
 }  // namespace neuron_prof

@@ -188,11 +188,40 @@ class CppOpEngine:
         return [[tuple(f) for f in frames] for frames in self._ext.stacks_of([int(i) for i in ids])]
 
 
+class EngineIds:
+    """Engine string and stack ids to a Recorder's, each looked up once, on first sight (for the
+    engine's native parts other than the op observer, whose collector gets them by draining)."""
+
+    def __init__(self, engine: CppOpEngine) -> None:
+        self.engine = engine
+        self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # -1: not looked up
+
+    def map(self, rec, ids: np.ndarray, which: str) -> np.ndarray:
+        """``which``: "strings" or "stacks"; ``rec``: the Recorder the ids are for."""
+        ids = ids.astype(np.int64)
+        lut = self._luts[which]
+        top = int(ids.max(initial=0))
+        if top >= len(lut):
+            lut = np.concatenate([lut, np.full(max(top + 1, 2 * len(lut)) - len(lut), -1, np.int32)])
+        mapped = lut[ids]
+        if mapped.min(initial=0) >= 0:
+            return mapped
+        unknown = np.unique(ids[mapped < 0]).tolist()
+        if which == "stacks":
+            for i, frames in zip(unknown, self.engine.stacks_of(unknown)):
+                lut[i] = rec.intern_stack(frames) if frames else 0
+        else:
+            for i, s in zip(unknown, self.engine.strings_of(unknown)):
+                lut[i] = rec.intern(s)
+        self._luts[which] = lut
+        return lut[ids]
+
+
 _lock = threading.Lock()
 _engine: CppOpEngine | None = None
 _build_seconds: float | None = None
 
-_SOURCES = ("_observer.cpp", "_memory.cpp")
+_SOURCES = ("_observer.cpp", "_memory.cpp", "_comms.cpp")
 _HEADERS = ("_engine.h",)  # shared by the sources: part of what is built
 _CFLAGS = ("-O2", "-DNDEBUG")
 

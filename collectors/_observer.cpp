@@ -1124,6 +1124,14 @@ const char* dtype_name(c10::ScalarType t) { return ::dtype_name(t); }
 int32_t intern(const std::string& s) { return strings().intern(s); }
 bool in_forked_child() { return g_child.load(std::memory_order_relaxed); }
 void set_alloc_meta(bool on) { g_alloc_meta.store(on); }
+int32_t thread_module() {
+  ThreadState* st = tls_state;
+  return st ? st->module : 0;
+}
+int32_t user_stack() {
+  ThreadState* st = get_state();
+  return st ? walk_python(st) : 0;
+}
 }  // namespace neuron_prof
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1145,4 +1153,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("strings_of", &py_strings_of);
   m.def("stacks_of", &py_stacks_of);
   neuron_prof::register_memory(m);
+  neuron_prof::register_comms(m);
 }

@@ -130,7 +130,7 @@ class MemoryCollector:
         self._fresh_window = False
         self._hook = None
         self._unhide = None
-        self._luts = {"strings": np.zeros(1, np.int32), "stacks": np.zeros(1, np.int32)}  # engine id -> rec id
+        self._ids = None  # engine string/stack ids -> the Recorder's (_engine.EngineIds)
         self._devices: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
 
@@ -139,10 +139,11 @@ class MemoryCollector:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            from neuron_prof.collectors._engine import load_engine
+            from neuron_prof.collectors._engine import EngineIds, load_engine
             from neuron_prof.collectors._memtrack import MemoryTracker
 
             self.engine = load_engine()
+            self._ids = EngineIds(self.engine)
             tracker = MemoryTracker(self.engine.extension())
             tracker.start(self.max_events)
             self.tracker = tracker
@@ -303,27 +304,6 @@ class MemoryCollector:
         with self._lock:
             self._tensors.extend(rows)
 
-    def _map(self, rec: Recorder, ids: np.ndarray, which: str) -> np.ndarray:
-        """Engine string/stack ids -> the Recorder's (-1 in the table: not looked up yet)."""
-        ids = ids.astype(np.int64)
-        lut = self._luts[which]
-        top = int(ids.max(initial=0))
-        if top >= len(lut):
-            lut = np.concatenate([lut, np.full(max(top + 1, 2 * len(lut)) - len(lut), -1, np.int32)])
-        mapped = lut[ids]
-        if mapped.min(initial=0) >= 0:
-            return mapped
-        unknown = np.unique(ids[mapped < 0]).tolist()
-        if unknown:
-            if which == "stacks":
-                for i, frames in zip(unknown, self.engine.stacks_of(unknown)):
-                    lut[i] = rec.intern_stack(frames) if frames else 0
-            else:
-                for i, s in zip(unknown, self.engine.strings_of(unknown)):
-                    lut[i] = rec.intern(s)
-        self._luts[which] = lut
-        return lut[ids]
-
     def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
         if len(ev) == 0:
             return
@@ -334,9 +314,9 @@ class MemoryCollector:
         rec.append("memory_events", {
             "ts": ev["ts"].astype(np.int64), "alloc_ts": ev["alloc_ts"].astype(np.int64),
             "addr": ev["addr"].astype(np.int64), "bytes": ev["bytes"].astype(np.int64), "device": dev,
-            "tid": ev["tid"].astype(np.int64), "op": self._map(rec, ev["op"], "strings"),
-            "top_op": self._map(rec, ev["top_op"], "strings"), "module": self._map(rec, ev["module"], "strings"),
-            "stack": self._map(rec, ev["stack"], "stacks"), "shape": self._map(rec, ev["shape"], "strings"),
-            "dtype": self._map(rec, ev["dtype"], "strings"), "bwd": ev["bwd"].astype(bool),
+            "tid": ev["tid"].astype(np.int64), "op": self._ids.map(rec, ev["op"], "strings"),
+            "top_op": self._ids.map(rec, ev["top_op"], "strings"), "module": self._ids.map(rec, ev["module"], "strings"),
+            "stack": self._ids.map(rec, ev["stack"], "stacks"), "shape": self._ids.map(rec, ev["shape"], "strings"),
+            "dtype": self._ids.map(rec, ev["dtype"], "strings"), "bwd": ev["bwd"].astype(bool),
             "kind": ev["kind"].astype(np.int8), "total_allocated": ev["total_allocated"].astype(np.int64),
             "total_reserved": ev["total_reserved"].astype(np.int64), "grad": ev["grad"].astype(bool)})

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.safefile import open_regular, read_at, read_whole
-from neuron_prof.schema import (CONFLICT_GLOB, JOURNAL_SUFFIX, LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
+from neuron_prof.schema import (CONFLICT_GLOB, INFLIGHT, INFLIGHT_MAGIC, INFLIGHT_SLOT, INFLIGHT_STATES, JOURNAL_SUFFIX,
+                                LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
                                 RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
 from neuron_prof.store import sign
 
@@ -41,6 +42,9 @@ class RankData:
     last_commit: dict[str, Any]
     closed: bool
     ignored_bytes: dict[str, int] = field(default_factory=dict)
+    inflight: np.ndarray | None = None
+    """The slots of ``collectives.inflight`` (schema.INFLIGHT_SLOT) that hold a collective, or
+    None where the rank has no such file."""
 
     def table(self, name: str) -> pa.Table:
         """The table with today's columns; a column a run written by an earlier version lacks
@@ -290,9 +294,30 @@ def read_rank(rank_dir: Path) -> RankData:
             if name in TABLES and name not in tables and size:
                 ignored[name] = ignored.get(name, 0) + size
     rd = RankData(rank=rank, dir=rank_dir, meta=meta, tables=tables, last_commit=commit,
-                  closed=bool(commit.get("closed")), ignored_bytes=ignored)
+                  closed=bool(commit.get("closed")), ignored_bytes=ignored, inflight=_read_inflight(rank_dir / INFLIGHT))
     _check_references(rd)
     return rd
+
+
+_INFLIGHT_LIMIT = 64 + INFLIGHT_SLOT.itemsize * 65536
+
+
+def _read_inflight(path: Path) -> np.ndarray | None:
+    """The in-flight ring a rank's collectives observer maps (schema.INFLIGHT): fixed layout, so
+    a file of any other shape is damage, named as such."""
+    fix = "delete the file to read the run without in-flight collectives"
+    try:
+        data = read_whole(path, _INFLIGHT_LIMIT, fix)
+    except FileNotFoundError:
+        return None
+    head = np.frombuffer(data[:32], "<i8") if len(data) >= 64 else np.zeros(4, np.int64)
+    magic, slot, count, header = (int(v) for v in head)
+    if (magic != INFLIGHT_MAGIC or slot != INFLIGHT_SLOT.itemsize or header != 64 or count <= 0
+            or len(data) != header + slot * count):
+        raise NeuronProfError(f"{path}: not an in-flight collectives file of this neuron_prof "
+                              f"({len(data)} bytes); {fix}")
+    slots = np.frombuffer(data, INFLIGHT_SLOT, count=count, offset=header)
+    return slots[(slots["id"] > 0) & np.isin(slots["state"], list(INFLIGHT_STATES))].copy()
 
 
 def _check_references(rd: RankData) -> None:

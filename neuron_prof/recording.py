@@ -55,6 +55,14 @@ class Recorder(Protocol):
         """The process's first top-level module call began at ``ts`` (the end of its start-up
         when capture began with the process)."""
 
+    def rank_file(self, name: str) -> int | None:
+        """An fd of a new file in this rank's folder, outside the tables (a ring a collector maps
+        so that what it holds survives kill -9); None if this process may not write the rank."""
+
+    @property
+    def closing(self) -> bool:
+        """True in the capture's final flush: hand over what is still open."""
+
 
 class Collector(Protocol):
     """One event source. Lifecycle: install → (window on/off, flush)* → uninstall."""

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
-from neuron_prof.schema import MEMORY_KINDS, REFERENCES, TABLES
+from neuron_prof.schema import COLLECTIVE_STATUS, INFLIGHT_STATES, MEMORY_KINDS, REFERENCES, TABLES
 
 def _string_columns(lists: bool) -> dict[str, tuple[str, ...]]:
     """Per table, its columns of string ids (``lists``: of lists of them)."""
@@ -318,6 +318,67 @@ class Run:
         if s.empty:
             raise KeyError(f"no step {step} on rank {rank} in {self.path}")
         return snapshot(self.memory_allocations, int(s["ts"].iloc[0] + s["dur"].iloc[0]), by, rank)
+
+    @functools.cached_property
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective per rank (collector ``collectives``): ts/dur (the issue call on
+        thread tid, the rank's own clock), done (completed, -1: not known), op (all_reduce,
+        all_gather, ...), call (the c10d op), group, group_desc, group_size, seq (the group's
+        sequence number: one collective has one (group, seq) on every rank), count, bytes,
+        out_bytes, dtype, peer, async_op, status (completed, failed, in_flight, unknown), module,
+        source (the issuing user line), bwd, step. A rank killed before its last flush adds the
+        collectives its in-flight file still holds (the last few hundred: those in flight, and
+        completed ones the tables had not received); their module and source are not known."""
+        df = self._table("collectives")
+        df["status"] = pd.Categorical.from_codes(df["status"].to_numpy(np.int8), categories=list(COLLECTIVE_STATUS))
+        slots = [self._inflight_rows(rd, df) for rd in self.rank_data if rd.inflight is not None and len(rd.inflight)]
+        if any(len(s) for s in slots):
+            df = pd.concat([df, *slots], ignore_index=True)
+            for col in _STRING_COLUMNS["collectives"] + SOURCE_COLUMNS + ("status",):
+                df[col] = df[col].astype(str).astype("category")
+        groups = self.collective_groups[["rank", "group", "desc", "size"]].drop_duplicates(["rank", "group"])
+        groups = groups.rename(columns={"desc": "group_desc", "size": "group_size"})
+        df["group"] = df["group"].astype(str)
+        groups["group"] = groups["group"].astype(str)
+        df = df.merge(groups, on=["rank", "group"], how="left")
+        df["group_desc"] = df["group_desc"].fillna("").astype(str).astype("category")
+        df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
+        df["group"] = df["group"].astype("category")
+        return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+    @staticmethod
+    def _inflight_rows(rd: RankData, table: pd.DataFrame) -> pd.DataFrame:
+        """The in-flight file's collectives that the rank's table lacks (schema.INFLIGHT)."""
+        s = rd.inflight
+        have = table[table["rank"] == rd.rank]
+        known = set(zip(have["group"].astype(str), have["seq"].astype(np.int64)))
+        groups = [g.decode("utf-8", "replace") for g in s["group"]]
+        keep = np.array([(g, int(q)) not in known for g, q in zip(groups, s["seq"])], dtype=bool)
+        if not keep.any():
+            return pd.DataFrame()
+        n = int(keep.sum())
+        states = np.array([INFLIGHT_STATES[int(v)] for v in s["state"][keep]], dtype=object)
+        done = np.where(states == "in_flight", -1, s["done"][keep])
+        return pd.DataFrame({
+            "rank": np.int32(rd.rank), "ts": s["ts"][keep], "dur": np.zeros(n, np.int64), "done": done,
+            "tid": np.zeros(n, np.int64), "op": [o.decode("utf-8", "replace") for o in s["op"][keep]], "call": "",
+            "group": np.array(groups, dtype=object)[keep], "seq": s["seq"][keep], "count": np.zeros(n, np.int32),
+            "bytes": s["bytes"][keep], "out_bytes": np.full(n, -1, np.int64), "dtype": "",
+            "peer": s["peer"][keep], "async_op": False, "status": states, "module": "",
+            **{c: "" for c in SOURCE_COLUMNS}, "stack": np.zeros(n, np.int32), "bwd": False})
+
+    @functools.cached_property
+    def collective_groups(self) -> pd.DataFrame:
+        """The process groups each rank's collectives ran on: group (name), desc, backend, size,
+        group_rank (the rank's place in it), ranks (its members as global ranks; empty: unknown)."""
+        return self._table("groups").drop_duplicates(["rank", "group"], keep="last", ignore_index=True)
+
+    @functools.cached_property
+    def clock_sync(self) -> pd.DataFrame:
+        """Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's
+        time = ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that
+        applies is 0). ``analysis.collectives.clock_offsets`` turns it into the offsets used."""
+        return self._table("clock_sync")
 
     @functools.cached_property
     def failures(self) -> pd.DataFrame:

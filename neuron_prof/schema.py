@@ -16,7 +16,7 @@ SCHEMA_VERSION = 2
 readers verify them for runs of version 2 and read version 1 runs without."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
-JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory")
+JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory", "collectives")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""
@@ -99,6 +99,29 @@ TABLES: dict[str, pa.Schema] = {
     ]),
     # the process's resident memory at every step boundary (collector "memory"; Linux)
     "process_memory": pa.schema([("step", _i32), ("ts", _i64), ("rss", _i64)]),
+    # collectives (collector "collectives"): one row per collective this rank issued. ts/dur: the
+    # issue call on thread tid; done: when the backend completed it (-1: not known); seq: the
+    # group's own sequence number (the same on every rank for one collective); bytes/out_bytes:
+    # tensor bytes this rank sends/receives; peer: root or peer rank in the group (-1: none);
+    # status: a code into COLLECTIVE_STATUS
+    "collectives": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("done", _i64), ("tid", _i64), ("op", _i32), ("call", _i32),
+        ("group", _i32), ("seq", _i64), ("count", _i32), ("bytes", _i64), ("out_bytes", _i64),
+        ("dtype", _i32), ("peer", _i32), ("async_op", pa.bool_()), ("status", _i8), ("module", _i32),
+        ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
+    # the process groups collectives ran on: name, description, backend, size, this rank's rank in
+    # the group, and the group's members as global ranks (empty: not known)
+    "groups": pa.schema([
+        ("group", _i32), ("desc", _i32), ("backend", _i32), ("size", _i32), ("group_rank", _i32),
+        ("ranks", pa.list_(_i32)),
+    ]),
+    # this rank's clock against rank 0's, measured at capture start and again at its end:
+    # rank 0's CLOCK_MONOTONIC = ts + offset (± rtt/2); same_clock: both read one clock (same host
+    # and boot), so the offset used is 0 whatever the estimate says
+    "clock_sync": pa.schema([
+        ("ts", _i64), ("offset", _i64), ("rtt", _i64), ("same_clock", pa.bool_()), ("phase", _i32),
+    ]),
 }
 
 
@@ -118,6 +141,9 @@ _STRING_IDS = {
     "memory_steps": ("device",),
     "memory_tensors": ("device", "category", "shape", "dtype"),
     "memory_ooms": ("device", "message"),
+    "collectives": ("op", "call", "group", "dtype", "module"),
+    "groups": ("group", "desc", "backend"),
+    "clock_sync": ("phase",),
 }
 REFERENCES: dict[str, dict[str, str]] = {
     table: {**{c: "strings" for c in _STRING_IDS.get(table, ())},
@@ -129,6 +155,18 @@ REFERENCES: dict[str, dict[str, str]] = {
 LOWEST_REFERENCE = {"strings": 0, "stacks": 0, "frames": 1}
 """The smallest id a reference into each interned table may hold."""
 
+
+COLLECTIVE_STATUS = ("completed", "failed", "in_flight", "unknown")
+"""``collectives.status`` codes: completed; completed with an error (a timeout, an aborted group);
+still in flight when the capture ended; issued, but the backend reports no completion."""
+INFLIGHT = "collectives.inflight"
+"""A rank's in-flight collectives, as a memory-mapped ring of fixed slots that survives kill -9
+(collectors/_comms.cpp writes it; the reader reads it): a 64-byte header (magic, slot size, slot
+count, header size as little-endian int64) and slots of :data:`INFLIGHT_SLOT`."""
+INFLIGHT_MAGIC = 0x3130464E4950504E
+INFLIGHT_SLOT = np.dtype([("id", "<i8"), ("ts", "<i8"), ("done", "<i8"), ("seq", "<i8"), ("bytes", "<i8"),
+                          ("state", "<i4"), ("peer", "<i4"), ("op", "S24"), ("group", "S56")])
+INFLIGHT_STATES = {1: "in_flight", 2: "completed", 3: "failed"}
 
 MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
 """``memory_events.kind`` codes. The first six are the native tracker's (collectors/_memtrack.py

@@ -28,7 +28,7 @@ from neuron_prof.store import RankClaimed, RankWriter, load_json, run_ranks, upd
 
 log = logging.getLogger("neuron_prof")
 
-DEFAULT_COLLECTORS = ("eager", "compiler", "memory")
+DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 DEFAULT_MAX_BYTES = 256 << 20  # per rank; the README's "Bounded memory and disk" says why this size
@@ -212,6 +212,27 @@ class Session:
         if first:
             log.warning("neuron_prof: collector %r failed and is off for this run (%s); training goes on",
                         collector, msg)
+
+    def rank_file(self, name: str) -> int | None:
+        """An fd of a new file ``name`` in this rank's folder, outside the manifest (a collector's
+        memory-mapped ring). The folder is made now if no flush has made it yet, with a first
+        commit, so a process killed before its first step still leaves a readable rank. None
+        when this process may not write the rank (another owns it)."""
+        with self._lock:
+            if self._closed:
+                return None
+            made = self._writer is None
+            writer = self._ensure_writer(final=False, now=True)
+            if writer is None:
+                return None
+            if made:
+                writer.commit(self.step_num, {"dropped": {}, "written": {}, "cap_reached_at_step": None})
+            return writer.side_file(name)
+
+    @property
+    def closing(self) -> bool:
+        """True from the final flush on: collectors hand over what is still open."""
+        return self._closed
 
     # ---- lifecycle
     @property
@@ -417,12 +438,12 @@ class Session:
                     batches[i] = {k: np.asarray(v)[keep]
                                   for k, v in cols.items()}
 
-    def _ensure_writer(self, final: bool) -> RankWriter | None:
+    def _ensure_writer(self, final: bool, now: bool = False) -> RankWriter | None:
         """The rank's writer, made at the first flush that has data, once this process owns the
         rank's folder. None: nothing to write yet, or another process owns the folder (the
         capture then ends here: see ``_refuse``), or a capture that completed no step yields to
         the process that wrote its rank."""
-        if self._writer is not None or not self._pending:
+        if self._writer is not None or not (self._pending or now):
             return self._writer
         import torch
         rank, world = _rank_and_world()

@@ -218,6 +218,11 @@ class RankWriter:
     def journal_bytes(self) -> int:
         return sum(j.size for j in self._journals.values())
 
+    def side_file(self, name: str) -> int:
+        """A new, empty file of the folder outside the manifest, for a collector to map (the
+        in-flight collectives ring): an fd the caller closes."""
+        return os.open(self.dir / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
     def bytes_written(self) -> int:
         """What this rank's folder holds now: every stream, journal and the manifest (the session's
         disk budget measures this). Sizes the writer already knows; no system call but the
