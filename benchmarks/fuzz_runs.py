@@ -51,7 +51,8 @@ try:
     run = neuron_prof.load(sys.argv[1])
     print(run.ranks)
     for name in ("steps", "ops", "marks", "spans", "threads", "compiles", "memory_events", "process_memory",
-                 "memory_tensors", "failures", "health", "conflicts"):
+                 "memory_tensors", "failures", "health", "conflicts", "collectives", "collective_groups",
+                 "clock_sync"):
         df = getattr(run, name)
         print(name, len(df), df.select_dtypes("number").sum().sum())
 except NeuronProfError as exc:

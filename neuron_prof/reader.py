@@ -43,8 +43,9 @@ class RankData:
     closed: bool
     ignored_bytes: dict[str, int] = field(default_factory=dict)
     inflight: np.ndarray | None = None
-    """The slots of ``collectives.inflight`` (schema.INFLIGHT_SLOT) that hold a collective, or
-    None where the rank has no such file."""
+    """For a rank whose capture did not close (killed): the slots of ``collectives.inflight``
+    (schema.INFLIGHT_SLOT) that hold a collective; None where there is no such file or the
+    capture closed (its tables then hold every collective)."""
 
     def table(self, name: str) -> pa.Table:
         """The table with today's columns; a column a run written by an earlier version lacks
@@ -294,7 +295,9 @@ def read_rank(rank_dir: Path) -> RankData:
             if name in TABLES and name not in tables and size:
                 ignored[name] = ignored.get(name, 0) + size
     rd = RankData(rank=rank, dir=rank_dir, meta=meta, tables=tables, last_commit=commit,
-                  closed=bool(commit.get("closed")), ignored_bytes=ignored, inflight=_read_inflight(rank_dir / INFLIGHT))
+                  closed=bool(commit.get("closed")), ignored_bytes=ignored)
+    if not rd.closed:  # a clean close drained every collective into the table, in flight or not
+        rd.inflight = _read_inflight(rank_dir / INFLIGHT)
     _check_references(rd)
     return rd
 

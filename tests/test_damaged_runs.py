@@ -231,3 +231,57 @@ def test_a_run_killed_before_its_first_captured_step_reports(tmp_path):
         res = cli(*args)
         assert res.returncode == 0, res.stderr
     assert "did NOT close" in cli("report", run).stdout
+
+
+KILLED_IN_A_COLLECTIVE_LOOP = """
+import os, signal, sys
+import torch
+import torch.distributed as dist
+import neuron_prof
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
+with neuron_prof.profile(sys.argv[1]) as prof:
+    t = torch.ones(256)
+    dist.all_reduce(t)
+    prof.step()
+    dist.broadcast(t, 0)  # completed, but never flushed into the tables: only the ring has it
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory) -> Path:
+    """A rank killed (SIGKILL) right after a collective its tables never received."""
+    from conftest import free_port
+    tmp = tmp_path_factory.mktemp("killed_collective")
+    script = write_script(tmp / "killed.py", KILLED_IN_A_COLLECTIVE_LOOP)
+    res = subprocess.run([sys.executable, str(script), str(tmp / "run"), str(free_port())], cwd=tmp,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    return tmp / "run"
+
+
+def test_a_killed_rank_keeps_its_last_collectives_from_the_in_flight_ring(killed_run):
+    import neuron_prof
+    coll = neuron_prof.load(killed_run).collectives
+    assert list(coll["op"]) == ["all_reduce", "broadcast"] and list(coll["seq"]) == [1, 2]
+    assert list(coll["status"]) == ["completed", "completed"]
+    assert list(coll["bytes"]) == [1024, 1024]
+    assert coll["source"].iloc[0].startswith("killed.py:") and coll["source"].iloc[1] == ""  # the ring has no stack
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong magic", "fifo"])
+def test_a_damaged_in_flight_ring_is_one_line(killed_run, tmp_path, damage):
+    run = tmp_path / "run"
+    shutil.copytree(killed_run, run)
+    ring = run / "rank-00000" / "collectives.inflight"
+    data = ring.read_bytes()
+    if damage == "truncated":
+        ring.write_bytes(data[: len(data) // 2])
+    elif damage == "wrong magic":
+        ring.write_bytes(b"\0" * 8 + data[8:])
+    else:
+        ring.unlink()
+        os.mkfifo(ring)
+    for cmd in ("report", "export"):
+        one_line_error(cli(cmd, run, timeout=120), str(ring))
