@@ -337,6 +337,9 @@ void on_end(const at::RecordFunction& rf, at::ObserverContext* base) {
 void comms_start() {
   std::lock_guard<std::mutex> g(g_mu);
   if (g_handle != 0) return;
+  // an earlier capture's collectives (completed after its last drain) are not this one's
+  g_pending.clear();
+  g_done.clear();
   g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
                                        .needsInputs(true)
                                        .needsOutputs(true)
