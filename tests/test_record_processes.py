@@ -240,3 +240,43 @@ def test_processes_started_by_a_wrapper_without_torch_are_mains_and_a_stepless_o
     # captured from its import of torch (a main), not from its first optimizer step (a helper)
     assert (run.ops["name"] == "aten::linear").sum() == 4
     assert "claimed by" not in res.stderr
+
+
+SELF_LAUNCHED_RANKS = """
+import os
+import subprocess
+import sys
+import torch
+import torch.distributed as dist
+
+if "RANK" not in os.environ:  # rank 0 starts rank 1 itself, as Lightning's DDP launcher does
+    child = subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1", "LOCAL_RANK": "1"})
+    os.environ.update(RANK="0", LOCAL_RANK="0")
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=int(os.environ["RANK"]),
+                        world_size=2)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(3):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+if os.environ["RANK"] == "0":
+    assert child.wait(timeout=120) == 0
+"""
+
+
+def test_a_rank_its_trainer_starts_with_a_rank_in_its_environment_is_captured_from_its_start(tmp_path):
+    """Not a helper: its collectives from init_process_group on (DDP's constructor broadcast
+    included) are recorded like rank 0's, and its start-up is its own span."""
+    script = write_script(tmp_path / "self_launched.py", SELF_LAUNCHED_RANKS)
+    run_dir = tmp_path / "run"
+    res = cli("record", "-o", run_dir, "--", sys.executable, script, free_port(), cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    run = neuron_prof.load(run_dir)
+    assert run.ranks == [0, 1] and run.conflicts.empty
+    assert sorted(run.spans["rank"]) == [0, 1]  # both captured from the interpreter's start
+    coll = run.collectives
+    per_rank = {r: list(zip(g["op"], g["seq"])) for r, g in coll.groupby("rank")}
+    assert per_rank[0] == per_rank[1] and per_rank[0][0][1] == 1  # from the group's first collective
+    assert ("broadcast" in {op for op, _ in per_rank[1]}) and coll.loc[coll["step"] == -1, "rank"].nunique() == 2

@@ -13,6 +13,9 @@ Which processes capture, and from when (the README's "Capture with no code chang
   starts; a shell script or a Python wrapper without torch in between does not count) — starts
   capture when it imports torch, with the interpreter's start as the capture's origin, and ends
   steps at its optimizer's steps;
+- a process that a trainer starts with a rank of its own in its environment (``RANK`` or
+  ``LOCAL_RANK``, not 0, unlike its parent's: the ranks that Lightning's DDP launcher starts)
+  is a main as well;
 - any other Python process (a helper that the training script or a library starts: Inductor's
   checks and compile workers, a data-loading process) only registers an optimizer step pre-hook
   when it imports torch, and starts capture at its first optimizer step. A helper that never
@@ -35,6 +38,7 @@ import sys  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PARENT_ENV = "NEURON_PROF_PARENT"  # "launcher": children are mains; "trainer": children are helpers
+PARENT_RANK_ENV = "NEURON_PROF_PARENT_RANK"  # the trainer parent's rank, from its environment
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
                      "accelerate.commands.accelerate_cli")
 _LAUNCHER_SCRIPTS = {"torchrun": None, "accelerate": "launch"}  # console script -> its launching subcommand
@@ -50,6 +54,10 @@ def _is_launcher(argv: list[str]) -> bool:
         return False
     sub = _LAUNCHER_SCRIPTS[name]
     return sub is None or sub in argv[2:3]
+
+
+def _rank_of_env() -> str:
+    return os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or ""
 
 
 def _warn(what: str, exc: BaseException) -> None:
@@ -113,13 +121,17 @@ def _start() -> None:
     if _is_launcher(argv):
         os.environ[PARENT_ENV] = "launcher"
         return
-    main = os.environ.get(PARENT_ENV) == "launcher"
+    parent = os.environ.get(PARENT_ENV)
+    rank = _rank_of_env()
+    main = parent == "launcher" or (parent == "trainer" and rank not in ("", "0")
+                                    and rank != os.environ.get(PARENT_RANK_ENV))
     pid = os.getpid()
 
     def on_torch() -> None:
         # from its import of torch on, a process's Python children are its helpers; until then
         # (a wrapper without torch: poetry run, a launcher of the user's own) they are mains too
         os.environ[PARENT_ENV] = "trainer"
+        os.environ[PARENT_RANK_ENV] = rank
         try:
             if main and os.getpid() == pid:  # a child forked before torch was imported is a helper
                 _start_main_or_helper(config, helper=False)
