@@ -61,9 +61,27 @@ def _converter(type_: pa.DataType) -> Callable[[Any], pa.Array]:
         def convert(values: Any) -> pa.Array:
             data = np.ascontiguousarray(values, dtype=dtype)
             return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(data)])
-    else:  # strings, lists: small tables
+    elif pa.types.is_string(type_):
+        # strings and lists from buffers too: pyarrow's conversion of Python objects first imports
+        # pandas (to ask whether they are pandas objects), 0.3 s on the training thread at the first
+        # flush, which in a distributed job the other ranks spend waiting in the next collective
         def convert(values: Any) -> pa.Array:
-            return pa.array(values, type=type_)
+            data = [str(v).encode("utf-8", "replace") for v in values]
+            offsets = np.zeros(len(data) + 1, np.int32)
+            np.cumsum([len(b) for b in data], out=offsets[1:])
+            return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    elif pa.types.is_list(type_) and pa.types.is_integer(type_.value_type):
+        item = _converter(type_.value_type)
+        dtype = np.dtype(type_.value_type.to_pandas_dtype())
+
+        def convert(values: Any) -> pa.Array:
+            parts = [np.asarray(v, dtype=dtype).reshape(-1) for v in values]
+            offsets = np.zeros(len(parts) + 1, np.int32)
+            np.cumsum([len(p) for p in parts], out=offsets[1:])
+            flat = np.concatenate(parts) if parts else np.zeros(0, dtype)
+            return pa.Array.from_buffers(type_, len(parts), [None, pa.py_buffer(offsets)], children=[item(flat)])
+    else:
+        raise TypeError(f"no column converter for {type_}")
     return convert
 
 
