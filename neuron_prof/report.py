@@ -10,6 +10,7 @@ from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, run_time_ops, run_time_rows,
                                      step_phases)
+from neuron_prof.analysis.records import records as _records
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.findings import called_from, detail_cut_text, findings, process_note, user_line
@@ -21,11 +22,6 @@ TOP_N = 10
 STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary, a prof.step() call or, under "
                   "`record` and auto_step, the (N+1)-th return of the training optimizer's step() (Hugging Face "
                   "Trainer's global_step N+1)")
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-            for row in df.astype(object).where(df.notna(), None).to_dict("records")]
 
 
 def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
