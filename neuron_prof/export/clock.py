@@ -25,6 +25,9 @@ class TraceClock:
     def __init__(self, offsets: pd.DataFrame, wall: int) -> None:
         self.offsets = offsets
         """``analysis.collectives.clock_offsets``: each rank's offset to rank 0's clock."""
+        moved = offsets[(offsets["offset_start"] != 0) | (offsets["offset_end"] != 0)]
+        self._own = {int(r): moved[moved["rank"] == r] for r in moved["rank"]}
+        """rank -> its own row, for the ranks whose clock is not rank 0's (most share it: none to apply)."""
         self.wall = int(wall)
         """Rank 0's wall-clock offset: added to rank-0 times to give the trace's time of day."""
 
@@ -41,7 +44,8 @@ class TraceClock:
     def at(self, rank: int, ts) -> np.ndarray:
         """``rank``'s own times on the trace's clock."""
         ts = np.asarray(ts, np.int64)
-        return self.aligned(to_rank0(ts, np.full(len(ts), rank, np.int64), self.offsets))
+        own = self._own.get(rank)
+        return self.aligned(ts if own is None else to_rank0(ts, np.full(len(ts), rank, np.int64), own))
 
     def span(self, rank: int, ts, dur) -> tuple[np.ndarray, np.ndarray]:
         """``rank``'s slices (start, duration) on the trace's clock: both ends are moved, so a
