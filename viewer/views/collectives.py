@@ -33,6 +33,15 @@ def _steps_text(steps: list[int]) -> str:
     return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
+def _where_text(where: dict) -> str:
+    """" (all_reduce of 10.3 KiB from train.py:19, backward)": the collective the straggler held up longest."""
+    if not where:
+        return ""
+    said = f"{md(where['op'])} of {format_bytes(where['bytes'])}"
+    said += f" from {md(where['source'])}" if where["source"] else ""
+    return f" ({said}, backward)" if where["bwd"] else f" ({said})"
+
+
 def _table(rows: list[dict], columns: dict[str, str], ms: tuple[str, ...] = ()) -> None:
     """``rows`` (summary records) as a grid of ``columns`` (key -> header); ``ms``: ns columns shown in ms."""
     df = pd.DataFrame(rows)[list(columns)]
@@ -62,11 +71,8 @@ cols[3].metric("clocks", "one clock" if clock["same_clock"].all() else
 st.subheader("Stragglers")
 top = s["stragglers"][0] if s["stragglers"] else None
 if top is not None and top["steps"]:
-    where = top["where"]
-    said = f" ({md(where['op'])} of {format_bytes(where['bytes'])} from {md(where['source'])}" \
-           f"{', backward' if where['bwd'] else ''})" if where else ""
     st.markdown(f"**rank {top['rank']}** made the others wait **{_ms(top['wait_in_steps_ns'])}** in "
-                f"**{_steps_text(top['steps'])}**{said}.")
+                f"**{_steps_text(top['steps'])}**{_where_text(top['where'])}.")
 elif top is not None:
     st.markdown(f"No rank made the others wait long: no steady step's last rank caused "
                 f"{s['threshold_ms']:.1f} ms of waiting.")
