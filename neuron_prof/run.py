@@ -392,7 +392,7 @@ class Run:
         """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
         last rank, wait, transfer, missing ranks (``analysis.collectives.matched``)."""
         from neuron_prof.analysis.collectives import matched
-        return matched(self.collectives, self.collective_offsets, self.collective_groups)
+        return matched(self.collectives, self.collective_offsets, self.collective_groups, self.steps)
 
     @functools.cached_property
     def collective_waits(self) -> pd.DataFrame:

@@ -16,12 +16,20 @@ read from the join what no single rank can tell:
   (``overlap``: the Overview's "communication" split), and achieved bandwidth (``bandwidth``).
 
 Significance (``straggler_steps``): in synchronous training some rank is always last, by a few
-microseconds of noise. A step's top straggler is *significant* only when the wait it caused is
-at least ``SHARE`` of the median steady step and at least ``NOISE`` times the run's noise floor
-(the median wait of the steady steps' collectives: the jitter every step has); a wait of
-``ALWAYS`` of the median step is significant whatever the floor, so a rank that straggles in
-every step (and so raises the floor) is still named. Steps are the steady ones
-(``analysis.steps.basis_steps``), like the rest of the report.
+microseconds of noise, and on a busy host by tens of milliseconds. A step's top straggler (the
+rank that caused the most wait in it) is *significant* when the wait it caused is
+
+* at least ``SHARE`` of the median steady step (less is not worth a finding), and
+* above the run's noise floor: an outlier among the steady steps' top waits, more than ``NOISE``
+  robust standard deviations (1.4826 x MAD) above their median, so the jitter every step has
+  never names a rank, however large it is on a loaded host;
+* or, instead of the floor, the rank is the top straggler in every steady step (at least
+  ``PERSISTENT_MIN`` of them): a rank that is late every time (slower hardware, more data) makes
+  its own wait the median, yet it is the most important straggler to name.
+
+Steps are the steady ones (``analysis.steps.basis_steps``), like the rest of the report. Wait
+that neuron_prof caused (its own work at a step boundary on the last rank, ``matched.own_ns``:
+the first flush of a run can hold a rank for a second) is left out of what a rank caused.
 
 Times are int64 ns; -1 means unknown. Functions take and return DataFrames; ``summary`` takes a
 ``Run`` only to read its tables, and returns plain JSON-ready values.
@@ -35,15 +43,15 @@ import pandas as pd
 
 from neuron_prof.analysis.ops import COMM_PREFIXES, name_mask
 from neuron_prof.analysis.records import records
-from neuron_prof.analysis.steps import basis_steps
+from neuron_prof.analysis.steps import basis_steps, own_work
 from neuron_prof.units import format_bytes
 
 SHARE = 0.1
 """A significant straggler made the others wait at least this share of the median steady step."""
-NOISE = 2.0
-"""... and at least this many times the run's noise floor (the median steady collective's wait)."""
-ALWAYS = 0.5
-"""A wait of this share of the median steady step is significant whatever the noise floor."""
+NOISE = 3.0
+"""... and more than this many robust standard deviations above the median step's top wait."""
+PERSISTENT_MIN = 3
+"""A rank last in every one of at least this many steady steps needs no noise floor."""
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n}
@@ -154,17 +162,43 @@ def _mode(s: pd.Series) -> Any:
 
 
 MATCHED_COLUMNS = ["group", "seq", "op", "step", "bytes", "out_bytes", "dtype", "group_size", "ranks_seen", "missing",
-                   "first_arrival", "last_arrival", "last_rank", "wait_ns", "end", "transfer_ns", "complete"]
+                   "first_arrival", "last_arrival", "last_rank", "wait_ns", "own_ns", "end", "transfer_ns", "complete"]
 
 
-def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | None = None) -> pd.DataFrame:
+def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame) -> np.ndarray:
+    """Per matched row: how much of its wait the last rank spent in neuron_prof's own work at a
+    step boundary (``analysis.steps.own_work``: flushing the step), which delays that rank's
+    arrival; the first flush of a run can take a second."""
+    own = np.zeros(len(out), dtype=np.int64)
+    if steps is None or steps.empty:
+        return own
+    gaps = own_work(steps)
+    if gaps.empty:
+        return own
+    start = to_rank0(gaps["ts"].to_numpy(np.int64), gaps["rank"].to_numpy(), offsets)
+    end = to_rank0((gaps["ts"] + gaps["dur"]).to_numpy(np.int64), gaps["rank"].to_numpy(), offsets)
+    last = out["last_rank"].to_numpy()
+    for rank in np.unique(gaps["rank"]):
+        sel = gaps["rank"].to_numpy() == rank
+        us, ue = _union(start[sel], end[sel])
+        rows = last == rank
+        a, b = out["first_arrival"].to_numpy()[rows], out["last_arrival"].to_numpy()[rows]
+        own[rows] = _covered_before(us, ue, b) - _covered_before(us, ue, a)
+    return own
+
+
+def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | None = None,
+            steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per collective (group, seq) across its ranks: op, step (the lowest rank's), bytes
     and out_bytes (per rank, the most common), dtype, group_size, ranks_seen, missing (members
     that never issued it), first/last_arrival (aligned issue times), last_rank (the straggler),
-    wait_ns (how long the first arrival waited for the last), end (aligned latest completion,
+    wait_ns (how long the first arrival waited for the last), own_ns (the part of that wait in
+    which the last rank was in neuron_prof's own work at a step boundary: the profiler's doing,
+    not the rank's; needs ``steps``), end (aligned latest completion,
     -1: none), transfer_ns (end - last_arrival: the collective's own time, -1 unknown) and
     complete (every member issued it and it completed on each). ``groups``: the members of each
-    group (``Run.collective_groups``), to name a member that issued nothing."""
+    group (``Run.collective_groups``), to name a member that issued nothing; ``steps``:
+    ``Run.steps``, for ``own_ns``."""
     if coll.empty:
         return pd.DataFrame(columns=MATCHED_COLUMNS)
     start, end = _aligned(coll, offsets)
@@ -185,6 +219,7 @@ def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | No
         "end": g["end"].max(), "all_ok": g["ok"].all(), "ended": g["end"].min(),
     }).join(first_rank).reset_index()
     out["wait_ns"] = out["last_arrival"] - out["first_arrival"]
+    out["own_ns"] = _own_ns(out, steps, offsets)
     out["transfer_ns"] = np.where(out["end"] >= 0, np.maximum(out["end"] - out["last_arrival"], 0), -1)
     out["missing"] = _missing(coll.assign(group=coll["group"].astype(str)), out, _members(coll, groups))
     out["complete"] = out["all_ok"] & (out["ended"] >= 0) & (out["missing"].str.len() == 0)
@@ -220,33 +255,39 @@ def mismatches(coll: pd.DataFrame, groups: pd.DataFrame | None = None) -> pd.Dat
     c = coll.assign(group=coll["group"].astype(str), op=coll["op"].astype(str), dtype=coll["dtype"].astype(str))
     rows = []
     for (g, q), x in c.groupby(["group", "seq"], sort=True):
-        x = x.sort_values("rank")
         if len(x) < 2:
             continue
-        base = x.iloc[0]
+        x = x.sort_values("rank")
         for kind in ("op", "bytes", "dtype"):
-            if kind == "bytes" and base["op"] not in SAME_BYTES_OPS:
+            if kind == "bytes" and x["op"].iloc[0] not in SAME_BYTES_OPS:
                 continue
-            odd = x[x[kind] != _mode(x[kind])]
+            agreed = _agreed(x[kind])
+            odd = x[x[kind] != agreed]
             if len(odd):
-                common = x[x[kind] == _mode(x[kind])].iloc[0]
+                said = [*odd.to_dict("records"), x[x[kind] == agreed].iloc[0].to_dict()]
                 rows.append({"group": g, "seq": int(q), "kind": kind, "ranks": sorted(map(int, odd["rank"])),
-                             "detail": ", ".join(_said(o) for o in (*odd.itertuples(), common)) + " at the same seq"})
+                             "detail": ", ".join(map(_said, said)) + " at the same seq"})
                 break
     keys = c[["group", "seq"]].drop_duplicates().sort_values(["group", "seq"], ignore_index=True)
     for (g, q), miss in zip(keys.itertuples(index=False), _missing(c, keys, _members(coll, groups))):
         if miss:
-            x = c[(c["group"] == g) & (c["seq"] == q)].sort_values("rank").iloc[0]
+            x = c[(c["group"] == g) & (c["seq"] == q)].sort_values("rank").iloc[0].to_dict()
             rows.append({"group": g, "seq": int(q), "kind": "missing", "ranks": miss,
-                         "detail": f"rank {int(x['rank'])} issued {x['op']} of {format_bytes(x['bytes'])} "
-                                   f"{x['dtype']}; rank{'s' if len(miss) > 1 else ''} "
-                                   f"{', '.join(map(str, miss))} never did"})
+                         "detail": f"{_said(x)}; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} "
+                                   "never did"})
     return pd.DataFrame(rows, columns=cols).sort_values(["group", "seq"], kind="stable", ignore_index=True)
 
 
-def _said(row: Any) -> str:
+def _agreed(values: pd.Series) -> Any:
+    """What most ranks issued; on a tie, the lowest rank's (``values`` in rank order)."""
+    counts = values.value_counts()
+    tied = set(counts.index[counts == counts.max()])
+    return next(v for v in values if v in tied)
+
+
+def _said(row: dict[str, Any]) -> str:
     """One rank's collective in words: ``rank 1 issued all_reduce of 4.0 KiB float32``."""
-    return f"rank {int(row.rank)} issued {row.op} of {format_bytes(row.bytes)} {row.dtype}".rstrip()
+    return f"rank {int(row['rank'])} issued {row['op']} of {format_bytes(row['bytes'])} {row['dtype']}".rstrip()
 
 
 def in_flight(coll: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
@@ -276,59 +317,65 @@ def _steady(steps: pd.DataFrame) -> tuple[set[int], float]:
     return set(map(int, basis["step"])), float(basis["dur"].median()) if len(basis) else 0.0
 
 
-def threshold_ns(matched: pd.DataFrame, steps: pd.DataFrame) -> float:
-    """The wait a step's straggler must have caused to be significant (module docstring)."""
-    steady, median_step = _steady(steps)
-    m = matched[matched["step"].isin(steady)]
-    floor = float(m["wait_ns"].median()) if len(m) else 0.0
-    return max(SHARE * median_step, min(NOISE * floor, ALWAYS * median_step))
+def _caused(matched: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
+    """Wait caused per steady step and rank: the waits of the collectives it arrived last at,
+    less what neuron_prof's own work made of them (``own_ns``; collectives seen on one rank
+    cause no wait)."""
+    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
+    m = m.assign(caused=m["wait_ns"] - m["own_ns"])
+    return (m.groupby(["step", "last_rank"])["caused"].sum().rename_axis(["step", "rank"])
+            .reset_index(name="wait_caused_ns"))
 
 
-def _caused(matched: pd.DataFrame) -> pd.DataFrame:
-    """Wait caused per (step, rank): the waits of the collectives the rank arrived last at."""
-    m = matched[matched["ranks_seen"].str.len() > 1]
-    return m.groupby(["step", "last_rank"])["wait_ns"].sum().rename_axis(["step", "rank"]).reset_index(name="wait_caused_ns")
+def noise_floor_ns(top_waits: np.ndarray) -> float:
+    """Median + ``NOISE`` robust standard deviations of the steps' top waits."""
+    if not len(top_waits):
+        return 0.0
+    mid = float(np.median(top_waits))
+    return mid + NOISE * 1.4826 * float(np.median(np.abs(top_waits - mid)))
 
 
 def straggler_steps(matched: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per steady step with collectives from more than one rank: the rank that caused the most
-    wait in it (``rank``, ``wait_caused_ns``) and whether that is ``significant``
-    (``threshold_ns``)."""
-    cols = ["step", "rank", "wait_caused_ns", "significant"]
-    steady, _ = _steady(steps)
-    caused = _caused(matched)
-    caused = caused[caused["step"].isin(steady)]
+    """Per steady step with collectives seen on more than one rank: the rank that caused the most
+    wait in it (``rank``, ``wait_caused_ns``) and whether that is ``significant`` (module
+    docstring); ``threshold_ns``: the wait a step needed, the same for every step."""
+    cols = ["step", "rank", "wait_caused_ns", "significant", "threshold_ns"]
+    steady, median_step = _steady(steps)
+    caused = _caused(matched, steady)
     if caused.empty:
         return pd.DataFrame(columns=cols)
-    top = caused.sort_values(["step", "wait_caused_ns"], ascending=[True, False]).drop_duplicates("step")
-    top = top.assign(significant=top["wait_caused_ns"] >= threshold_ns(matched, steps))
-    return top[cols].reset_index(drop=True)
+    top = caused.sort_values(["step", "wait_caused_ns", "rank"], ascending=[True, False, True]).drop_duplicates("step")
+    wait = top["wait_caused_ns"].to_numpy(np.float64)
+    persistent = top["rank"].nunique() == 1 and len(top) >= PERSISTENT_MIN
+    floor = 0.0 if persistent else noise_floor_ns(wait)
+    significant = (wait >= SHARE * median_step) & (wait > floor)
+    return top.assign(significant=significant, threshold_ns=max(SHARE * median_step, floor))[cols].reset_index(drop=True)
 
 
 def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, over the steady steps, worst first: ``times_last`` (collectives it arrived last
-    at with a significant wait), ``wait_caused_ns`` (the waits of all collectives it arrived last
-    at), ``share`` of all the wait caused, ``steps`` (where it was a step's significant
-    straggler) and ``waited_ns`` (how long it waited for others itself)."""
+    """Per rank, over the steady steps, worst first: ``times_last`` (steps in which it was the
+    significant straggler: ``straggler_steps``), ``steps`` (which), ``wait_caused_ns`` (the waits
+    of all the collectives it arrived last at), its ``share`` of all the wait caused, and
+    ``waited_ns`` (how long it waited for others itself)."""
     cols = ["rank", "times_last", "wait_caused_ns", "share", "steps", "waited_ns"]
     steady, _ = _steady(steps)
-    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
-    if m.empty:
+    caused = _caused(matched, steady)
+    if caused.empty:
         return pd.DataFrame(columns=cols)
-    limit = threshold_ns(matched, steps)
+    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
     ranks = sorted({int(r) for rs in m["ranks_seen"] for r in rs})
-    per = m.groupby("last_rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
-    times = m[m["wait_ns"] >= limit].groupby("last_rank").size().reindex(ranks, fill_value=0)
+    per = caused.groupby("rank")["wait_caused_ns"].sum().reindex(ranks, fill_value=0)
     sig = straggler_steps(matched, steps)
     sig = sig[sig["significant"]]
-    w = waits[waits["step"].isin(steady)]
-    waited = w.groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
+    named = [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks]
+    waited = waits[waits["step"].isin(steady)].groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
     total = float(per.sum())
-    out = pd.DataFrame({"rank": ranks, "times_last": times.to_numpy(np.int64), "wait_caused_ns": per.to_numpy(np.int64),
-                        "share": per.to_numpy() / total if total else 0.0,
-                        "steps": [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks],
+    out = pd.DataFrame({"rank": ranks, "times_last": [len(x) for x in named],
+                        "wait_caused_ns": per.to_numpy(np.int64),
+                        "share": per.to_numpy() / total if total else 0.0, "steps": named,
                         "waited_ns": waited.to_numpy(np.int64)})
-    return out.sort_values(["wait_caused_ns", "rank"], ascending=[False, True], ignore_index=True)[cols]
+    return out.sort_values(["times_last", "wait_caused_ns", "rank"], ascending=[False, False, True],
+                           ignore_index=True)[cols]
 
 
 # ---------------------------------------------------------------- overlap and bandwidth
@@ -505,7 +552,7 @@ def summary(run: Any) -> dict[str, Any]:
         "by_op": records(_by_op(w, m, steady)),
         "steady_steps": len(steady),
         "median_step_ms": median_step / 1e6,
-        "threshold_ms": threshold_ns(m, kinds) / 1e6,
+        "threshold_ms": float(per_step["threshold_ns"].iloc[0]) / 1e6 if len(per_step) else None,
         "stragglers": ranking_rows,
         "straggler_steps": records(per_step),
         "mismatches": records(run.collective_mismatches),
