@@ -40,7 +40,8 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
     coll = s.get("collectives") or {}
     for x in coll.get("in_flight", []):
         add("high", "collectives", in_flight_text(x))
-    mism = coll.get("mismatches", [])
+    stuck = {(x["group"], x["seq"]) for x in coll.get("in_flight", [])}
+    mism = [x for x in coll.get("mismatches", []) if not (x["kind"] == "missing" and (x["group"], x["seq"]) in stuck)]
     for x in mism[:3]:
         add("high", "collectives", f"collective mismatch: group {x['group']} seq {x['seq']}: {x['detail']}"
             + (f" (and {len(mism) - 3} more)" if len(mism) > 3 and x is mism[2] else ""))
@@ -117,12 +118,15 @@ def straggler_text(x: Mapping[str, Any]) -> str:
 
 
 def in_flight_text(x: Mapping[str, Any]) -> str:
-    """A collective a rank issued and never completed (a ``collectives.in_flight`` row)."""
-    stuck = "was stuck in" if x["status"] == "in_flight" else "failed in"
+    """A collective a rank issued and never completed (a ``collectives.in_flight`` row): still in
+    flight when the capture ended (a hang), or failed (the group timed out or was aborted)."""
+    what = f"{x['op']} (group {x['group']}, seq {x['seq']})"
     missing = x.get("missing") or []
     who = (f"; rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never arrived" if missing
            else "; every rank of the group arrived")
-    return f"rank {x['rank']} {stuck} {x['op']} (group {x['group']}, seq {x['seq']}){who}"
+    if x["status"] == "in_flight":
+        return f"rank {x['rank']} was stuck in {what}{who}"
+    return f"rank {x['rank']}'s {what} failed{who}"
 
 
 _LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_bytes=...)"),

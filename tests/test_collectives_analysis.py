@@ -349,3 +349,107 @@ def test_a_single_rank_run_has_no_collectives_section(tmp_path):
     assert s["collectives"] == {"captured": False, "ranks": 1}
     text = render_text(s).split("\n", 2)[2]  # after the command line, which names this file
     assert "collective" not in text.lower()
+
+
+BROKEN = """
+import datetime, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import neuron_prof
+
+
+def worker(rank, run_dir, port, mode):
+    # the mismatch ends by the group's timeout; the hang by the test's kill -9, well before it
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=5 if mode == "mismatch" else 120))
+    with neuron_prof.profile(run_dir) as prof:
+        for _ in range(3):
+            dist.all_reduce(torch.ones(1000))
+            prof.step()
+        if mode == "mismatch":  # a different op on each rank (gloo aborts at once on different sizes)
+            try:
+                if rank == 0:
+                    dist.all_reduce(torch.ones(1000))
+                else:
+                    dist.broadcast(torch.ones(1000), src=1)
+            except RuntimeError:
+                pass  # the group timed out
+        elif rank == 0:
+            dist.all_reduce(torch.ones(1000))  # HANG: rank 1 never comes
+        else:
+            Path(run_dir).with_suffix(".waiting").touch()
+            time.sleep(120)
+        prof.step()
+
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2]), sys.argv[3]), nprocs=2)
+"""
+
+
+def _broken(tmp, mode: str):
+    """The BROKEN job in ``mode``, its whole session SIGKILLed once it is stuck (the hang) or
+    ended (the mismatch: by the group's timeout); (run directory, script)."""
+    import time
+    script = write_script(tmp / "broken.py", BROKEN)
+    run_dir = tmp / mode
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), str(free_port()), mode], cwd=tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if run_dir.with_suffix(".waiting").exists():
+                time.sleep(2)  # rank 0 is in its all-reduce by now, alone
+                break
+            time.sleep(0.2)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # kill -9, every rank
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+    return run_dir, script
+
+
+@pytest.fixture(scope="module")
+def broken_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("broken")
+    return {mode: _broken(tmp, mode) for mode in ("mismatch", "hang")}
+
+
+def test_real_mismatched_collective_is_a_mismatch_and_failed_on_both_ranks(broken_runs):
+    import neuron_prof
+    run_dir, script = broken_runs["mismatch"]
+    run = neuron_prof.load(run_dir)
+    seq = int(run.collectives["seq"].max())
+    (mm,) = run.collective_mismatches.to_dict("records")
+    assert (mm["seq"], mm["kind"], mm["ranks"]) == (seq, "op", [1])
+    assert mm["detail"] == ("rank 1 issued broadcast of 3.9 KiB float32, rank 0 issued all_reduce of 3.9 KiB "
+                            "float32 at the same seq")
+    stuck = C.in_flight(run.collectives, run.collectives_matched)
+    assert list(zip(stuck["rank"], stuck["seq"], stuck["status"])) == [(0, seq, "failed"), (1, seq, "failed")]
+    assert all(x == [] for x in stuck["missing"])
+    res = cli("report", run_dir, timeout=120)
+    assert res.returncode == 0, res.stderr
+    findings = res.stdout.split("\n\n")[1]
+    assert f"collective mismatch: group 0 seq {seq}: rank 1 issued broadcast of 3.9 KiB" in findings
+    assert f"rank 0's all_reduce (group 0, seq {seq}) failed; every rank of the group arrived" in findings
+
+
+def test_real_hang_names_the_collective_and_the_rank_that_never_arrived(broken_runs):
+    import neuron_prof
+    run_dir, script = broken_runs["hang"]
+    run = neuron_prof.load(run_dir)
+    stuck = C.in_flight(run.collectives, run.collectives_matched)
+    (x,) = stuck.to_dict("records")
+    assert (x["rank"], x["op"], x["status"], x["arrived"], x["missing"]) == (0, "all_reduce", "in_flight", [0], [1])
+    assert x["seq"] == run.collectives.loc[run.collectives["rank"] == 1, "seq"].max() + 1
+    s = json.loads(cli("report", run_dir, "--json", timeout=120).stdout)["collectives"]
+    assert [(i["rank"], i["seq"], i["missing"]) for i in s["in_flight"]] == [(0, x["seq"], [1])]
+    text = cli("report", run_dir, timeout=120).stdout
+    findings = text.split("\n\n")[1]
+    assert f"rank 0 was stuck in all_reduce (group 0, seq {x['seq']}); rank 1 never arrived" in findings
+    assert "collective mismatch" not in findings  # the missing rank is said once, in the in-flight line
+    assert f"!! in flight: rank 0 was stuck in all_reduce (group 0, seq {x['seq']}); rank 1 never arrived" in text
