@@ -98,6 +98,15 @@ def test_matched_joins_ranks_on_rank0s_clock_and_names_a_missing_rank():
     assert mm["detail"].iloc[0] == "rank 0 issued all_reduce of 4.0 KiB float32; rank 2 never did"
 
 
+def test_wait_made_by_neuron_profs_own_step_boundary_work_is_not_the_ranks():
+    steps = pd.DataFrame([{"rank": r, "step": i, "ts": t, "dur": 1000, "active": True, "complete": True}
+                          for r, starts in {0: (0, 1500), 1: (0, 5000)}.items() for i, t in enumerate(starts)])
+    coll = _coll([{"rank": 0, "seq": 1, "ts": 2000, "step": 1}, {"rank": 1, "seq": 1, "ts": 5500, "step": 1}])
+    (m,) = C.matched(coll, _one_clock([0, 1]), steps=steps).to_dict("records")
+    # rank 1 flushed step 0 from 1000 to 5000: 3000 of rank 0's 3500 ns wait is the profiler's
+    assert (m["last_rank"], m["wait_ns"], m["own_ns"]) == (1, 3500, 3000)
+
+
 def test_a_rank_whose_capture_began_later_is_not_missing_earlier_collectives():
     coll = _coll([{"rank": 0, "seq": 1, "ts": 0}, {"rank": 0, "seq": 2, "ts": 10}, {"rank": 1, "seq": 2, "ts": 10}])
     m = C.matched(coll, _one_clock([0, 1])).set_index("seq")

@@ -175,12 +175,13 @@ def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame
     gaps = own_work(steps)
     if gaps.empty:
         return own
-    start = to_rank0(gaps["ts"].to_numpy(np.int64), gaps["rank"].to_numpy(), offsets)
-    end = to_rank0((gaps["ts"] + gaps["dur"]).to_numpy(np.int64), gaps["rank"].to_numpy(), offsets)
+    ranks = gaps["rank"].to_numpy(np.int64)
+    start = to_rank0(gaps["ts"].to_numpy(np.int64), ranks, offsets)
+    end = to_rank0((gaps["ts"] + gaps["dur"]).to_numpy(np.int64), ranks, offsets)
+    key, gs, ge = _merged(ranks, start, end)
     last = out["last_rank"].to_numpy()
-    for rank in np.unique(gaps["rank"]):
-        sel = gaps["rank"].to_numpy() == rank
-        us, ue = _union(start[sel], end[sel])
+    for rank in np.unique(key):
+        us, ue = gs[key == rank], ge[key == rank]
         rows = last == rank
         a, b = out["first_arrival"].to_numpy()[rows], out["last_arrival"].to_numpy()[rows]
         own[rows] = _covered_before(us, ue, b) - _covered_before(us, ue, a)
@@ -253,10 +254,10 @@ def mismatches(coll: pd.DataFrame, groups: pd.DataFrame | None = None) -> pd.Dat
     if coll.empty:
         return pd.DataFrame(columns=cols)
     c = coll.assign(group=coll["group"].astype(str), op=coll["op"].astype(str), dtype=coll["dtype"].astype(str))
+    kinds = c.groupby(["group", "seq"])[["op", "bytes", "dtype"]].nunique()
+    odd_keys = set(kinds.index[(kinds > 1).any(axis=1)])  # the few that disagree, out of thousands
     rows = []
-    for (g, q), x in c.groupby(["group", "seq"], sort=True):
-        if len(x) < 2:
-            continue
+    for (g, q), x in c[[k in odd_keys for k in zip(c["group"], c["seq"])]].groupby(["group", "seq"], sort=True):
         x = x.sort_values("rank")
         for kind in ("op", "bytes", "dtype"):
             if kind == "bytes" and x["op"].iloc[0] not in SAME_BYTES_OPS:
@@ -380,25 +381,25 @@ def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) 
 
 # ---------------------------------------------------------------- overlap and bandwidth
 
-def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted disjoint intervals covering the same time as [s, e)."""
-    if not len(s):
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], np.maximum.accumulate(e[o])
-    new = np.r_[True, s[1:] > e[:-1]]
-    starts = s[new]
-    ends = np.r_[e[np.flatnonzero(new)[1:] - 1], e[-1]]
-    return starts, ends
-
-
 def _covered_before(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """How much of the union (``_union``) lies before each time ``t``."""
+    """How much of the disjoint sorted intervals [us, ue) lies before each time ``t``."""
     cum = np.r_[0, np.cumsum(ue - us)]
     k = np.searchsorted(us, t, side="right") - 1
     kk = np.maximum(k, 0)
     part = np.clip(np.minimum(t, ue[kk]) - us[kk], 0, None) if len(us) else np.zeros(len(t), np.int64)
     return np.where(k >= 0, cum[kk] + part, 0)
+
+
+def _merged(key: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key, the union of its intervals [s, e), as (key, start, end) of disjoint intervals
+    sorted by key and start."""
+    df = pd.DataFrame({"key": key, "s": s, "e": e}).sort_values(["key", "s"], kind="stable")
+    reach = df.groupby("key", sort=False)["e"].cummax()
+    before = reach.groupby(df["key"], sort=False).shift()
+    piece = (before.isna() | (df["s"] > before)).cumsum()
+    out = df.assign(e=reach).groupby(piece.to_numpy(), sort=True).agg(key=("key", "first"), s=("s", "min"),
+                                                                      e=("e", "max"))
+    return out["key"].to_numpy(), out["s"].to_numpy(np.int64), out["e"].to_numpy(np.int64)
 
 
 def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -409,33 +410,41 @@ def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.Da
     rest: the rank only waited for communication), ``step_ns`` and ``comm_share`` (exposed /
     step). In-flight collectives (no end) are left out."""
     cols = ["rank", "step", "comm_ns", "overlapped_ns", "exposed_ns", "step_ns", "comm_share"]
-    if coll.empty:
-        return pd.DataFrame(columns=cols)
     done = coll["done"].to_numpy(np.int64)
-    end = np.where(done >= 0, done, coll["ts"].to_numpy(np.int64) + coll["dur"].to_numpy(np.int64))
-    open_ = coll["status"].astype(str).isin(OPEN_STATUS).to_numpy() & (done < 0)
-    c = pd.DataFrame({"rank": coll["rank"].to_numpy(np.int64), "step": coll["step"].to_numpy(np.int64),
-                      "s": coll["ts"].to_numpy(np.int64), "e": end})[~open_]
-    top = ops[(ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))] \
-        if len(ops) else ops
-    step_dur = steps.set_index(["rank", "step"])["dur"] if len(steps) else pd.Series(dtype=np.int64)
-    active = steps.set_index(["rank", "step"])["active"] if len(steps) else pd.Series(dtype=bool)
-    rows = []
-    for rank, cr in c.groupby("rank"):
-        mine = top[top["rank"].to_numpy() == rank] if len(top) else top
-        us, ue = _union(mine["ts"].to_numpy(np.int64), (mine["ts"] + mine["dur"]).to_numpy(np.int64)) \
-            if len(mine) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        for step, x in cr.groupby("step"):
-            cs, ce = _union(x["s"].to_numpy(), x["e"].to_numpy())
-            comm = int((ce - cs).sum())
-            captured = bool(active.get((rank, step), len(mine) > 0))
-            over = int((_covered_before(us, ue, ce) - _covered_before(us, ue, cs)).sum()) if captured else -1
-            step_ns = int(step_dur.get((rank, step), -1))
-            exposed = comm - over if over >= 0 else -1
-            rows.append({"rank": int(rank), "step": int(step), "comm_ns": comm, "overlapped_ns": over,
-                         "exposed_ns": exposed, "step_ns": step_ns,
-                         "comm_share": exposed / step_ns if step_ns > 0 and exposed >= 0 else float("nan")})
-    return pd.DataFrame(rows, columns=cols)
+    keep = ~(coll["status"].astype(str).isin(OPEN_STATUS).to_numpy() & (done < 0))
+    if not keep.any():
+        return pd.DataFrame(columns=cols)
+    ts = coll["ts"].to_numpy(np.int64)[keep]
+    end = np.where(done >= 0, done, coll["ts"].to_numpy(np.int64) + coll["dur"].to_numpy(np.int64))[keep]
+    rank = coll["rank"].to_numpy(np.int64)[keep]
+    step = coll["step"].to_numpy(np.int64)[keep]
+    key = rank << 32 | (step + 1)  # one key per (rank, step); step -1 (before the first) included
+    k, cs, ce = _merged(key, ts, end)
+    over = np.zeros(len(k), dtype=np.int64)
+    if len(ops):
+        top = (ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
+        o_rank = ops["rank"].to_numpy(np.int64)[top]
+        o_ts = ops["ts"].to_numpy(np.int64)[top]
+        o_rank_k, us, ue = _merged(o_rank, o_ts, o_ts + ops["dur"].to_numpy(np.int64)[top])
+        for r in np.unique(k >> 32):
+            sel, mine = (k >> 32) == r, o_rank_k == r
+            over[sel] = (_covered_before(us[mine], ue[mine], ce[sel]) -
+                         _covered_before(us[mine], ue[mine], cs[sel]))
+    per = pd.DataFrame({"key": k, "comm_ns": ce - cs, "overlapped_ns": over}).groupby("key").sum()
+    out = pd.DataFrame({"rank": (per.index.to_numpy() >> 32).astype(np.int64),
+                        "step": (per.index.to_numpy() & 0xFFFFFFFF).astype(np.int64) - 1,
+                        "comm_ns": per["comm_ns"].to_numpy(), "overlapped_ns": per["overlapped_ns"].to_numpy()})
+    s = steps.set_index(["rank", "step"]) if len(steps) else None
+    idx = pd.MultiIndex.from_arrays([out["rank"], out["step"]])
+    out["step_ns"] = s["dur"].reindex(idx).fillna(-1).to_numpy(np.int64) if s is not None else -1
+    captured = s["active"].reindex(idx).fillna(False).to_numpy(bool) if s is not None else np.zeros(len(out), bool)
+    if len(ops):  # before the first step (-1) there is no step row: ops were captured if any were
+        captured = captured | (out["step"].to_numpy() < 0)
+    out.loc[~captured, "overlapped_ns"] = -1
+    out["exposed_ns"] = np.where(captured, out["comm_ns"] - out["overlapped_ns"], -1)
+    ok = captured & (out["step_ns"].to_numpy() > 0)
+    out["comm_share"] = np.where(ok, out["exposed_ns"] / np.where(ok, out["step_ns"], 1), np.nan)
+    return out[cols]
 
 
 def bandwidth(matched: pd.DataFrame) -> pd.DataFrame:
