@@ -341,7 +341,9 @@ class Run:
         df["group"] = df["group"].astype(str)
         groups["group"] = groups["group"].astype(str)
         df = df.merge(groups, on=["rank", "group"], how="left")
-        df["group_desc"] = df["group_desc"].fillna("").astype(str).astype("category")
+        # object first: a rank whose groups were never flushed (killed early) has rows no group
+        # matches, and an empty categorical cannot take the "" that stands for unknown
+        df["group_desc"] = df["group_desc"].astype(object).fillna("").astype(str).astype("category")
         df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
         df["group"] = df["group"].astype("category")
         return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
