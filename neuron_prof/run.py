@@ -341,7 +341,9 @@ class Run:
         df["group"] = df["group"].astype(str)
         groups["group"] = groups["group"].astype(str)
         df = df.merge(groups, on=["rank", "group"], how="left")
-        df["group_desc"] = df["group_desc"].fillna("").astype(str).astype("category")
+        # object first: a rank whose groups were never flushed (killed early) has rows no group
+        # matches, and an empty categorical cannot take the "" that stands for unknown
+        df["group_desc"] = df["group_desc"].astype(object).fillna("").astype(str).astype("category")
         df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
         df["group"] = df["group"].astype("category")
         return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
@@ -392,7 +394,7 @@ class Run:
         """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
         last rank, wait, transfer, missing ranks (``analysis.collectives.matched``)."""
         from neuron_prof.analysis.collectives import matched
-        return matched(self.collectives, self.collective_offsets, self.collective_groups)
+        return matched(self.collectives, self.collective_offsets, self.collective_groups, self.steps)
 
     @functools.cached_property
     def collective_waits(self) -> pd.DataFrame:

@@ -16,12 +16,20 @@ read from the join what no single rank can tell:
   (``overlap``: the Overview's "communication" split), and achieved bandwidth (``bandwidth``).
 
 Significance (``straggler_steps``): in synchronous training some rank is always last, by a few
-microseconds of noise. A step's top straggler is *significant* only when the wait it caused is
-at least ``SHARE`` of the median steady step and at least ``NOISE`` times the run's noise floor
-(the median wait of the steady steps' collectives: the jitter every step has); a wait of
-``ALWAYS`` of the median step is significant whatever the floor, so a rank that straggles in
-every step (and so raises the floor) is still named. Steps are the steady ones
-(``analysis.steps.basis_steps``), like the rest of the report.
+microseconds of noise, and on a busy host by tens of milliseconds. A step's top straggler (the
+rank that caused the most wait in it) is *significant* when the wait it caused is
+
+* at least ``SHARE`` of the median steady step (less is not worth a finding), and
+* above the run's noise floor: an outlier among the steady steps' top waits, more than ``NOISE``
+  robust standard deviations (1.4826 x MAD) above their median, so the jitter every step has
+  never names a rank, however large it is on a loaded host;
+* or, instead of the floor, the rank is the top straggler in every steady step (at least
+  ``PERSISTENT_MIN`` of them): a rank that is late every time (slower hardware, more data) makes
+  its own wait the median, yet it is the most important straggler to name.
+
+Steps are the steady ones (``analysis.steps.basis_steps``), like the rest of the report. Wait
+that neuron_prof caused (its own work at a step boundary on the last rank, ``matched.own_ns``:
+the first flush of a run can hold a rank for a second) is left out of what a rank caused.
 
 Times are int64 ns; -1 means unknown. Functions take and return DataFrames; ``summary`` takes a
 ``Run`` only to read its tables, and returns plain JSON-ready values.
@@ -35,15 +43,15 @@ import pandas as pd
 
 from neuron_prof.analysis.ops import COMM_PREFIXES, name_mask
 from neuron_prof.analysis.records import records
-from neuron_prof.analysis.steps import basis_steps
+from neuron_prof.analysis.steps import basis_steps, own_work
 from neuron_prof.units import format_bytes
 
 SHARE = 0.1
 """A significant straggler made the others wait at least this share of the median steady step."""
-NOISE = 2.0
-"""... and at least this many times the run's noise floor (the median steady collective's wait)."""
-ALWAYS = 0.5
-"""A wait of this share of the median steady step is significant whatever the noise floor."""
+NOISE = 3.0
+"""... and more than this many robust standard deviations above the median step's top wait."""
+PERSISTENT_MIN = 3
+"""A rank last in every one of at least this many steady steps needs no noise floor."""
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n}
@@ -154,17 +162,44 @@ def _mode(s: pd.Series) -> Any:
 
 
 MATCHED_COLUMNS = ["group", "seq", "op", "step", "bytes", "out_bytes", "dtype", "group_size", "ranks_seen", "missing",
-                   "first_arrival", "last_arrival", "last_rank", "wait_ns", "end", "transfer_ns", "complete"]
+                   "first_arrival", "last_arrival", "last_rank", "wait_ns", "own_ns", "end", "transfer_ns", "complete"]
 
 
-def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | None = None) -> pd.DataFrame:
+def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame) -> np.ndarray:
+    """Per matched row: how much of its wait the last rank spent in neuron_prof's own work at a
+    step boundary (``analysis.steps.own_work``: flushing the step), which delays that rank's
+    arrival; the first flush of a run can take a second."""
+    own = np.zeros(len(out), dtype=np.int64)
+    if steps is None or steps.empty:
+        return own
+    gaps = own_work(steps)
+    if gaps.empty:
+        return own
+    ranks = gaps["rank"].to_numpy(np.int64)
+    start = to_rank0(gaps["ts"].to_numpy(np.int64), ranks, offsets)
+    end = to_rank0((gaps["ts"] + gaps["dur"]).to_numpy(np.int64), ranks, offsets)
+    key, gs, ge = _merged(ranks, start, end)
+    last = out["last_rank"].to_numpy()
+    for rank in np.unique(key):
+        us, ue = gs[key == rank], ge[key == rank]
+        rows = last == rank
+        a, b = out["first_arrival"].to_numpy()[rows], out["last_arrival"].to_numpy()[rows]
+        own[rows] = _covered_before(us, ue, b) - _covered_before(us, ue, a)
+    return own
+
+
+def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | None = None,
+            steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per collective (group, seq) across its ranks: op, step (the lowest rank's), bytes
     and out_bytes (per rank, the most common), dtype, group_size, ranks_seen, missing (members
     that never issued it), first/last_arrival (aligned issue times), last_rank (the straggler),
-    wait_ns (how long the first arrival waited for the last), end (aligned latest completion,
+    wait_ns (how long the first arrival waited for the last), own_ns (the part of that wait in
+    which the last rank was in neuron_prof's own work at a step boundary: the profiler's doing,
+    not the rank's; needs ``steps``), end (aligned latest completion,
     -1: none), transfer_ns (end - last_arrival: the collective's own time, -1 unknown) and
     complete (every member issued it and it completed on each). ``groups``: the members of each
-    group (``Run.collective_groups``), to name a member that issued nothing."""
+    group (``Run.collective_groups``), to name a member that issued nothing; ``steps``:
+    ``Run.steps``, for ``own_ns``."""
     if coll.empty:
         return pd.DataFrame(columns=MATCHED_COLUMNS)
     start, end = _aligned(coll, offsets)
@@ -185,6 +220,7 @@ def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | No
         "end": g["end"].max(), "all_ok": g["ok"].all(), "ended": g["end"].min(),
     }).join(first_rank).reset_index()
     out["wait_ns"] = out["last_arrival"] - out["first_arrival"]
+    out["own_ns"] = _own_ns(out, steps, offsets)
     out["transfer_ns"] = np.where(out["end"] >= 0, np.maximum(out["end"] - out["last_arrival"], 0), -1)
     out["missing"] = _missing(coll.assign(group=coll["group"].astype(str)), out, _members(coll, groups))
     out["complete"] = out["all_ok"] & (out["ended"] >= 0) & (out["missing"].str.len() == 0)
@@ -218,35 +254,41 @@ def mismatches(coll: pd.DataFrame, groups: pd.DataFrame | None = None) -> pd.Dat
     if coll.empty:
         return pd.DataFrame(columns=cols)
     c = coll.assign(group=coll["group"].astype(str), op=coll["op"].astype(str), dtype=coll["dtype"].astype(str))
+    kinds = c.groupby(["group", "seq"])[["op", "bytes", "dtype"]].nunique()
+    odd_keys = set(kinds.index[(kinds > 1).any(axis=1)])  # the few that disagree, out of thousands
     rows = []
-    for (g, q), x in c.groupby(["group", "seq"], sort=True):
+    for (g, q), x in c[[k in odd_keys for k in zip(c["group"], c["seq"])]].groupby(["group", "seq"], sort=True):
         x = x.sort_values("rank")
-        if len(x) < 2:
-            continue
-        base = x.iloc[0]
         for kind in ("op", "bytes", "dtype"):
-            if kind == "bytes" and base["op"] not in SAME_BYTES_OPS:
+            if kind == "bytes" and x["op"].iloc[0] not in SAME_BYTES_OPS:
                 continue
-            odd = x[x[kind] != _mode(x[kind])]
+            agreed = _agreed(x[kind])
+            odd = x[x[kind] != agreed]
             if len(odd):
-                common = x[x[kind] == _mode(x[kind])].iloc[0]
+                said = [*odd.to_dict("records"), x[x[kind] == agreed].iloc[0].to_dict()]
                 rows.append({"group": g, "seq": int(q), "kind": kind, "ranks": sorted(map(int, odd["rank"])),
-                             "detail": ", ".join(_said(o) for o in (*odd.itertuples(), common)) + " at the same seq"})
+                             "detail": ", ".join(map(_said, said)) + " at the same seq"})
                 break
     keys = c[["group", "seq"]].drop_duplicates().sort_values(["group", "seq"], ignore_index=True)
     for (g, q), miss in zip(keys.itertuples(index=False), _missing(c, keys, _members(coll, groups))):
         if miss:
-            x = c[(c["group"] == g) & (c["seq"] == q)].sort_values("rank").iloc[0]
+            x = c[(c["group"] == g) & (c["seq"] == q)].sort_values("rank").iloc[0].to_dict()
             rows.append({"group": g, "seq": int(q), "kind": "missing", "ranks": miss,
-                         "detail": f"rank {int(x['rank'])} issued {x['op']} of {format_bytes(x['bytes'])} "
-                                   f"{x['dtype']}; rank{'s' if len(miss) > 1 else ''} "
-                                   f"{', '.join(map(str, miss))} never did"})
+                         "detail": f"{_said(x)}; rank{'s' if len(miss) > 1 else ''} {', '.join(map(str, miss))} "
+                                   "never did"})
     return pd.DataFrame(rows, columns=cols).sort_values(["group", "seq"], kind="stable", ignore_index=True)
 
 
-def _said(row: Any) -> str:
+def _agreed(values: pd.Series) -> Any:
+    """What most ranks issued; on a tie, the lowest rank's (``values`` in rank order)."""
+    counts = values.value_counts()
+    tied = set(counts.index[counts == counts.max()])
+    return next(v for v in values if v in tied)
+
+
+def _said(row: dict[str, Any]) -> str:
     """One rank's collective in words: ``rank 1 issued all_reduce of 4.0 KiB float32``."""
-    return f"rank {int(row.rank)} issued {row.op} of {format_bytes(row.bytes)} {row.dtype}".rstrip()
+    return f"rank {int(row['rank'])} issued {row['op']} of {format_bytes(row['bytes'])} {row['dtype']}".rstrip()
 
 
 def in_flight(coll: pd.DataFrame, matched: pd.DataFrame) -> pd.DataFrame:
@@ -276,82 +318,88 @@ def _steady(steps: pd.DataFrame) -> tuple[set[int], float]:
     return set(map(int, basis["step"])), float(basis["dur"].median()) if len(basis) else 0.0
 
 
-def threshold_ns(matched: pd.DataFrame, steps: pd.DataFrame) -> float:
-    """The wait a step's straggler must have caused to be significant (module docstring)."""
-    steady, median_step = _steady(steps)
-    m = matched[matched["step"].isin(steady)]
-    floor = float(m["wait_ns"].median()) if len(m) else 0.0
-    return max(SHARE * median_step, min(NOISE * floor, ALWAYS * median_step))
+def _caused(matched: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
+    """Wait caused per steady step and rank: the waits of the collectives it arrived last at,
+    less what neuron_prof's own work made of them (``own_ns``; collectives seen on one rank
+    cause no wait)."""
+    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
+    m = m.assign(caused=m["wait_ns"] - m["own_ns"])
+    return (m.groupby(["step", "last_rank"])["caused"].sum().rename_axis(["step", "rank"])
+            .reset_index(name="wait_caused_ns"))
 
 
-def _caused(matched: pd.DataFrame) -> pd.DataFrame:
-    """Wait caused per (step, rank): the waits of the collectives the rank arrived last at."""
-    m = matched[matched["ranks_seen"].str.len() > 1]
-    return m.groupby(["step", "last_rank"])["wait_ns"].sum().rename_axis(["step", "rank"]).reset_index(name="wait_caused_ns")
+def noise_floor_ns(top_waits: np.ndarray) -> float:
+    """Median + ``NOISE`` robust standard deviations of the steps' top waits."""
+    if not len(top_waits):
+        return 0.0
+    mid = float(np.median(top_waits))
+    return mid + NOISE * 1.4826 * float(np.median(np.abs(top_waits - mid)))
 
 
 def straggler_steps(matched: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per steady step with collectives from more than one rank: the rank that caused the most
-    wait in it (``rank``, ``wait_caused_ns``) and whether that is ``significant``
-    (``threshold_ns``)."""
-    cols = ["step", "rank", "wait_caused_ns", "significant"]
-    steady, _ = _steady(steps)
-    caused = _caused(matched)
-    caused = caused[caused["step"].isin(steady)]
+    """Per steady step with collectives seen on more than one rank: the rank that caused the most
+    wait in it (``rank``, ``wait_caused_ns``) and whether that is ``significant`` (module
+    docstring); ``threshold_ns``: the wait a step needed, the same for every step."""
+    cols = ["step", "rank", "wait_caused_ns", "significant", "threshold_ns"]
+    steady, median_step = _steady(steps)
+    caused = _caused(matched, steady)
     if caused.empty:
         return pd.DataFrame(columns=cols)
-    top = caused.sort_values(["step", "wait_caused_ns"], ascending=[True, False]).drop_duplicates("step")
-    top = top.assign(significant=top["wait_caused_ns"] >= threshold_ns(matched, steps))
-    return top[cols].reset_index(drop=True)
+    top = caused.sort_values(["step", "wait_caused_ns", "rank"], ascending=[True, False, True]).drop_duplicates("step")
+    wait = top["wait_caused_ns"].to_numpy(np.float64)
+    persistent = top["rank"].nunique() == 1 and len(top) >= PERSISTENT_MIN
+    floor = 0.0 if persistent else noise_floor_ns(wait)
+    significant = (wait >= SHARE * median_step) & (wait > floor)
+    return top.assign(significant=significant, threshold_ns=max(SHARE * median_step, floor))[cols].reset_index(drop=True)
 
 
 def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, over the steady steps, worst first: ``times_last`` (collectives it arrived last
-    at with a significant wait), ``wait_caused_ns`` (the waits of all collectives it arrived last
-    at), ``share`` of all the wait caused, ``steps`` (where it was a step's significant
-    straggler) and ``waited_ns`` (how long it waited for others itself)."""
+    """Per rank, over the steady steps, worst first: ``times_last`` (steps in which it was the
+    significant straggler: ``straggler_steps``), ``steps`` (which), ``wait_caused_ns`` (the waits
+    of all the collectives it arrived last at), its ``share`` of all the wait caused, and
+    ``waited_ns`` (how long it waited for others itself)."""
     cols = ["rank", "times_last", "wait_caused_ns", "share", "steps", "waited_ns"]
     steady, _ = _steady(steps)
-    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
-    if m.empty:
+    caused = _caused(matched, steady)
+    if caused.empty:
         return pd.DataFrame(columns=cols)
-    limit = threshold_ns(matched, steps)
+    m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
     ranks = sorted({int(r) for rs in m["ranks_seen"] for r in rs})
-    per = m.groupby("last_rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
-    times = m[m["wait_ns"] >= limit].groupby("last_rank").size().reindex(ranks, fill_value=0)
+    per = caused.groupby("rank")["wait_caused_ns"].sum().reindex(ranks, fill_value=0)
     sig = straggler_steps(matched, steps)
     sig = sig[sig["significant"]]
-    w = waits[waits["step"].isin(steady)]
-    waited = w.groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
+    named = [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks]
+    waited = waits[waits["step"].isin(steady)].groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
     total = float(per.sum())
-    out = pd.DataFrame({"rank": ranks, "times_last": times.to_numpy(np.int64), "wait_caused_ns": per.to_numpy(np.int64),
-                        "share": per.to_numpy() / total if total else 0.0,
-                        "steps": [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks],
+    out = pd.DataFrame({"rank": ranks, "times_last": [len(x) for x in named],
+                        "wait_caused_ns": per.to_numpy(np.int64),
+                        "share": per.to_numpy() / total if total else 0.0, "steps": named,
                         "waited_ns": waited.to_numpy(np.int64)})
-    return out.sort_values(["wait_caused_ns", "rank"], ascending=[False, True], ignore_index=True)[cols]
+    return out.sort_values(["times_last", "wait_caused_ns", "rank"], ascending=[False, False, True],
+                           ignore_index=True)[cols]
 
 
 # ---------------------------------------------------------------- overlap and bandwidth
 
-def _union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted disjoint intervals covering the same time as [s, e)."""
-    if not len(s):
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], np.maximum.accumulate(e[o])
-    new = np.r_[True, s[1:] > e[:-1]]
-    starts = s[new]
-    ends = np.r_[e[np.flatnonzero(new)[1:] - 1], e[-1]]
-    return starts, ends
-
-
 def _covered_before(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """How much of the union (``_union``) lies before each time ``t``."""
+    """How much of the disjoint sorted intervals [us, ue) lies before each time ``t``."""
     cum = np.r_[0, np.cumsum(ue - us)]
     k = np.searchsorted(us, t, side="right") - 1
     kk = np.maximum(k, 0)
     part = np.clip(np.minimum(t, ue[kk]) - us[kk], 0, None) if len(us) else np.zeros(len(t), np.int64)
     return np.where(k >= 0, cum[kk] + part, 0)
+
+
+def _merged(key: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key, the union of its intervals [s, e), as (key, start, end) of disjoint intervals
+    sorted by key and start."""
+    df = pd.DataFrame({"key": key, "s": s, "e": e}).sort_values(["key", "s"], kind="stable")
+    reach = df.groupby("key", sort=False)["e"].cummax()
+    before = reach.groupby(df["key"], sort=False).shift()
+    piece = (before.isna() | (df["s"] > before)).cumsum()
+    out = df.assign(e=reach).groupby(piece.to_numpy(), sort=True).agg(key=("key", "first"), s=("s", "min"),
+                                                                      e=("e", "max"))
+    return out["key"].to_numpy(), out["s"].to_numpy(np.int64), out["e"].to_numpy(np.int64)
 
 
 def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -362,33 +410,41 @@ def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.Da
     rest: the rank only waited for communication), ``step_ns`` and ``comm_share`` (exposed /
     step). In-flight collectives (no end) are left out."""
     cols = ["rank", "step", "comm_ns", "overlapped_ns", "exposed_ns", "step_ns", "comm_share"]
-    if coll.empty:
-        return pd.DataFrame(columns=cols)
     done = coll["done"].to_numpy(np.int64)
-    end = np.where(done >= 0, done, coll["ts"].to_numpy(np.int64) + coll["dur"].to_numpy(np.int64))
-    open_ = coll["status"].astype(str).isin(OPEN_STATUS).to_numpy() & (done < 0)
-    c = pd.DataFrame({"rank": coll["rank"].to_numpy(np.int64), "step": coll["step"].to_numpy(np.int64),
-                      "s": coll["ts"].to_numpy(np.int64), "e": end})[~open_]
-    top = ops[(ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))] \
-        if len(ops) else ops
-    step_dur = steps.set_index(["rank", "step"])["dur"] if len(steps) else pd.Series(dtype=np.int64)
-    active = steps.set_index(["rank", "step"])["active"] if len(steps) else pd.Series(dtype=bool)
-    rows = []
-    for rank, cr in c.groupby("rank"):
-        mine = top[top["rank"].to_numpy() == rank] if len(top) else top
-        us, ue = _union(mine["ts"].to_numpy(np.int64), (mine["ts"] + mine["dur"]).to_numpy(np.int64)) \
-            if len(mine) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-        for step, x in cr.groupby("step"):
-            cs, ce = _union(x["s"].to_numpy(), x["e"].to_numpy())
-            comm = int((ce - cs).sum())
-            captured = bool(active.get((rank, step), len(mine) > 0))
-            over = int((_covered_before(us, ue, ce) - _covered_before(us, ue, cs)).sum()) if captured else -1
-            step_ns = int(step_dur.get((rank, step), -1))
-            exposed = comm - over if over >= 0 else -1
-            rows.append({"rank": int(rank), "step": int(step), "comm_ns": comm, "overlapped_ns": over,
-                         "exposed_ns": exposed, "step_ns": step_ns,
-                         "comm_share": exposed / step_ns if step_ns > 0 and exposed >= 0 else float("nan")})
-    return pd.DataFrame(rows, columns=cols)
+    keep = ~(coll["status"].astype(str).isin(OPEN_STATUS).to_numpy() & (done < 0))
+    if not keep.any():
+        return pd.DataFrame(columns=cols)
+    ts = coll["ts"].to_numpy(np.int64)[keep]
+    end = np.where(done >= 0, done, coll["ts"].to_numpy(np.int64) + coll["dur"].to_numpy(np.int64))[keep]
+    rank = coll["rank"].to_numpy(np.int64)[keep]
+    step = coll["step"].to_numpy(np.int64)[keep]
+    key = rank << 32 | (step + 1)  # one key per (rank, step); step -1 (before the first) included
+    k, cs, ce = _merged(key, ts, end)
+    over = np.zeros(len(k), dtype=np.int64)
+    if len(ops):
+        top = (ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
+        o_rank = ops["rank"].to_numpy(np.int64)[top]
+        o_ts = ops["ts"].to_numpy(np.int64)[top]
+        o_rank_k, us, ue = _merged(o_rank, o_ts, o_ts + ops["dur"].to_numpy(np.int64)[top])
+        for r in np.unique(k >> 32):
+            sel, mine = (k >> 32) == r, o_rank_k == r
+            over[sel] = (_covered_before(us[mine], ue[mine], ce[sel]) -
+                         _covered_before(us[mine], ue[mine], cs[sel]))
+    per = pd.DataFrame({"key": k, "comm_ns": ce - cs, "overlapped_ns": over}).groupby("key").sum()
+    out = pd.DataFrame({"rank": (per.index.to_numpy() >> 32).astype(np.int64),
+                        "step": (per.index.to_numpy() & 0xFFFFFFFF).astype(np.int64) - 1,
+                        "comm_ns": per["comm_ns"].to_numpy(), "overlapped_ns": per["overlapped_ns"].to_numpy()})
+    s = steps.set_index(["rank", "step"]) if len(steps) else None
+    idx = pd.MultiIndex.from_arrays([out["rank"], out["step"]])
+    out["step_ns"] = s["dur"].reindex(idx).fillna(-1).to_numpy(np.int64) if s is not None else -1
+    captured = s["active"].reindex(idx).fillna(False).to_numpy(bool) if s is not None else np.zeros(len(out), bool)
+    if len(ops):  # before the first step (-1) there is no step row: ops were captured if any were
+        captured = captured | (out["step"].to_numpy() < 0)
+    out.loc[~captured, "overlapped_ns"] = -1
+    out["exposed_ns"] = np.where(captured, out["comm_ns"] - out["overlapped_ns"], -1)
+    ok = captured & (out["step_ns"].to_numpy() > 0)
+    out["comm_share"] = np.where(ok, out["exposed_ns"] / np.where(ok, out["step_ns"], 1), np.nan)
+    return out[cols]
 
 
 def bandwidth(matched: pd.DataFrame) -> pd.DataFrame:
@@ -505,7 +561,7 @@ def summary(run: Any) -> dict[str, Any]:
         "by_op": records(_by_op(w, m, steady)),
         "steady_steps": len(steady),
         "median_step_ms": median_step / 1e6,
-        "threshold_ms": threshold_ns(m, kinds) / 1e6,
+        "threshold_ms": float(per_step["threshold_ns"].iloc[0]) / 1e6 if len(per_step) else None,
         "stragglers": ranking_rows,
         "straggler_steps": records(per_step),
         "mismatches": records(run.collective_mismatches),

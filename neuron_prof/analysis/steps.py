@@ -140,17 +140,28 @@ def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame, phase_ns: pd.DataFram
 TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
 
 
-def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
+def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame,
+               exposed: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where a step's time goes, per rank, mean ms per step of ``steps`` (as ``step_breakdown``):
-    ``communication`` (collective ops at any depth, ``analysis.ops.comm_ops``), ``sync`` (sync
-    points: the host waiting for the device; ``analysis.sync.sync_points``), ``compute`` (the rest
-    of the top-level ops' run time), ``compile`` (torch.compile compiling inside the steps) and
-    ``idle`` (the rest of the step on its busiest thread: Python, data loading). Nothing is counted
-    twice: the kinds add up to the step (less what other threads ran at the same time)."""
+    ``communication``, ``sync`` (sync points: the host waiting for the device;
+    ``analysis.sync.sync_points``), ``compute`` (the rest of the top-level ops' run time),
+    ``compile`` (torch.compile compiling inside the steps) and ``idle`` (the rest of the step on
+    its busiest thread: Python, data loading). Nothing is counted twice: the kinds add up to the
+    step (less what other threads ran at the same time).
+
+    ``communication`` is the collective ops' time (at any depth, ``analysis.ops.comm_ops``); for a
+    rank with ``exposed`` rows (``analysis.collectives.overlap``: per rank and step, the time in
+    collectives that no compute overlapped) it is that exposed time, and ``idle`` is what is left
+    of the step after compute, sync, compile and it: a rank that waits for an asynchronous
+    collective (DDP's gradient all-reduce) waits outside any op, on no op's clock, and a
+    collective that compute overlapped costs the step nothing."""
     cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
     if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
     covered = _busiest(top)
+    has_exposed = exposed is not None and len(exposed) > 0
+    if has_exposed:
+        exposed = exposed[exposed["exposed_ns"] >= 0]
     rows = []
     for rank, s in steps.groupby("rank"):
         n = len(s)
@@ -160,7 +171,12 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
         comp = s["compile_ns"].sum()
         cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
         idle = max(s["dur"].sum() - cov - comp, 0)
-        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
+        communication = comm_ns
+        mine = exposed[(exposed["rank"] == rank) & exposed["step"].isin(s["step"])] if has_exposed else exposed
+        if has_exposed and len(mine):
+            communication = int(mine["exposed_ns"].sum())
+            idle = max(s["dur"].sum() - (ops_ns - comm_ns) - comp - communication, 0)
+        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": communication / n / 1e6,
               "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})

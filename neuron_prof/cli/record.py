@@ -16,7 +16,7 @@ from neuron_prof import __version__
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.reader import describe_exit
 from neuron_prof.schema import CONFLICT_GLOB, SCHEMA_VERSION
-from neuron_prof.session import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.session import DEFAULT_COLLECTORS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.store import load_json, run_ranks, update_run_meta, write_run_meta
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "_bootstrap"
@@ -56,8 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--schedule", type=parse_schedule, metavar="WAIT,WARMUP,ACTIVE[,REPEAT]",
                    help="capture only these steps in detail (default: every step, up to --max-bytes)")
-    p.add_argument("--collectors", default="eager,compiler,memory",
-                   help="comma-separated event sources (default: eager,compiler,memory)")
+    p.add_argument("--collectors", default=",".join(DEFAULT_COLLECTORS),
+                   help=f"comma-separated event sources (default: {','.join(DEFAULT_COLLECTORS)})")
     p.add_argument("--max-bytes", type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
                    help=f"disk budget per rank, every table counted: detail capture stops when a rank's folder "
                         f"holds this much, step times and per-step memory go on (default {DEFAULT_MAX_BYTES >> 20}M)")
