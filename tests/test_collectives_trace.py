@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import check_trace, cli, free_port, write_script
+from conftest import check_trace, cli, free_port, gloo_env, write_script
 from ddp_straggler import straggler_run
 from neuron_prof.export.clock import TraceClock
 
@@ -174,9 +174,9 @@ def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_ra
     draws it, ended at rank 0's last event, named in flight, waiting for rank 1."""
     script = write_script(tmp_path / "hang.py", HANG)
     run_dir, marker = tmp_path / "run", tmp_path / "ready"
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(run_dir), str(marker)], cwd=tmp_path,
-                              env={**os.environ, **env, "RANK": str(r)}, stdout=subprocess.DEVNULL,
+                              env={**os.environ, **gloo_env(r, 2, port)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
         deadline = time.monotonic() + 240
