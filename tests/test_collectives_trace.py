@@ -21,18 +21,18 @@ from ddp_straggler import straggler_run
 from neuron_prof.export.clock import TraceClock
 
 SLOW_RANK, SLOW_STEPS, SLEEP_S, STEPS = 1, [2, 5], 0.5, 7
-TRACK = "Collectives default_pg (group 0)"
+TRACK = "Collectives default_pg (group 0)"  # then "... #2", ... where a rank's collectives overlap in time
 
 
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory):
-    """(run, the checker's report of its exported trace)."""
+    """(run, the checker's report of its exported trace, what export printed)."""
     tmp = tmp_path_factory.mktemp("coll_trace")
     run_dir = straggler_run(tmp, steps=STEPS, slow_rank=SLOW_RANK, slow_steps=SLOW_STEPS, sleep_s=SLEEP_S)
     out = tmp / "t.perfetto-trace"
     res = cli("export", run_dir, "-o", out, timeout=300)
     assert res.returncode == 0, res.stderr
-    return neuron_prof.load(run_dir), check_trace(out)
+    return neuron_prof.load(run_dir), check_trace(out), res.stderr
 
 
 def _process_names(report) -> dict[int, str]:
@@ -54,6 +54,22 @@ def _slices(report, track: int, depth: int | None = None) -> list:
     return [s for s in report.slices if s.track == track and (depth is None or s.depth == depth)]
 
 
+def _lanes(report) -> dict[int, set[int]]:
+    """rank -> uuids of its collective tracks of the default group (its lanes)."""
+    ranks = _rank_of(report)
+    out: dict[int, set[int]] = {}
+    for u, t in report.tracks.items():
+        if t["name"] == TRACK or t["name"].startswith(TRACK + " #"):
+            out.setdefault(ranks[report.process_of(u)], set()).add(u)
+    return out
+
+
+def _coll(report, rank: int, depth: int) -> list:
+    """``rank``'s collective slices (depth 0) or what is inside them (depth 1), all lanes."""
+    lanes = _lanes(report)[rank]
+    return [s for s in report.slices if s.track in lanes and s.depth == depth]
+
+
 def _step_of(report, rank: int, ts: int) -> int:
     """The step whose slice on ``rank``'s Steps track holds ``ts``."""
     for s in _slices(report, _tracks(report, "Steps")[rank]):
@@ -63,12 +79,12 @@ def _step_of(report, rank: int, ts: int) -> int:
 
 
 def test_one_process_per_rank_each_with_its_collectives_track(straggler):
-    run, report = straggler
+    run, report, printed = straggler
+    assert f"{len(run.collectives)} collectives, {len(report.flows)} cross-rank flows" in printed
     assert sorted(_rank_of(report).values()) == [0, 1]
-    tracks = _tracks(report, TRACK)
-    assert sorted(tracks) == [0, 1]
-    for rank, uuid in tracks.items():
-        ops = [s.name for s in _slices(report, uuid, depth=0)]
+    assert sorted(_lanes(report)) == [0, 1]
+    for rank in (0, 1):
+        ops = [s.name for s in _coll(report, rank, 0)]
         # DDP's one gradient bucket (the model is far below 25 MB): one all-reduce per step
         assert ops.count("all_reduce") == STEPS, ops
         assert len(ops) == len(run.collectives[run.collectives["rank"] == rank])
@@ -77,7 +93,7 @@ def test_one_process_per_rank_each_with_its_collectives_track(straggler):
 def test_every_rank_is_on_rank0s_clock(straggler):
     """Both ranks share one host clock (measured so), so every event of either rank sits at its own
     time plus rank 0's wall-clock offset: rank 1's own offset (read a moment later) is not used."""
-    run, report = straggler
+    run, report, _ = straggler
     assert run.clock_sync["same_clock"].all()
     wall = {rd.rank: int(rd.meta["clock_offset_ns"]) for rd in run.rank_data}
     steps = _tracks(report, "Steps")
@@ -88,10 +104,8 @@ def test_every_rank_is_on_rank0s_clock(straggler):
 
 
 def test_the_waiting_rank_has_a_wait_slice_of_about_the_sleep_in_exactly_those_steps(straggler):
-    run, report = straggler
-    tracks = _tracks(report, TRACK)
-    waits = {rank: [s for s in _slices(report, uuid, depth=1) if s.name.startswith("wait for rank")]
-             for rank, uuid in tracks.items()}
+    run, report, _ = straggler
+    waits = {rank: [s for s in _coll(report, rank, 1) if s.name.startswith("wait for rank")] for rank in (0, 1)}
     # step 0 (warm-up: ranks start their first step apart) aside, exactly the slow steps
     long0 = [s for s in waits[0] if s.dur >= SLEEP_S / 2 * 1e9 and _step_of(report, 0, s.ts) > 0]
     assert sorted(_step_of(report, 0, s.ts) for s in long0) == SLOW_STEPS
@@ -101,15 +115,15 @@ def test_the_waiting_rank_has_a_wait_slice_of_about_the_sleep_in_exactly_those_s
     # the straggler itself did not wait in the steps it straggled
     assert all(s.dur < SLEEP_S / 2 * 1e9 for s in waits[1] if _step_of(report, 1, s.ts) in SLOW_STEPS)
     # after the wait, the transfer: nested in the same collective, ending with it
-    parents = {s.ts: s for s in _slices(report, tracks[0], depth=0)}
-    transfers = {s.ts: s for s in _slices(report, tracks[0], depth=1) if s.name == "transfer"}
+    parents = {(s.track, s.ts): s for s in _coll(report, 0, 0)}
+    transfers = {(s.track, s.ts): s for s in _coll(report, 0, 1) if s.name == "transfer"}
     for s in long0:
-        parent, transfer = parents[s.ts], transfers[s.ts + s.dur]
+        parent, transfer = parents[s.track, s.ts], transfers[s.track, s.ts + s.dur]
         assert parent.name == "all_reduce" and transfer.ts + transfer.dur == parent.ts + parent.dur
 
 
 def test_flows_join_the_ranks_slices_of_each_matched_collective(straggler):
-    run, report = straggler
+    run, report, _ = straggler
     assert report.stats["flows_across_processes"] == len(report.flows) > 0
     wall0 = int(run.rank_data[0].meta["clock_offset_ns"])
     c = run.collectives
@@ -118,13 +132,14 @@ def test_flows_join_the_ranks_slices_of_each_matched_collective(straggler):
     assert len(want) == len(c) // 2
     got = {(f.src.ts, f.dst.ts) for f in report.flows}
     assert got == want
-    tracks = set(_tracks(report, TRACK).values())
+    lanes = _lanes(report)
     for f in report.flows:
-        assert {f.src.track, f.dst.track} == tracks and f.src.name == f.dst.name
+        assert f.src.track in lanes[0] | lanes[1] and f.dst.track in lanes[0] | lanes[1]
+        assert report.process_of(f.src.track) != report.process_of(f.dst.track) and f.src.name == f.dst.name
 
 
 def test_the_chrome_export_has_the_same_flows(straggler, tmp_path):
-    run, report = straggler
+    run, report, _ = straggler
     out = tmp_path / "t.json"
     assert cli("export", run.path, "-o", out, "--format", "chrome").returncode == 0
     events = json.loads(out.read_text())["traceEvents"]
@@ -195,15 +210,14 @@ def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_ra
     res = cli("export", run_dir, "-o", out, timeout=300)
     assert res.returncode == 0, res.stderr
     report = check_trace(out)  # no slice left unterminated
-    track = _tracks(report, TRACK)[0]
-    stuck = [s for s in _slices(report, track, depth=0) if s.name.endswith("(in flight)")]
+    stuck = [s for s in _coll(report, 0, 0) if s.name.endswith("(in flight)")]
     assert [s.name for s in stuck] == ["all_reduce (in flight)"]
-    inside = [s for s in _slices(report, track, depth=1) if s.ts == stuck[0].ts]
+    inside = [s for s in _coll(report, 0, 1) if (s.track, s.ts) == (stuck[0].track, stuck[0].ts)]
     assert [s.name for s in inside] == ["waiting for rank 1"] and inside[0].dur == stuck[0].dur
     # it ends at rank 0's last recorded event, after every other slice of rank 0 began
-    rank0 = {u for u in report.tracks if report.process_of(u) == report.process_of(track)}
+    rank0 = {u for u in report.tracks if report.process_of(u) == report.process_of(stuck[0].track)}
     assert stuck[0].ts + stuck[0].dur >= max(s.ts for s in report.slices if s.track in rank0)
-    assert [s.name for s in _slices(report, _tracks(report, TRACK)[1], depth=0)] == ["all_reduce"] * 3
+    assert [s.name for s in _coll(report, 1, 0)] == ["all_reduce"] * 3
 
 
 def test_four_ranks_the_stragglers_collective_links_to_each_other_rank(tmp_path):
@@ -212,19 +226,18 @@ def test_four_ranks_the_stragglers_collective_links_to_each_other_rank(tmp_path)
     assert cli("export", run_dir, "-o", out, timeout=300).returncode == 0
     report = check_trace(out)
     assert sorted(_rank_of(report).values()) == [0, 1, 2, 3]
-    tracks = _tracks(report, TRACK)
+    lanes = _lanes(report)
     run = neuron_prof.load(run_dir)
     n = run.collectives.groupby(["group", "seq"], observed=True).ngroups
     assert len(report.flows) == report.stats["flows_across_processes"] == 3 * n  # last rank -> each other rank
     # the slow step's all-reduce: three arrows, each between rank 2's slice and another rank's
-    slow = [s for s in _slices(report, tracks[2], depth=0) if _step_of(report, 2, s.ts) == 2 and s.name == "all_reduce"]
+    slow = [s for s in _coll(report, 2, 0) if _step_of(report, 2, s.ts) == 2 and s.name == "all_reduce"]
     assert len(slow) == 1
-    linked = [f for f in report.flows if slow[0].ts in (f.src.ts, f.dst.ts) and tracks[2] in (f.src.track, f.dst.track)]
-    others = {f.src.track if f.dst.track == tracks[2] else f.dst.track for f in linked}
-    assert others == {tracks[0], tracks[1], tracks[3]}
+    end = (slow[0].track, slow[0].ts)
+    others = [b.track for f in report.flows for a, b in ((f.src, f.dst), (f.dst, f.src)) if (a.track, a.ts) == end]
+    assert sorted(r for r, ls in lanes.items() for t in others if t in ls) == [0, 1, 3]
     # each of the others waited for rank 2 (four processes share two cores here: a rank that was
     # itself descheduled arrives later and waits less than the sleep, so half of it is the bar)
     for rank in (0, 1, 3):
-        waits = [s for s in _slices(report, tracks[rank], depth=1)
-                 if s.name == "wait for rank 2" and _step_of(report, rank, s.ts) == 2]
+        waits = [s for s in _coll(report, rank, 1) if s.name == "wait for rank 2" and _step_of(report, rank, s.ts) == 2]
         assert len(waits) == 1 and waits[0].dur >= SLEEP_S / 2 * 1e9
