@@ -37,16 +37,17 @@ class CollectiveTracks:
         self.clock = clock
         w = run.collective_waits
         self.ids = np.full(len(w), -1, np.int64)
+        self.cols: dict[str, np.ndarray] = {}
         self._by_rank: dict[int, np.ndarray] = {}
         if w.empty:
             return
-        # each row with its collective's last rank and the members that never issued it
-        keys = run.collectives_matched[["group", "seq", "last_rank", "missing"]]
+        # each row with the members of its group that never issued it
+        keys = run.collectives_matched[["group", "seq", "missing"]]
         w = w.assign(group=w["group"].astype(str)).merge(keys, on=["group", "seq"], how="left", sort=False)
         # columns as arrays, converted once: a rank's rows are then plain takes (256 ranks of
         # 2,000 collectives would otherwise spend most of the export in per-rank pandas calls)
         ints = {"rank": "rank", "start": "start", "end": "end", "ts": "ts", "dur": "dur", "wait": "wait_ns",
-                "late": "late_rank", "last": "last_rank", "seq": "seq", "bytes": "bytes", "count": "count",
+                "late": "late_rank", "seq": "seq", "bytes": "bytes", "count": "count",
                 "step": "step"}
         strs = {"op": "op", "group": "group", "desc": "group_desc", "dtype": "dtype", "status": "status",
                 "call": "call", "source": "source_full", "module": "module"}
@@ -86,7 +87,7 @@ class CollectiveTracks:
         self.ids[idx] = writer.slices(tracks, start, end - start, names, {
             "group": groups, "seq": r["seq"], "bytes": r["bytes"], "dtype": r["dtype"], "count": r["count"],
             "status": r["status"], "call": r["call"], "source": r["source"], "module": r["module"],
-            "step": r["step"], "wait_ns": wait, "last_rank": r["last"], "never_arrived": missing})
+            "step": r["step"], "wait_ns": wait, "last_rank": r["late"], "never_arrived": missing})
 
         # inside: the wait for the last rank, then the transfer; a collective some rank never
         # joined is all waiting for those ranks
@@ -109,7 +110,7 @@ class CollectiveTracks:
         if not len(self.ids):
             return 0
         c = self.cols
-        f = pd.DataFrame({"group": c["group"], "seq": c["seq"], "rank": c["rank"], "last": c["last"], "id": self.ids})
+        f = pd.DataFrame({"group": c["group"], "seq": c["seq"], "rank": c["rank"], "last": c["late"], "id": self.ids})
         f = f[f["id"] >= 0]
         src = f[f["rank"] == f["last"]][["group", "seq", "id"]]
         dst = f[f["rank"] != f["last"]][["group", "seq", "id"]]
