@@ -1,13 +1,12 @@
 """analysis.collectives: unit tests on small hand-made tables (expectations worked out by hand),
-and a real 2-rank gloo DDP job, started with torch.multiprocessing, in which rank 1 sleeps
-before ``loss.backward()`` in chosen steps: the straggler, its steps and the wait it caused come
-out of the analyses, the report and its JSON."""
+and real 2-rank gloo jobs started with torch.multiprocessing: DDP in which rank 1 sleeps before
+``loss.backward()`` in chosen steps (the straggler, its steps and the wait it caused come out of
+the analyses, the report and its JSON), a different op on each rank at one seq (a mismatch) and a
+rank that never joins its peer's all-reduce, killed with SIGKILL (a hang)."""
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import signal
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import cli, free_port, line_of, write_script
+from conftest import cli, free_port, kill_group, line_of, run_bounded, write_script
 from neuron_prof.analysis import collectives as C
 from neuron_prof.analysis.steps import time_split
 from neuron_prof.findings import steps_text
@@ -266,18 +265,9 @@ def ddp_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp_straggler")
     script = write_script(tmp / "train.py", DDP)
     run_dir = tmp / "run"
-    args = [sys.executable, str(script), str(run_dir), str(free_port()), str(STEPS),
-            ",".join(map(str, SLOW_STEPS)), str(SLEEP)]
-    proc = subprocess.Popen(args, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=240)
-    finally:  # the spawned ranks share the launcher's session: none outlives the test
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, err
+    res = run_bounded([sys.executable, str(script), str(run_dir), str(free_port()), str(STEPS),
+                       ",".join(map(str, SLOW_STEPS)), str(SLEEP)], timeout=240, cwd=tmp)
+    assert res.returncode == 0, res.stderr
     return run_dir, script
 
 
@@ -414,10 +404,7 @@ def _broken(tmp, mode: str):
                 break
             time.sleep(0.2)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # kill -9, every rank
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # kill -9, every rank
         proc.wait(timeout=30)
     return run_dir, script
 
