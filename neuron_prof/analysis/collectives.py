@@ -405,11 +405,41 @@ def _merged(key: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, 
     return out["key"].to_numpy(), out["s"].to_numpy(np.int64), out["e"].to_numpy(np.int64)
 
 
+def _compute(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """When each rank computed, as (rank, start, end) of disjoint intervals: the time its
+    innermost ops ran, on any thread, outside collective ops. Innermost, because a rank that
+    waits for a collective often waits inside an enclosing op (DDP's forward waits for its
+    broadcast in ``Work.wait``, which records no op of its own): that op's own time is waiting
+    or Python, not compute."""
+    depth = ops["depth"].to_numpy()
+    comm = name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
+    rank, tid = ops["rank"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    ts = ops["ts"].to_numpy(np.int64)
+    end = ts + ops["dur"].to_numpy(np.int64)
+    thread = pd.factorize(rank << 40 | tid)[0].astype(np.int64)
+    order = np.lexsort((depth, ts, thread))  # an op with children is followed by its first child
+    cur, nxt = order[:-1], order[1:]
+    parent = np.zeros(len(ops), dtype=bool)
+    parent[cur] = (thread[nxt] == thread[cur]) & (depth[nxt] > depth[cur]) & (ts[nxt] < end[cur])
+    leaf = ~parent & ~comm
+    lk, ls, le = _merged(thread[leaf], ts[leaf], end[leaf])
+    hk, hs, he = _merged(thread[comm], ts[comm], end[comm])  # what runs inside a collective is communication
+    # a sweep per thread: +1 inside an innermost op, -1 inside a collective; 1 = computing
+    key = np.r_[lk, lk, hk, hk]
+    t = np.r_[ls, le, hs, he]
+    step = np.r_[np.ones(len(lk)), -np.ones(len(lk)), -np.ones(len(hk)), np.ones(len(hk))].astype(np.int64)
+    o = np.lexsort((t, key))
+    key, t, level = key[o], t[o], np.cumsum(step[o])
+    on = (level[:-1] == 1) & (key[:-1] == key[1:]) & (t[1:] > t[:-1])
+    rank_of = pd.Series(rank).groupby(thread).first().to_numpy()
+    return _merged(rank_of[key[:-1][on]], t[:-1][on], t[1:][on])
+
+
 def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank and step with collectives (each rank on its own clock): ``comm_ns`` (time with a
     collective under way: from issue to completion, the union over its collectives),
-    ``overlapped_ns`` (the part in which the rank ran some compute: a top-level op other than a
-    collective, on any thread; -1 when the step's ops were not captured), ``exposed_ns`` (the
+    ``overlapped_ns`` (the part in which the rank computed: its innermost ops ran, on any thread,
+    outside collective ops; -1 when the step's ops were not captured), ``exposed_ns`` (the
     rest: the rank only waited for communication), ``step_ns`` and ``comm_share`` (exposed /
     step). In-flight collectives (no end) are left out."""
     cols = ["rank", "step", "comm_ns", "overlapped_ns", "exposed_ns", "step_ns", "comm_share"]
@@ -425,10 +455,7 @@ def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.Da
     k, cs, ce = _merged(key, ts, end)
     over = np.zeros(len(k), dtype=np.int64)
     if len(ops):
-        top = (ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
-        o_rank = ops["rank"].to_numpy(np.int64)[top]
-        o_ts = ops["ts"].to_numpy(np.int64)[top]
-        o_rank_k, us, ue = _merged(o_rank, o_ts, o_ts + ops["dur"].to_numpy(np.int64)[top])
+        o_rank_k, us, ue = _compute(ops)
         for r in np.unique(k >> 32):
             sel, mine = (k >> 32) == r, o_rank_k == r
             over[sel] = (_covered_before(us[mine], ue[mine], ce[sel]) -
