@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port, write_script
+from conftest import free_port, gloo_env, write_script
 
 SCRIPT = """
 import sys
@@ -46,10 +46,10 @@ def straggler_run(tmp: Path, *, steps: int, slow_rank: int, slow_steps: list[int
     """The captured run (``tmp/run``); every rank is killed if the job does not end in time."""
     script = write_script(tmp / "ddp_straggler.py", SCRIPT)
     run_dir = tmp / "run"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
+    port = free_port()
     argv = [sys.executable, str(script), str(run_dir), str(steps), str(slow_rank), str(sleep_s),
             ",".join(map(str, slow_steps))]
-    procs = [subprocess.Popen(argv, cwd=tmp, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(argv, cwd=tmp, env={**os.environ, **gloo_env(r, world, port)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
         for p in procs:

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import check_trace, cli, free_port, write_script
+from conftest import check_trace, cli, free_port, gloo_env, write_script
 from ddp_straggler import straggler_run
 from neuron_prof.export.clock import TraceClock
 
@@ -174,9 +174,9 @@ def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_ra
     draws it, ended at rank 0's last event, named in flight, waiting for rank 1."""
     script = write_script(tmp_path / "hang.py", HANG)
     run_dir, marker = tmp_path / "run", tmp_path / "ready"
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(run_dir), str(marker)], cwd=tmp_path,
-                              env={**os.environ, **env, "RANK": str(r)}, stdout=subprocess.DEVNULL,
+                              env={**os.environ, **gloo_env(r, 2, port)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
         deadline = time.monotonic() + 240
@@ -204,3 +204,27 @@ def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_ra
     rank0 = {u for u in report.tracks if report.process_of(u) == report.process_of(track)}
     assert stuck[0].ts + stuck[0].dur >= max(s.ts for s in report.slices if s.track in rank0)
     assert [s.name for s in _slices(report, _tracks(report, TRACK)[1], depth=0)] == ["all_reduce"] * 3
+
+
+def test_four_ranks_the_stragglers_collective_links_to_each_other_rank(tmp_path):
+    run_dir = straggler_run(tmp_path, steps=4, slow_rank=2, slow_steps=[2], sleep_s=SLEEP_S, world=4)
+    out = tmp_path / "t.perfetto-trace"
+    assert cli("export", run_dir, "-o", out, timeout=300).returncode == 0
+    report = check_trace(out)
+    assert sorted(_rank_of(report).values()) == [0, 1, 2, 3]
+    tracks = _tracks(report, TRACK)
+    run = neuron_prof.load(run_dir)
+    n = run.collectives.groupby(["group", "seq"], observed=True).ngroups
+    assert len(report.flows) == report.stats["flows_across_processes"] == 3 * n  # last rank -> each other rank
+    # the slow step's all-reduce: three arrows, each between rank 2's slice and another rank's
+    slow = [s for s in _slices(report, tracks[2], depth=0) if _step_of(report, 2, s.ts) == 2 and s.name == "all_reduce"]
+    assert len(slow) == 1
+    linked = [f for f in report.flows if slow[0].ts in (f.src.ts, f.dst.ts) and tracks[2] in (f.src.track, f.dst.track)]
+    others = {f.src.track if f.dst.track == tracks[2] else f.dst.track for f in linked}
+    assert others == {tracks[0], tracks[1], tracks[3]}
+    # each of the others waited for rank 2 (four processes share two cores here: a rank that was
+    # itself descheduled arrives later and waits less than the sleep, so half of it is the bar)
+    for rank in (0, 1, 3):
+        waits = [s for s in _slices(report, tracks[rank], depth=1)
+                 if s.name == "wait for rank 2" and _step_of(report, rank, s.ts) == 2]
+        assert len(waits) == 1 and waits[0].dur >= SLEEP_S / 2 * 1e9

@@ -62,15 +62,14 @@ def test_a_run_without_collectives_says_so_and_how_to_capture_them(demo_run, mon
 def test_the_page_names_the_straggler_and_its_steps(straggler, monkeypatch):
     at = _page(monkeypatch, straggler)
     assert not at.info  # no "no collective data" above real data
-    head = shown(next(m.value for m in at.markdown if "made the others wait" in m.value))
-    assert head.startswith(f"**rank {SLOW_RANK}** made the others wait **")
-    assert "all_reduce of " in head and "backward" in head
+    said = [shown(w.value) for w in at.warning]
+    assert len(said) == 1, said  # the report's finding, word for word
+    assert said[0].startswith(f"rank {SLOW_RANK} made the others wait ")
+    assert f" in steps {SLOW_STEPS[0]} and {SLOW_STEPS[1]} (all_reduce of " in said[0] and said[0].endswith(", backward)")
     ranking = next(d.value for d in at.dataframe if "wait caused (ms)" in d.value.columns)
     assert list(ranking["rank"]) == [SLOW_RANK, 1 - SLOW_RANK]
-    # every slow step is named; the sleep dominates what rank 1 caused
-    named = [int(x) for x in ranking["straggler in steps"].iloc[0].strip("[]").split(",")]
-    assert set(SLOW_STEPS) <= set(named)
-    assert ranking["wait caused (ms)"].iloc[0] >= 0.8 * len(SLOW_STEPS) * SLEEP_MS
+    assert ranking["straggler in steps"].tolist() == [str(SLOW_STEPS), "[]"]
+    assert ranking["wait caused (ms)"].iloc[0] >= 0.8 * len(SLOW_STEPS) * SLEEP_MS  # the sleeps dominate
 
 
 def test_heat_map_has_the_other_rank_waiting_the_sleep_in_exactly_those_steps(straggler, monkeypatch):

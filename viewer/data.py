@@ -17,7 +17,7 @@ from neuron_prof.run import Run
 from neuron_prof.viewer import DIFF_ENV, RUN_ENV
 from neuron_prof.viewer.text import md
 
-__all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "summary", "collectives", "no_data"]
+__all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "summary", "no_data"]
 
 
 def run_path() -> Path:
@@ -63,19 +63,6 @@ def summary(path: Path | None = None) -> dict[str, Any]:
     path = path or run_path()
     load(path)  # turns a bad run into its one-line error first
     return _summary(str(path), stamp(path))
-
-
-@st.cache_data(max_entries=8, show_spinner="matching collectives across ranks ...")
-def _collectives(path: str, mtime: float) -> dict[str, Any]:
-    from neuron_prof.analysis.collectives import summary
-    return summary(_load(path, mtime))
-
-
-def collectives(path: Path | None = None) -> dict[str, Any]:
-    """``neuron_prof.analysis.collectives.summary`` of the run (the report's Collectives numbers), cached."""
-    path = path or run_path()
-    load(path)
-    return _collectives(str(path), stamp(path))
 
 
 def no_data(what: str, how: str) -> None:

@@ -3,9 +3,10 @@ collectives rank by rank on one clock; what the ranks disagreed on or never fini
 
 In synchronous training every rank finishes a step together, so step time cannot name a
 straggler: the waits inside the collectives can. Every number here comes from
-``neuron_prof.analysis.collectives`` (its ``summary`` for the tables, the run's aligned waits for
-the heat map and the lanes); the page only draws. The charts stay small at any world size: the
-heat map is one cell per rank and step, the lanes one step of at most ``MAX_LANES`` ranks.
+``neuron_prof.analysis.collectives``: its ``summary`` (in the report's summary) for the findings
+and tables, the run's aligned waits for the heat map and the lanes; the page only draws. The
+charts stay small at any world size: the heat map is one cell per rank and step, the lanes one
+step of at most ``MAX_LANES`` ranks.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from neuron_prof.analysis.collectives import to_rank0
-from neuron_prof.units import format_bytes
+from neuron_prof.findings import findings
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
 from neuron_prof.viewer.text import md
@@ -23,14 +24,6 @@ HOW = ("Every `torch.distributed` collective (DDP's gradient all-reduce, FSDP's 
        "explicit calls) is recorded on each rank by the `collectives` collector, on by default once the job has "
        "called `init_process_group`: run the job under `neuron-prof record` (`neuron-prof record -- torchrun "
        "--nproc-per-node 2 train.py`), or wrap each rank's training loop in `neuron_prof.profile(RUN)`.")
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:,.1f} ms"
-
-
-def _steps_text(steps: list[int]) -> str:
-    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
 def _table(rows: list[dict], columns: dict[str, str], ms: tuple[str, ...] = ()) -> None:
@@ -47,7 +40,11 @@ st.title("Collectives")
 if run.collectives.empty:
     data.no_data("collective data", HOW)
     st.stop()
-s = data.collectives()
+report = data.summary()
+s = report["collectives"]
+for f in findings(report):
+    if f["page"] == "collectives":  # stuck, mismatched, straggling: as the report and the Overview say it
+        st.warning(md(f["text"]), icon=":material/error:" if f["severity"] == "high" else ":material/warning:")
 
 clock = pd.DataFrame(s["clock"])
 cols = st.columns(4)
@@ -60,23 +57,16 @@ cols[3].metric("clocks", "one clock" if clock["same_clock"].all() else
                     "and end; ranks on one host share one clock")
 
 st.subheader("Stragglers")
-top = s["stragglers"][0] if s["stragglers"] else None
-if top is not None and top["steps"]:
-    where = top["where"]
-    said = f" ({md(where['op'])} of {format_bytes(where['bytes'])} from {md(where['source'])}" \
-           f"{', backward' if where['bwd'] else ''})" if where else ""
-    st.markdown(f"**rank {top['rank']}** made the others wait **{_ms(top['wait_in_steps_ns'])}** in "
-                f"**{_steps_text(top['steps'])}**{said}.")
-elif top is not None:
-    st.markdown(f"No rank made the others wait long: no steady step's last rank caused "
-                f"{s['threshold_ms']:.1f} ms of waiting.")
+if not any(r["steps"] for r in s["stragglers"]):
+    st.markdown("No rank made the others wait significantly in any steady step.")
 if s["stragglers"]:
     _table(s["stragglers"], {"rank": "rank", "wait_caused_ns": "wait caused (ms)", "steps": "straggler in steps",
-                             "times_last": "arrived last", "waited_ns": "waited itself (ms)", "share": "share"},
+                             "times_last": "last in steps", "waited_ns": "waited itself (ms)", "share": "share"},
            ms=("wait_caused_ns", "waited_ns"))
-st.caption(f"over the {s['steady_steps']} steady steps: a step's last rank counts when the wait it caused is at "
-           f"least {s['threshold_ms']:.1f} ms (a share of the {s['median_step_ms']:.1f} ms median step, above the "
-           "run's own jitter)")
+if s["threshold_ms"] is not None:
+    st.caption(f"over the {s['steady_steps']} steady steps: a step's last rank counts as its straggler when the wait "
+               f"it caused stands out from the run's own jitter (here {s['threshold_ms']:.1f} ms or more; "
+               "neuron_prof's own step-boundary work is not counted)")
 
 waits = run.collective_waits
 st.subheader("Wait per rank and step")
