@@ -216,10 +216,9 @@ def _render_collectives(c: dict[str, Any], world_size: int | None) -> list[str]:
                          ("time_ms_per_rank", "ms/rank", ".2f"), ("wait_ms_per_rank", "wait ms/rank", ".2f")])
     out.append("  (ms/rank: issue to completion, summed over the run, mean over ranks; wait: waiting for the "
                "last rank to arrive)")
-    out.append(f"  Stragglers over {c['steady_steps']} steady steps" + (
-        f" (significant: a step's straggler made the others wait {c['threshold_ms']:.1f} ms or more: at least "
-        f"{colls.SHARE:.0%} of the median step, and above the run's noise unless late in every step)"
-        if c["threshold_ms"] is not None else ""))
+    out.append(f"  Stragglers over {c['steady_steps']} steady steps (significant: a step's straggler made the "
+               f"others wait {c['threshold_ms']:.1f} ms or more: at least {colls.SHARE:.0%} of the median step, and "
+               "above the run's noise unless late in every step)")
     if c["stragglers"]:
         rows = [{**x, "caused_ms": x["wait_caused_ns"] / 1e6, "waited_ms": x["waited_ns"] / 1e6,
                  "pct": 100 * (x["share"] or 0), "in_steps": steps_text(x["steps"]) if x["steps"] else "-"}

@@ -1,13 +1,12 @@
 """analysis.collectives: unit tests on small hand-made tables (expectations worked out by hand),
-and a real 2-rank gloo DDP job, started with torch.multiprocessing, in which rank 1 sleeps
-before ``loss.backward()`` in chosen steps: the straggler, its steps and the wait it caused come
-out of the analyses, the report and its JSON."""
+and real 2-rank gloo jobs started with torch.multiprocessing: DDP in which rank 1 sleeps before
+``loss.backward()`` in chosen steps (the straggler, its steps and the wait it caused come out of
+the analyses, the report and its JSON), a different op on each rank at one seq (a mismatch) and a
+rank that never joins its peer's all-reduce, killed with SIGKILL (a hang)."""
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import signal
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import cli, free_port, line_of, write_script
+from conftest import cli, free_port, kill_group, line_of, run_bounded, write_script
 from neuron_prof.analysis import collectives as C
 from neuron_prof.analysis.steps import time_split
 from neuron_prof.findings import steps_text
@@ -128,7 +127,7 @@ def test_mismatches_name_a_size_an_op_and_a_dtype():
                                     "8.0 KiB float32 at the same seq")
 
 
-def test_overlap_counts_compute_on_other_threads_and_leaves_collective_ops_out():
+def test_overlap_counts_innermost_ops_on_any_thread_and_never_a_collective():
     coll = _coll([{"rank": 0, "seq": 1, "ts": 100, "dur": 5, "done": 200, "step": 0},
                   {"rank": 0, "seq": 2, "ts": 150, "dur": 5, "done": 260, "step": 0}])
     ops = pd.DataFrame([
@@ -136,12 +135,17 @@ def test_overlap_counts_compute_on_other_threads_and_leaves_collective_ops_out()
         {"rank": 0, "ts": 100, "dur": 100, "tid": 9, "name": "gloo:all_reduce", "depth": 0},  # not compute
         {"rank": 0, "ts": 230, "dur": 100, "tid": 2, "name": "aten::add", "depth": 0},  # 230..260 overlaps
         {"rank": 0, "ts": 240, "dur": 10, "tid": 2, "name": "aten::fill_", "depth": 1},  # inside: once
+        {"rank": 0, "ts": 150, "dur": 50, "tid": 3, "name": "DistributedDataParallel.forward", "depth": 0},
+        {"rank": 0, "ts": 155, "dur": 5, "tid": 3, "name": "aten::addmm", "depth": 1},  # 155..160 computes
+        {"rank": 0, "ts": 165, "dur": 2, "tid": 3, "name": "c10d::broadcast_", "depth": 1},  # then waits to 200
+        {"rank": 0, "ts": 165, "dur": 1, "tid": 3, "name": "aten::empty", "depth": 2},  # inside: communication
     ]).assign(name=lambda d: d["name"].astype("category"))
     steps = pd.DataFrame([{"rank": 0, "step": 0, "ts": 0, "dur": 400, "active": True}])
     (row,) = C.overlap(coll, ops, steps).to_dict("records")
-    # in collectives 100..260 = 160; compute within it 20 + 30 = 50
-    assert (row["comm_ns"], row["overlapped_ns"], row["exposed_ns"], row["step_ns"]) == (160, 50, 110, 400)
-    assert row["comm_share"] == pytest.approx(110 / 400)
+    # in collectives 100..260 = 160; compute within it 100..120 (mm), 155..160 (addmm), 240..250
+    # (fill_, add's only child: add's own time is not counted) = 35
+    assert (row["comm_ns"], row["overlapped_ns"], row["exposed_ns"], row["step_ns"]) == (160, 35, 125, 400)
+    assert row["comm_share"] == pytest.approx(125 / 400)
 
 
 def test_time_split_takes_communication_from_the_exposed_collective_time():
@@ -266,18 +270,9 @@ def ddp_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp_straggler")
     script = write_script(tmp / "train.py", DDP)
     run_dir = tmp / "run"
-    args = [sys.executable, str(script), str(run_dir), str(free_port()), str(STEPS),
-            ",".join(map(str, SLOW_STEPS)), str(SLEEP)]
-    proc = subprocess.Popen(args, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=240)
-    finally:  # the spawned ranks share the launcher's session: none outlives the test
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, err
+    res = run_bounded([sys.executable, str(script), str(run_dir), str(free_port()), str(STEPS),
+                       ",".join(map(str, SLOW_STEPS)), str(SLEEP)], timeout=240, cwd=tmp)
+    assert res.returncode == 0, res.stderr
     return run_dir, script
 
 
@@ -414,10 +409,7 @@ def _broken(tmp, mode: str):
                 break
             time.sleep(0.2)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # kill -9, every rank
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # kill -9, every rank
         proc.wait(timeout=30)
     return run_dir, script
 

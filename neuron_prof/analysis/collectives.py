@@ -354,10 +354,11 @@ def straggler_steps(matched: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, over the steady steps, worst first: ``times_last`` (steps in which it was the
-    significant straggler: ``straggler_steps``), ``steps`` (which), ``wait_caused_ns`` (the waits
-    of all the collectives it arrived last at), its ``share`` of all the wait caused, and
-    ``waited_ns`` (how long it waited for others itself)."""
+    """Per rank, over the steady steps, worst first: ``steps`` (those in which it was the
+    significant straggler: ``straggler_steps``), ``times_last`` (the collectives it arrived last
+    at, making others wait, in those steps), ``wait_caused_ns`` (the waits of all the collectives
+    it arrived last at, in any steady step, less neuron_prof's own), its ``share`` of all the
+    wait caused, and ``waited_ns`` (how long it waited for others itself)."""
     cols = ["rank", "times_last", "wait_caused_ns", "share", "steps", "waited_ns"]
     steady, _ = _steady(steps)
     caused = _caused(matched, steady)
@@ -369,9 +370,11 @@ def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) 
     sig = straggler_steps(matched, steps)
     sig = sig[sig["significant"]]
     named = [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks]
+    at = m[m["wait_ns"] > m["own_ns"]]
+    times = [int(((at["last_rank"] == r) & at["step"].isin(s)).sum()) for r, s in zip(ranks, named)]
     waited = waits[waits["step"].isin(steady)].groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
     total = float(per.sum())
-    out = pd.DataFrame({"rank": ranks, "times_last": [len(x) for x in named],
+    out = pd.DataFrame({"rank": ranks, "times_last": times,
                         "wait_caused_ns": per.to_numpy(np.int64),
                         "share": per.to_numpy() / total if total else 0.0, "steps": named,
                         "waited_ns": waited.to_numpy(np.int64)})
@@ -402,11 +405,41 @@ def _merged(key: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, 
     return out["key"].to_numpy(), out["s"].to_numpy(np.int64), out["e"].to_numpy(np.int64)
 
 
+def _compute(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """When each rank computed, as (rank, start, end) of disjoint intervals: the time its
+    innermost ops ran, on any thread, outside collective ops. Innermost, because a rank that
+    waits for a collective often waits inside an enclosing op (DDP's forward waits for its
+    broadcast in ``Work.wait``, which records no op of its own): that op's own time is waiting
+    or Python, not compute."""
+    depth = ops["depth"].to_numpy()
+    comm = name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
+    rank, tid = ops["rank"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    ts = ops["ts"].to_numpy(np.int64)
+    end = ts + ops["dur"].to_numpy(np.int64)
+    thread = pd.factorize(rank << 40 | tid)[0].astype(np.int64)
+    order = np.lexsort((depth, ts, thread))  # an op with children is followed by its first child
+    cur, nxt = order[:-1], order[1:]
+    parent = np.zeros(len(ops), dtype=bool)
+    parent[cur] = (thread[nxt] == thread[cur]) & (depth[nxt] > depth[cur]) & (ts[nxt] < end[cur])
+    leaf = ~parent & ~comm
+    lk, ls, le = _merged(thread[leaf], ts[leaf], end[leaf])
+    hk, hs, he = _merged(thread[comm], ts[comm], end[comm])  # what runs inside a collective is communication
+    # a sweep per thread: +1 inside an innermost op, -1 inside a collective; 1 = computing
+    key = np.r_[lk, lk, hk, hk]
+    t = np.r_[ls, le, hs, he]
+    step = np.r_[np.ones(len(lk)), -np.ones(len(lk)), -np.ones(len(hk)), np.ones(len(hk))].astype(np.int64)
+    o = np.lexsort((t, key))
+    key, t, level = key[o], t[o], np.cumsum(step[o])
+    on = (level[:-1] == 1) & (key[:-1] == key[1:]) & (t[1:] > t[:-1])
+    rank_of = pd.Series(rank).groupby(thread).first().to_numpy()
+    return _merged(rank_of[key[:-1][on]], t[:-1][on], t[1:][on])
+
+
 def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank and step with collectives (each rank on its own clock): ``comm_ns`` (time with a
     collective under way: from issue to completion, the union over its collectives),
-    ``overlapped_ns`` (the part in which the rank ran some compute: a top-level op other than a
-    collective, on any thread; -1 when the step's ops were not captured), ``exposed_ns`` (the
+    ``overlapped_ns`` (the part in which the rank computed: its innermost ops ran, on any thread,
+    outside collective ops; -1 when the step's ops were not captured), ``exposed_ns`` (the
     rest: the rank only waited for communication), ``step_ns`` and ``comm_share`` (exposed /
     step). In-flight collectives (no end) are left out."""
     cols = ["rank", "step", "comm_ns", "overlapped_ns", "exposed_ns", "step_ns", "comm_share"]
@@ -422,10 +455,7 @@ def overlap(coll: pd.DataFrame, ops: pd.DataFrame, steps: pd.DataFrame) -> pd.Da
     k, cs, ce = _merged(key, ts, end)
     over = np.zeros(len(k), dtype=np.int64)
     if len(ops):
-        top = (ops["depth"].to_numpy() == 0) & ~name_mask(ops, lambda n: n.startswith(COMM_PREFIXES))
-        o_rank = ops["rank"].to_numpy(np.int64)[top]
-        o_ts = ops["ts"].to_numpy(np.int64)[top]
-        o_rank_k, us, ue = _merged(o_rank, o_ts, o_ts + ops["dur"].to_numpy(np.int64)[top])
+        o_rank_k, us, ue = _compute(ops)
         for r in np.unique(k >> 32):
             sel, mine = (k >> 32) == r, o_rank_k == r
             over[sel] = (_covered_before(us[mine], ue[mine], ce[sel]) -
@@ -479,16 +509,23 @@ def group_bandwidth(bw: pd.DataFrame) -> pd.DataFrame:
 
 def _where(w: pd.DataFrame, m: pd.DataFrame, rank: int, steps: list[int]) -> dict[str, Any]:
     """The collective of ``steps`` at which ``rank`` made the others wait longest, as the rank
-    issued it: op, bytes, source line, backward or not."""
+    issued it: op, bytes, source line, module, backward or not."""
     mine = m[(m["last_rank"] == rank) & m["step"].isin(steps)]
     if mine.empty:
         return {}
-    top = mine.loc[mine["wait_ns"].idxmax()]
-    row = w[(w["rank"] == rank) & (w["group"].astype(str) == top["group"]) & (w["seq"] == top["seq"])]
-    r = row.iloc[0] if len(row) else None
+    top = mine.loc[(mine["wait_ns"] - mine["own_ns"]).idxmax()]
+    r = w[(w["rank"] == rank) & (w["group"].astype(str) == top["group"]) & (w["seq"] == top["seq"])].iloc[0]
     return {"group": top["group"], "seq": int(top["seq"]), "op": top["op"], "bytes": int(top["bytes"]),
-            "source": str(r["source"]) if r is not None else "", "user_source": str(r["user_source"]) if r is not None else "",
-            "module": str(r["module"]) if r is not None else "", "bwd": bool(r["bwd"]) if r is not None else False}
+            "source": str(r["source"]), "user_source": str(r["user_source"]), "module": str(r["module"]),
+            "bwd": bool(r["bwd"])}
+
+
+def _groups(groups: pd.DataFrame) -> pd.DataFrame:
+    """One row per process group: name, description, backend, size, members."""
+    g = groups.drop_duplicates("group")
+    return pd.DataFrame({"group": g["group"].astype(str), "desc": g["desc"].astype(str),
+                         "backend": g["backend"].astype(str), "size": g["size"],
+                         "ranks": [list(map(int, x)) for x in g["ranks"]]})
 
 
 def _by_op(w: pd.DataFrame, m: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
@@ -511,9 +548,8 @@ def _by_op(w: pd.DataFrame, m: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
 
 
 def overlap_by_rank(ov: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """``overlap`` over the steady steps, per rank: mean ms per step in collectives, overlapped
-    by compute and exposed, and the exposed share of the step (steps whose ops were not captured
-    count for ``comm_ms`` only)."""
+    """``overlap`` over the steady steps whose ops were captured, per rank: mean ms per step in
+    collectives, overlapped by compute and exposed, and the exposed share of the step."""
     cols = ["rank", "steps", "comm_ms", "overlapped_ms", "exposed_ms", "step_ms", "exposed_pct"]
     steady, _ = _steady(steps)
     o = ov[ov["step"].isin(steady) & (ov["exposed_ns"] >= 0)]
@@ -544,29 +580,23 @@ def summary(run: Any) -> dict[str, Any]:
         sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
         r["wait_in_steps_ns"] = int(sig["wait_caused_ns"].sum())
         r["where"] = _where(w, m, r["rank"], r["steps"])
-    off = run.collective_offsets
-    groups = run.collective_groups
     status = coll["status"].astype(str).value_counts()
-    bw = bandwidth(m)
     return {
         "captured": True,
         "ranks": len(run.ranks),
         "collectives": int(len(m)),
         "calls": int(len(coll)),
         "status": {k: int(v) for k, v in status.items() if v},
-        "groups": records(groups.drop_duplicates("group")[["group", "desc", "backend", "size", "ranks"]]
-                          .assign(group=lambda d: d["group"].astype(str), desc=lambda d: d["desc"].astype(str),
-                                  backend=lambda d: d["backend"].astype(str),
-                                  ranks=lambda d: [list(map(int, x)) for x in d["ranks"]])) if len(groups) else [],
+        "groups": records(_groups(run.collective_groups)),
         "by_op": records(_by_op(w, m, steady)),
         "steady_steps": len(steady),
         "median_step_ms": median_step / 1e6,
-        "threshold_ms": float(per_step["threshold_ns"].iloc[0]) / 1e6 if len(per_step) else None,
+        "threshold_ms": float(per_step["threshold_ns"].iloc[0] if len(per_step) else SHARE * median_step) / 1e6,
         "stragglers": ranking_rows,
         "straggler_steps": records(per_step),
         "mismatches": records(run.collective_mismatches),
         "in_flight": records(in_flight(coll, m)),
         "overlap": records(overlap_by_rank(run.collective_overlap, kinds)),
-        "bandwidth": records(group_bandwidth(bw)),
-        "clock": records(off),
+        "bandwidth": records(group_bandwidth(bandwidth(m))),
+        "clock": records(run.collective_offsets),
     }

@@ -181,29 +181,3 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})
     return pd.DataFrame(rows, columns=cols)
-
-
-def straggler_ranking(steps: pd.DataFrame) -> pd.DataFrame:
-    """Which rank holds the others up: over the steady steps (``basis_steps``) every rank has, per rank: ``steps``
-    compared, ``slowest`` (steps in which this rank took longest) and its share ``slowest_pct``,
-    ``mean_ms`` / ``median_ms`` of its step time, and ``behind_fastest_ms``: the mean of its step
-    time minus the fastest rank's in the same step. Most often slowest first; empty with < 2 ranks."""
-    cols = ["rank", "steps", "slowest", "slowest_pct", "mean_ms", "median_ms", "behind_fastest_ms"]
-    done = basis_steps(steps if "steady" in steps.columns else step_kinds(steps)).steps
-    if done.empty or done["rank"].nunique() < 2:
-        return pd.DataFrame(columns=cols)
-    ms = done.assign(ms=done["dur"] / 1e6).pivot_table(index="step", columns="rank", values="ms", aggfunc="max")
-    ms = ms.dropna()  # only steps every rank completed are comparable
-    if ms.empty:
-        return pd.DataFrame(columns=cols)
-    slowest = ms.idxmax(axis=1).value_counts().reindex(ms.columns, fill_value=0)
-    out = pd.DataFrame({
-        "steps": len(ms),
-        "slowest": slowest.astype(int),
-        "slowest_pct": 100 * slowest / len(ms),
-        "mean_ms": ms.mean(),
-        "median_ms": ms.median(),
-        "behind_fastest_ms": ms.sub(ms.min(axis=1), axis=0).mean(),
-    }).rename_axis("rank").reset_index()
-    out["rank"] = out["rank"].astype(int)
-    return out.sort_values(["slowest", "mean_ms"], ascending=False, ignore_index=True)[cols]
