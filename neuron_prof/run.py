@@ -383,6 +383,40 @@ class Run:
         return self._table("clock_sync")
 
     @functools.cached_property
+    def collective_offsets(self) -> pd.DataFrame:
+        """Each rank's offset to rank 0's clock, as merged views apply it
+        (``analysis.collectives.clock_offsets``)."""
+        from neuron_prof.analysis.collectives import clock_offsets
+        return clock_offsets(self.clock_sync, self.ranks)
+
+    @functools.cached_property
+    def collectives_matched(self) -> pd.DataFrame:
+        """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
+        last rank, wait, transfer, missing ranks (``analysis.collectives.matched``)."""
+        from neuron_prof.analysis.collectives import matched
+        return matched(self.collectives, self.collective_offsets, self.collective_groups, self.steps)
+
+    @functools.cached_property
+    def collective_waits(self) -> pd.DataFrame:
+        """``collectives`` with aligned start/end and each rank's wait for the last arrival
+        (``analysis.collectives.waits``)."""
+        from neuron_prof.analysis.collectives import waits
+        return waits(self.collectives, self.collectives_matched, self.collective_offsets)
+
+    @functools.cached_property
+    def collective_mismatches(self) -> pd.DataFrame:
+        """Collectives the ranks of a group disagree on (``analysis.collectives.mismatches``)."""
+        from neuron_prof.analysis.collectives import mismatches
+        return mismatches(self.collectives, self.collective_groups)
+
+    @functools.cached_property
+    def collective_overlap(self) -> pd.DataFrame:
+        """Per rank and step: time in collectives, overlapped by compute, exposed
+        (``analysis.collectives.overlap``)."""
+        from neuron_prof.analysis.collectives import overlap
+        return overlap(self.collectives, self.ops, self.steps)
+
+    @functools.cached_property
     def failures(self) -> pd.DataFrame:
         """Collectors that failed during capture (training went on without them)."""
         return self._table("failures")

@@ -1,6 +1,7 @@
 """Shared test helpers: the CLI as a real subprocess, and the strict trace check."""
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,6 +173,15 @@ def shown(markdown: str) -> str:
     """The characters a viewer element whose value is Markdown shows: run text in it is
     backslash-escaped (viewer/text.py), so tests undo the escapes before comparing."""
     return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def plotly_array(v) -> np.ndarray:
+    """A plotly trace array as its figure JSON holds it: a list, or typed base64 (``bdata``, with
+    a ``shape`` for 2-D arrays such as a heat map's z)."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(n) for n in str(v["shape"]).split(",")]) if "shape" in v else a
+    return np.asarray(v)
 
 
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
