@@ -14,8 +14,9 @@
 // The callback runs for every op while it is on, so non-c10d ops leave after one prefix compare;
 // it is on only while a process group exists (the collector turns it on at init_process_group).
 //
-// Hangs: each issued collective is also written to a slot of a small memory-mapped file in the
-// rank folder (comms_set_inflight) and marked there when it completes. A process killed while
+// Hangs: each collective is also written to a slot of a small memory-mapped file in the rank
+// folder (comms_set_inflight) as its issue call begins, before the backend sees it, and marked
+// there when it completes. A process killed while
 // stuck in a collective (kill -9 included) leaves the slot marked "issued": the page cache keeps
 // what was written, no flush needed.
 #include <ATen/record_function.h>
@@ -24,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -60,6 +62,7 @@ enum Role : char { R_NONE = '-', R_IN = 'i', R_OUT = 'o', R_BOTH = 'b', R_PEER =
 
 struct OpInfo {
   bool collective = false;
+  const char* kind = nullptr;  // all_reduce, ...
   int32_t op = 0, call = 0;
   std::vector<char> roles;
 };
@@ -73,6 +76,7 @@ struct GroupInfo {
 // What one collective's issue call knew at its start.
 struct CommCtx : at::ObserverContext {
   CommRow row{};
+  uint64_t id = 0;  // its in-flight slot's
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
 };
 
@@ -120,6 +124,7 @@ OpInfo make_info(const at::RecordFunction& rf, const std::string& name) {
   const char* kind = kind_of(name.substr(6));
   if (!kind) return info;
   info.collective = true;
+  info.kind = kind;
   info.op = neuron_prof::intern(kind);
   info.call = neuron_prof::intern(name);
   auto schema = rf.operator_schema();
@@ -128,8 +133,11 @@ OpInfo make_info(const at::RecordFunction& rf, const std::string& name) {
   for (const auto& a : schema->arguments()) {
     const std::string& an = a.name();
     char r = R_NONE;
-    if (an == "asyncOp") r = R_ASYNC;
-    else if (an.find("Rank") != std::string::npos || an.find("rank") != std::string::npos) r = R_PEER;
+    // torch 2.13 spells them async_op, root_rank, dst (send), src (recv_); older: asyncOp, dstRank
+    if (an == "async_op" || an == "asyncOp") r = R_ASYNC;
+    else if (an == "src" || an == "dst" || an.find("Rank") != std::string::npos ||
+             an.find("rank") != std::string::npos)
+      r = R_PEER;
     else if (k == "barrier") r = R_NONE;  // its tensor is a placeholder
     else if (an.rfind("output", 0) == 0) r = R_OUT;
     else if (an.rfind("input", 0) == 0) r = R_IN;
@@ -188,6 +196,32 @@ void copy_name(char* dst, size_t n, const std::string& s) {
 InflightSlot* slot_for(uint64_t id) {  // g_mu held
   if (!g_map || !g_slots) return nullptr;
   return reinterpret_cast<InflightSlot*>(g_map + kInflightHeader) + (id % g_slots);
+}
+
+// The group's sequence number of its latest collective (-1: the backend keeps none).
+int64_t backend_seq(c10d::ProcessGroup& pg) {
+  try {
+    return (int64_t)pg.getSequenceNumberForGroup();
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Collective `id`'s in-flight slot, written as it is issued: a process that dies inside the issue
+// call (gloo aborts the process on a size mismatch, from its own thread) still leaves it.
+void write_slot(uint64_t id, const CommRow& r, const char* op, const std::string& group) {  // g_mu held
+  InflightSlot* s = slot_for(id);
+  if (!s) return;
+  __atomic_store_n(&s->id, (int64_t)0, __ATOMIC_RELEASE);
+  s->ts = r.ts;
+  s->done = -1;
+  s->seq = r.seq;
+  s->bytes = r.bytes;
+  s->peer = r.peer;
+  s->state = 1;
+  copy_name(s->op, sizeof(s->op), op);
+  copy_name(s->group, sizeof(s->group), group);
+  __atomic_store_n(&s->id, (int64_t)id, __ATOMIC_RELEASE);
 }
 
 void complete(uint64_t id, bool failed) {
@@ -270,13 +304,20 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& rf) {
     // a backward hook's collective (DDP's bucket all-reduce) has no forward op to inherit a
     // stack from: the user's line is the one running backward (loss.backward())
     if (!r.stack) r.stack = neuron_prof::user_stack();
+    // nor does one issued from autograd's final callbacks (FSDP2's last reduce-scatter, queued
+    // with queue_callback): no op is open, but the engine's graph task is
+    if (!r.bwd && torch::autograd::get_current_graph_task_id() != -1) r.bwd = 1;
     const std::string& gname = ctx->pg->getGroupName();
     r.group = neuron_prof::intern(gname);
+    const int64_t seq = backend_seq(*ctx->pg);
+    r.ts = neuron_prof::now_ns();  // after our own work, but the slot: it stays out of the issue time
     {
       std::lock_guard<std::mutex> g(g_mu);
-      group_of(*ctx->pg, gname);
+      GroupInfo& gi = group_of(*ctx->pg, gname);
+      r.seq = (seq >= 0 ? seq : gi.own_seq) + 1;  // the number the group gives it as it is issued
+      ctx->id = g_next_id++;
+      write_slot(ctx->id, r, info.kind, gname);
     }
-    r.ts = neuron_prof::now_ns();  // after our own work: it stays out of the issue time
     return ctx;
   } catch (...) {
     return nullptr;
@@ -291,12 +332,7 @@ void on_end(const at::RecordFunction& rf, at::ObserverContext* base) {
   r.dur = te - r.ts;
   try {
     const std::string& gname = ctx->pg->getGroupName();
-    int64_t seq = -1;
-    try {
-      seq = (int64_t)ctx->pg->getSequenceNumberForGroup();
-    } catch (...) {
-      seq = -1;
-    }
+    const int64_t seq = backend_seq(*ctx->pg);
     c10::intrusive_ptr<c10::ivalue::Future> fut;
     for (const c10::IValue& v : rf.outputs()) {
       if (!is_class(v, "__torch__.torch.classes.c10d.Work")) continue;
@@ -306,27 +342,19 @@ void on_end(const at::RecordFunction& rf, at::ObserverContext* base) {
       }
       break;
     }
-    uint64_t id;
+    const uint64_t id = ctx->id;
     {
       std::lock_guard<std::mutex> g(g_mu);
       GroupInfo& gi = group_of(*ctx->pg, gname);
       ++gi.own_seq;
       r.seq = seq >= 0 ? seq : gi.own_seq;
-      id = g_next_id++;
       r.status = fut ? IN_FLIGHT : UNKNOWN;
       if (fut) g_pending.emplace(id, r);
       else g_done.push_back(r);
-      if (InflightSlot* s = slot_for(id)) {
-        __atomic_store_n(&s->id, (int64_t)0, __ATOMIC_RELEASE);
-        s->ts = r.ts;
-        s->done = -1;
+      InflightSlot* s = slot_for(id);
+      if (s && __atomic_load_n(&s->id, __ATOMIC_ACQUIRE) == (int64_t)id) {
         s->seq = r.seq;
-        s->bytes = r.bytes;
-        s->peer = r.peer;
-        s->state = fut ? 1 : 2;
-        copy_name(s->op, sizeof(s->op), kind_of(std::string(rf.name()).substr(6)));
-        copy_name(s->group, sizeof(s->group), gname);
-        __atomic_store_n(&s->id, (int64_t)id, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->state, fut ? 1 : 2, __ATOMIC_RELEASE);  // no completion to wait for: done
       }
     }
     if (fut) fut->addCallback([id](c10::ivalue::Future& f) { complete(id, f.hasError()); });

@@ -37,6 +37,17 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
                               f"{x['device']}{where}, confidence {x['confidence']:.2f}" + (f"; {note}" if note else ""))
     for cut in s["health"].get("detail_cuts", []):
         add("medium", "overview", f"on rank {cut['rank']}, {detail_cut_text(cut)}")
+    coll = s.get("collectives") or {}
+    for x in coll.get("in_flight", []):
+        add("high", "collectives", in_flight_text(x))
+    stuck = {(x["group"], x["seq"]) for x in coll.get("in_flight", [])}
+    mism = [x for x in coll.get("mismatches", []) if not (x["kind"] == "missing" and (x["group"], x["seq"]) in stuck)]
+    for x in mism[:3]:
+        add("high", "collectives", f"collective mismatch: group {x['group']} seq {x['seq']}: {x['detail']}"
+            + (f" (and {len(mism) - 3} more)" if len(mism) > 3 and x is mism[2] else ""))
+    for x in coll.get("stragglers", []):
+        if x["steps"]:
+            add("medium", "collectives", straggler_text(x))
     c = s["compile"]
     if c["cache_limit_hit"]:
         add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
@@ -84,6 +95,38 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
             f": {o['self_pct']:.0f}% of op self time")
     return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+def steps_text(steps: list[int]) -> str:
+    """``step 3``, ``steps 3 and 5``, ``steps 1, 3 and 5``."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return "steps " + ", ".join(map(str, steps[:-1])) + f" and {steps[-1]}"
+
+
+def straggler_text(x: Mapping[str, Any]) -> str:
+    """A significant straggler (a ``collectives.stragglers`` row of the report) in one sentence:
+    who, how long the others waited for it, when, and at which collective."""
+    w = x.get("where") or {}
+    at = ""
+    if w:
+        line = w.get("user_source") or w.get("source")
+        at = (f" ({w['op']} of {format_bytes(w['bytes'])}" + (f" from {line}" if line else "")
+              + (", backward" if w.get("bwd") else "") + ")")
+    return (f"rank {x['rank']} made the others wait {x['wait_in_steps_ns'] / 1e6:.0f} ms in "
+            f"{steps_text(x['steps'])}{at}")
+
+
+def in_flight_text(x: Mapping[str, Any]) -> str:
+    """A collective a rank issued and never completed (a ``collectives.in_flight`` row): still in
+    flight when the capture ended (a hang), or failed (the group timed out or was aborted)."""
+    what = f"{x['op']} (group {x['group']}, seq {x['seq']})"
+    missing = x.get("missing") or []
+    who = (f"; rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never arrived" if missing
+           else "; every rank of the group arrived")
+    if x["status"] == "in_flight":
+        return f"rank {x['rank']} was stuck in {what}{who}"
+    return f"rank {x['rank']}'s {what} failed{who}"
 
 
 _LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_bytes=...)"),

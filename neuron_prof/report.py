@@ -6,13 +6,16 @@ from typing import Any
 
 import pandas as pd
 
+from neuron_prof.analysis import collectives as colls
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, run_time_ops, run_time_rows,
                                      step_phases)
+from neuron_prof.analysis.records import records as _records
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
-from neuron_prof.findings import called_from, detail_cut_text, findings, process_note, user_line
+from neuron_prof.findings import (called_from, detail_cut_text, findings, in_flight_text, process_note, steps_text,
+                                  straggler_text, user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
@@ -21,11 +24,6 @@ TOP_N = 10
 STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary, a prof.step() call or, under "
                   "`record` and auto_step, the (N+1)-th return of the training optimizer's step() (Hugging Face "
                   "Trainer's global_step N+1)")
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-            for row in df.astype(object).where(df.notna(), None).to_dict("records")]
 
 
 def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
@@ -53,6 +51,8 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     warmup = kinds[kinds["warmup"]]
     spans = run.spans
     startup = spans[spans["name"].astype(str) == "start-up"]
+    collectives = colls.summary(run)
+    exposed = run.collective_overlap if collectives["captured"] else None
     return {
         "run": {
             "path": str(run.path), "command": meta.get("command"), "torch_version": meta.get("torch_version"),
@@ -66,7 +66,8 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         "warmup_steps": _records(warmup.assign(step_ms=warmup["dur"] / 1e6, compile_ms=warmup["compile_ns"] / 1e6)
                                  [["rank", "step", "step_ms", "compile_ms"]]),
         "step_breakdown": _records(step_breakdown(top_level, scope, phase_ns)),
-        "time_split": _records(time_split(top_level, scope, sync, comm_ops(ops, run.op_parent, keep, compile_ns))),
+        "time_split": _records(time_split(top_level, scope, sync, comm_ops(ops, run.op_parent, keep, compile_ns),
+                                          exposed)),
         "ops": {"captured_steps": n_scope, "basis": basis, "events": int(len(ops)),
                 "compile_events": int(inside.sum()), "top_by_self_time": _records(stats)},
         "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, scope))},
@@ -86,6 +87,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "graph_runs": _records(comp.graph_runs(scope_runs, n_scope).head(top)),
         },
         "memory": _memory(run, top),
+        "collectives": collectives,
         "health": {
             "ranks": _records(run.health),
             "detail_cuts": _detail_cuts(run),
@@ -196,6 +198,67 @@ def _render_memory(m: dict[str, Any]) -> list[str]:
     for o in m["ooms"]:
         out.append(f"  !! OUT OF MEMORY on rank {o['rank']} {o['device']} in step {o['step']}: {o['message']}")
     return out
+
+
+def _render_collectives(c: dict[str, Any], world_size: int | None) -> list[str]:
+    """The Collectives section: nothing for a single-process run without collectives."""
+    if not c["captured"]:
+        if max(c["ranks"], world_size or 1) < 2:
+            return []
+        return ["", "Collectives", "  not captured (the `collectives` collector records them once "
+                "torch.distributed's process group is initialised; it is on by default)"]
+    groups = "; ".join(f"group {g['group']} {g['desc']} ({g['backend']}, ranks {g['ranks']})" for g in c["groups"])
+    out = ["", f"Collectives ({c['collectives']} collectives, {c['calls']} calls on {c['ranks']} ranks; {groups})"]
+    out.append("  " + _clock_text(c["clock"]))
+    rows = [{**x, "size": format_bytes(x["bytes"])} for x in c["by_op"]]
+    out += _table(rows, [("group", "group", ""), ("op", "op", ""), ("collectives", "collectives", "d"),
+                         ("per_step", "/steady step", ".1f"), ("size", "bytes/rank", ""),
+                         ("time_ms_per_rank", "ms/rank", ".2f"), ("wait_ms_per_rank", "wait ms/rank", ".2f")])
+    out.append("  (ms/rank: issue to completion, summed over the run, mean over ranks; wait: waiting for the "
+               "last rank to arrive)")
+    out.append(f"  Stragglers over {c['steady_steps']} steady steps (significant: a step's straggler made the "
+               f"others wait {c['threshold_ms']:.1f} ms or more: at least {colls.SHARE:.0%} of the median step, and "
+               "above the run's noise unless late in every step)")
+    if c["stragglers"]:
+        rows = [{**x, "caused_ms": x["wait_caused_ns"] / 1e6, "waited_ms": x["waited_ns"] / 1e6,
+                 "pct": 100 * (x["share"] or 0), "in_steps": steps_text(x["steps"]) if x["steps"] else "-"}
+                for x in c["stragglers"]]
+        out += _table(rows, [("rank", "rank", ""), ("times_last", "last (significant)", "d"),
+                             ("caused_ms", "made others wait ms", ".1f"), ("pct", "%", ".0f"),
+                             ("waited_ms", "waited itself ms", ".1f"), ("in_steps", "significant in", "")])
+        named = [x for x in c["stragglers"] if x["steps"]]
+        out += [f"  {straggler_text(x)}" for x in named] or ["  no significant straggler: the ranks arrive "
+                                                             "together within the run's noise"]
+    else:
+        out.append("  no collective of a steady step seen on more than one rank")
+    out += [f"  !! mismatch: group {m['group']} seq {m['seq']} ({m['kind']}): {m['detail']}" for m in c["mismatches"]]
+    out += [f"  !! in flight: {in_flight_text(x)}" for x in c["in_flight"]]
+    if c["overlap"]:
+        out.append("  Communication and compute (mean per steady step; exposed: in a collective with no compute "
+                   "running on the rank)")
+        out += _table(c["overlap"], [("rank", "rank", ""), ("comm_ms", "in collectives ms", ".2f"),
+                                     ("overlapped_ms", "overlapped ms", ".2f"), ("exposed_ms", "exposed ms", ".2f"),
+                                     ("exposed_pct", "% of step", ".1f")])
+    if c["bandwidth"]:
+        out.append("  Bandwidth (transfer: from the last arrival to completion; busbw as NCCL-tests)")
+        rows = [{**x, "size": format_bytes(x["bytes"]), "ms": x["transfer_ns"] / 1e6} for x in c["bandwidth"]]
+        out += _table(rows, [("group", "group", ""), ("op", "op", ""), ("calls", "calls", "d"),
+                             ("size", "bytes", ""), ("ms", "transfer ms", ".2f"),
+                             ("algbw", "algbw GB/s", ".3f"), ("busbw", "busbw GB/s", ".3f")])
+    return out
+
+
+def _clock_text(clock: list[dict[str, Any]]) -> str:
+    """One line on how the ranks' clocks were aligned to rank 0's."""
+    others = [x for x in clock if x["rank"] != 0]
+    if all(x["same_clock"] for x in others):
+        return "clocks: every rank reads rank 0's clock (one host): no offset applied"
+    parts = [f"rank {x['rank']} {x['offset_start'] / 1e6:+.3f} -> {x['offset_end'] / 1e6:+.3f} ms "
+             f"(+-{x['rtt'] / 2e6:.3f})" for x in others if x["measured"] and not x["same_clock"]]
+    unmeasured = [x["rank"] for x in others if not x["measured"]]
+    if unmeasured:
+        parts.append(f"ranks {unmeasured} not measured: their clocks are taken as rank 0's")
+    return "clocks aligned to rank 0 (offset at start -> end): " + "; ".join(parts)
 
 
 def _called_from(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -334,6 +397,7 @@ def render_text(s: dict[str, Any]) -> str:
         out.append("  none")
     out += _render_compile(s["compile"])
     out += _render_memory(s["memory"])
+    out += _render_collectives(s["collectives"], s["run"]["world_size"])
     h = s["health"]
     out += ["", "Capture health"]
     for x in h["ranks"]:

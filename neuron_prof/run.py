@@ -341,7 +341,9 @@ class Run:
         df["group"] = df["group"].astype(str)
         groups["group"] = groups["group"].astype(str)
         df = df.merge(groups, on=["rank", "group"], how="left")
-        df["group_desc"] = df["group_desc"].fillna("").astype(str).astype("category")
+        # object first: a rank whose groups were never flushed (killed early) has rows no group
+        # matches, and an empty categorical cannot take the "" that stands for unknown
+        df["group_desc"] = df["group_desc"].astype(object).fillna("").astype(str).astype("category")
         df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
         df["group"] = df["group"].astype("category")
         return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
@@ -379,6 +381,40 @@ class Run:
         time = ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that
         applies is 0). ``analysis.collectives.clock_offsets`` turns it into the offsets used."""
         return self._table("clock_sync")
+
+    @functools.cached_property
+    def collective_offsets(self) -> pd.DataFrame:
+        """Each rank's offset to rank 0's clock, as merged views apply it
+        (``analysis.collectives.clock_offsets``)."""
+        from neuron_prof.analysis.collectives import clock_offsets
+        return clock_offsets(self.clock_sync, self.ranks)
+
+    @functools.cached_property
+    def collectives_matched(self) -> pd.DataFrame:
+        """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
+        last rank, wait, transfer, missing ranks (``analysis.collectives.matched``)."""
+        from neuron_prof.analysis.collectives import matched
+        return matched(self.collectives, self.collective_offsets, self.collective_groups, self.steps)
+
+    @functools.cached_property
+    def collective_waits(self) -> pd.DataFrame:
+        """``collectives`` with aligned start/end and each rank's wait for the last arrival
+        (``analysis.collectives.waits``)."""
+        from neuron_prof.analysis.collectives import waits
+        return waits(self.collectives, self.collectives_matched, self.collective_offsets)
+
+    @functools.cached_property
+    def collective_mismatches(self) -> pd.DataFrame:
+        """Collectives the ranks of a group disagree on (``analysis.collectives.mismatches``)."""
+        from neuron_prof.analysis.collectives import mismatches
+        return mismatches(self.collectives, self.collective_groups)
+
+    @functools.cached_property
+    def collective_overlap(self) -> pd.DataFrame:
+        """Per rank and step: time in collectives, overlapped by compute, exposed
+        (``analysis.collectives.overlap``)."""
+        from neuron_prof.analysis.collectives import overlap
+        return overlap(self.collectives, self.ops, self.steps)
 
     @functools.cached_property
     def failures(self) -> pd.DataFrame:

@@ -15,7 +15,9 @@ tests and ``neuron-prof inspect`` need to know before a user does. Checked:
   every event on a described track, counters only on counter tracks and slices never on them;
 * events: a timestamp, non-decreasing per sequence; every ``SLICE_END`` closes an open slice (of
   its name, if it has one) and every slice ends;
-* flows: ids linked in time order as trace_processor links them;
+* flows: ids linked in time order as trace_processor links them, each on a slice or instant (never
+  a counter or a slice's end); in a trace neuron_prof wrote every flow id has both ends (an arrow
+  with one end is dropped by the UI without a word, so a cross-rank link would silently vanish);
 * end of trace: a trace whose first packet says neuron_prof wrote it must end with neuron_prof's
   end-of-trace packet, so a file cut at a packet boundary is caught (framing alone cannot tell).
 
@@ -84,6 +86,17 @@ class TraceReport:
     @property
     def ok(self) -> bool:
         return self.stats["errors"] == 0
+
+    def process_of(self, track: int) -> int | None:
+        """The uuid of the process track ``track`` belongs to (itself for a process track), None if
+        it hangs under no described process: which process (rank) a slice or a flow end is on."""
+        seen: set[int] = set()
+        while track in self.tracks and track not in seen:
+            if self.tracks[track]["kind"] == "process":
+                return track
+            seen.add(track)
+            track = self.tracks[track]["parent"]
+        return None
 
     def error(self, msg: str) -> None:
         self.stats["errors"] += 1
@@ -334,6 +347,8 @@ class _Checker:
         t = self._track(i, seq_id, uuid, ts, "counter" if typ == _COUNTER else "slice")
         if typ == _COUNTER:
             self._counter(uuid, ts, e)
+            if len(e.flow_ids) or len(e.terminating_flow_ids):
+                r.error(f"{self.where}: flow ids on a counter event (an arrow needs a slice or an instant)")
         elif typ == _SLICE_END:
             if not t.stack:
                 r.error(f"{self.where}: SLICE_END on track {uuid} at {ts} with no open slice")
@@ -435,11 +450,18 @@ class _Checker:
                     r.flows.append(Flow(fid, chain, end))
                 chain = None if term else end
             if len(hits) == 1:
-                r.warn(f"flow {fid}: only one event carries it (an arrow to nowhere)")
+                # another tool's trace may be a window cut from a longer one; ours never is
+                (r.error if r.writer else r.warn)(f"flow {fid}: only one event carries it (an arrow to nowhere)")
         r.stats["flows"] = len(r.flows)
+        r.stats["flows_across_processes"] = sum(self._across(f) for f in r.flows)
         r.stats["tracks"] = len(self.descs)
         r.stats["sequences"] = len([s for s in self.seqs if s])
         return r
+
+
+    def _across(self, flow: Flow) -> bool:
+        """Whether the arrow joins two processes (ranks): tracks of different process ancestry."""
+        return self.r.process_of(flow.src.track) != self.r.process_of(flow.dst.track)
 
 
 def check_bytes(data: bytes, keep_events: bool = True) -> TraceReport:

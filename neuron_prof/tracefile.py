@@ -73,5 +73,6 @@ def summarize_trace(path: Path) -> dict[str, Any]:
     return {"path": str(path), "writer": r.writer, "packets": r.stats["packets"],
             "processes": sorted(t["name"] for t in r.tracks.values() if t["kind"] == "process"),
             "tracks": r.stats["tracks"], "slices": r.stats["slices"] + r.stats["instants"],
-            "counters": r.stats["counters"], "flows": r.stats["flows"], "warnings": r.warnings,
+            "counters": r.stats["counters"], "flows": r.stats["flows"],
+            "flows_across_processes": r.stats["flows_across_processes"], "warnings": r.warnings,
             "top_names": r.names.most_common(10)}

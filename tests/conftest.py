@@ -1,6 +1,7 @@
 """Shared test helpers: the CLI as a real subprocess, and the strict trace check."""
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,6 +175,15 @@ def shown(markdown: str) -> str:
     return re.sub(r"\\(.)", r"\1", markdown)
 
 
+def plotly_array(v) -> np.ndarray:
+    """A plotly trace array as its figure JSON holds it: a list, or typed base64 (``bdata``, with
+    a ``shape`` for 2-D arrays such as a heat map's z)."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(n) for n in str(v["shape"]).split(",")]) if "shape" in v else a
+    return np.asarray(v)
+
+
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
     """A CLI failure as the house rules want it: exit 2, one line naming ``needles``, no traceback."""
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
@@ -182,3 +193,36 @@ def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
+
+
+def run_bounded(cmd: list[str], timeout: float, cwd: Path | None = None, env: dict | None = None
+                ) -> subprocess.CompletedProcess:
+    """``cmd`` in a session of its own, waited for at most ``timeout`` seconds; then (and however
+    the wait ends) its whole process group is killed, so gloo ranks and a launcher's children
+    never outlive the test. A timeout is a test failure with the command's last stderr."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd} ran past {timeout} s; stderr ends: {err[-3000:]}") from None
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group ``proc`` leads (started with ``start_new_session=True``)."""
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def gloo_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives rank ``rank`` of ``world`` on 127.0.0.1:``port``."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank)}

@@ -348,6 +348,49 @@ def test_flows(tmp_path):
     u = lambda k: w._uuid(h[k])  # noqa: E731
     # arrows run from the earlier event to the later one
     assert fl == sorted([(u("t2"), 9, "linear", u("t0"), 10, "addmm"), (u("t1"), 70, "mm", u("t0"), 90, "mm")])
+    # the reader tells which process (rank) each end is on: one arrow joins ranks, one stays in rank 0
+    rank0, rank1 = w._uuid(_proc(w, 100)), w._uuid(_proc(w, 200))
+    assert sorted((rep.process_of(a.track), rep.process_of(b.track)) for _, a, b in rep.flows) == sorted(
+        [(rank1, rank0), (rank0, rank0)])
+    assert rep.stats["flows_across_processes"] == 1
+
+
+def _proc(w, pid: int) -> int:
+    """The handle of the process with ``pid``."""
+    return next(t.handle for t in w.tracks if t.kind == "process" and t.pid == pid)
+
+
+def _flow_packets(data: bytes) -> tuple[list, list[int]]:
+    """The trace's packets and the indices of those whose event carries a flow id."""
+    pkts = [p for _, p in iter_packets(data)]
+    return pkts, [i for i, p in enumerate(pkts) if p.HasField("track_event") and len(p.track_event.flow_ids)]
+
+
+def _framed(pkts) -> bytes:
+    return b"".join(b"\x0a" + _varint(len(b)) + b for b in (p.SerializeToString() for p in pkts))
+
+
+def test_a_flow_with_one_end_or_on_a_counter_is_an_error(tmp_path):
+    """An arrow the UI would drop without a word (one end missing) or cannot draw (on a counter)."""
+    path = tmp_path / "t.perfetto-trace"
+    w = PerfettoTraceWriter(path)
+    build(w)
+    w.close()
+    pkts, carriers = _flow_packets(path.read_bytes())
+    assert len(carriers) == 4  # two arrows, two ends each
+    fid = pkts[carriers[0]].track_event.flow_ids[0]
+    del pkts[carriers[0]].track_event.flow_ids[:]
+    rep = check_bytes(_framed(pkts))
+    assert not rep.ok and any(f"flow {fid}: only one event carries it" in e for e in rep.errors)
+    # another tool's trace (no neuron_prof start packet) may be a window of a longer one: a warning
+    rep = check_bytes(_framed(pkts[1:-1]))
+    assert rep.ok and any(f"flow {fid}" in m for m in rep.warnings)
+
+    pkts, carriers = _flow_packets(path.read_bytes())
+    counter = next(p for p in pkts if p.HasField("track_event") and p.track_event.type == pb.TrackEvent.TYPE_COUNTER)
+    counter.track_event.flow_ids.append(pkts[carriers[0]].track_event.flow_ids[0])
+    rep = check_bytes(_framed(pkts))
+    assert any("flow ids on a counter event" in e for e in rep.errors)
 
 
 def test_gzip_and_empty(tmp_path):

@@ -1,91 +1,98 @@
-"""The viewer's Collectives page: the plain no-data message, and for two real gloo ranks the
-per-rank step time and the straggler ranking (``analysis.steps.straggler_ranking``)."""
+"""The viewer's Collectives page on a real 2-rank gloo DDP job where rank 1 sleeps before its
+gradient all-reduce in known steps: the page names rank 1 and those steps, the heat map has rank
+0 waiting about the sleep in exactly those steps, the lanes draw the wait; a single-rank run
+shows the plain no-data message that says how to capture collectives."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
-import neuron_prof
-from conftest import gloo_run, viewer_page
-from neuron_prof.analysis.steps import straggler_ranking
+from conftest import plotly_array, shown, viewer_page
+from ddp_straggler import straggler_run
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+
+SLOW_RANK, SLOW_STEPS, SLEEP_S, STEPS = 1, [2, 4], 0.5, 6
+SLEEP_MS = SLEEP_S * 1e3
 
 
-def _page(monkeypatch, run_dir: Path) -> AppTest:
+def _page(monkeypatch, run_dir: Path):
     return viewer_page(monkeypatch, run_dir, "collectives", title="Collectives")
 
 
+def _figures(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _heatmap(at) -> dict:
+    """The heat map's cells: {rank: {step: ms}}."""
+    hm = next(t for f in _figures(at) for t in f["data"] if t["type"] == "heatmap")
+    z = plotly_array(hm["z"])
+    return {int(y.split()[1]): {int(x): float(v) for x, v in zip(hm["x"], row)} for y, row in zip(hm["y"], z)}
+
+
+def _wait_bars(at) -> dict[str, list[float]]:
+    """The lanes' red bars: lane ("rank N") -> the waits drawn on it, ms."""
+    bars: dict[str, list[float]] = {}
+    for f in _figures(at):
+        for t in f["data"]:
+            if t["type"] == "bar" and t.get("name") == "wait for the last rank":
+                for y, x in zip(plotly_array(t["y"]), plotly_array(t["x"])):
+                    bars.setdefault(str(y), []).append(float(x))
+    return bars
+
+
 @pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("viewer_ddp")
-    return gloo_run(tmp, steps=4)
+def straggler(tmp_path_factory) -> Path:
+    return straggler_run(tmp_path_factory.mktemp("viewer_coll"), steps=STEPS, slow_rank=SLOW_RANK,
+                         slow_steps=SLOW_STEPS, sleep_s=SLEEP_S)
 
 
-def test_a_single_rank_run_says_plainly_there_is_no_collective_data(demo_run, monkeypatch):
+def test_a_run_without_collectives_says_so_and_how_to_capture_them(demo_run, monkeypatch):
     at = _page(monkeypatch, demo_run)
-    assert len(at.info) == 1
+    assert [i.value.split(".")[0] for i in at.info] == ["This run has no collective data"]
     msg = at.info[0].value
-    assert msg.startswith("This run has no collective data.")
-    assert "`collectives` collector" in msg and "neuron-prof record" in msg and "torch.distributed" in msg
-    assert any("one rank" in c.value for c in at.caption)
-    assert not at.dataframe and not at.get("plotly_chart")
+    assert "`collectives` collector" in msg and "init_process_group" in msg and "neuron-prof record" in msg
+    assert not at.dataframe and not at.get("plotly_chart") and not at.selectbox
 
 
-def test_two_ranks_show_step_time_per_rank_and_the_straggler_ranking(two_rank_run, monkeypatch):
-    at = _page(monkeypatch, two_rank_run)
-    assert at.info[0].value.startswith("This run has no collective data.")
-    run = neuron_prof.load(two_rank_run)
-    want = straggler_ranking(run.step_kinds)
-    got = next(d.value for d in at.dataframe if "slowest" in d.value.columns)
-    assert list(got["rank"]) == list(want["rank"]) and sorted(got["rank"]) == [0, 1]
-    assert list(got["slowest"]) == list(want["slowest"]) and got["slowest"].sum() == 3  # steps 1-3: step 0 is warm-up
-    assert got["mean_ms"].tolist() == pytest.approx(want["mean_ms"].tolist())
-    top = want.iloc[0]
-    assert any(f"rank {int(top['rank'])}** was the slowest in **{int(top['slowest'])} of 3" in m.value
-               for m in at.markdown)
-    # the step-time chart: one line per rank
-    assert len(at.get("plotly_chart")) == 1
-    # gloo's all-reduce shows up as communication time per rank
-    comm = next(d.value for d in at.dataframe if "communication_ms" in d.value.columns)
-    assert sorted(comm["rank"]) == [0, 1] and (comm["communication_ms"] > 0).all()
+def test_the_page_names_the_straggler_and_its_steps(straggler, monkeypatch):
+    at = _page(monkeypatch, straggler)
+    assert not at.info  # no "no collective data" above real data
+    said = [shown(w.value) for w in at.warning]
+    assert len(said) == 1, said  # the report's finding, word for word
+    assert said[0].startswith(f"rank {SLOW_RANK} made the others wait ")
+    assert f" in steps {SLOW_STEPS[0]} and {SLOW_STEPS[1]} (all_reduce of " in said[0] and said[0].endswith(", backward)")
+    ranking = next(d.value for d in at.dataframe if "wait caused (ms)" in d.value.columns)
+    assert list(ranking["rank"]) == [SLOW_RANK, 1 - SLOW_RANK]
+    assert ranking["straggler in steps"].tolist() == [str(SLOW_STEPS), "[]"]
+    assert ranking["wait caused (ms)"].iloc[0] >= 0.8 * len(SLOW_STEPS) * SLEEP_MS  # the sleeps dominate
 
 
-def _steps(ms: dict[int, list[float]], complete: bool = True) -> pd.DataFrame:
-    """Step kinds where every complete step is steady (no warm-up: the ranking sees them all)."""
-    rows = [{"rank": r, "step": i, "ts": i * 10**9, "dur": int(v * 1e6), "active": True, "complete": complete,
-             "compile_ns": 0, "warmup": False, "steady": complete}
-            for r, vals in ms.items() for i, v in enumerate(vals)]
-    return pd.DataFrame(rows)
+def test_heat_map_has_the_other_rank_waiting_the_sleep_in_exactly_those_steps(straggler, monkeypatch):
+    cells = _heatmap(_page(monkeypatch, straggler))
+    assert sorted(cells) == [0, 1]
+    waiter = cells[1 - SLOW_RANK]
+    # step 0 (warm-up: ranks start their first step apart) aside, exactly the slow steps
+    assert sorted(s for s, ms in waiter.items() if ms >= SLEEP_MS / 2 and s > 0) == SLOW_STEPS
+    assert all(0.8 * SLEEP_MS <= waiter[s] <= SLEEP_MS + 250 for s in SLOW_STEPS)
+    assert all(cells[SLOW_RANK][s] < SLEEP_MS / 2 for s in SLOW_STEPS)  # the straggler hardly waited
 
 
-def test_straggler_ranking_leaves_out_the_first_step():
-    """A rank's long first step (its start-up, its first compile) does not make it the straggler."""
-    steps = _steps({0: [900, 10, 10, 10], 1: [12, 14, 15, 13]})[["rank", "step", "ts", "dur", "active", "complete"]]
-    r = straggler_ranking(steps)
-    assert r.iloc[0]["rank"] == 1 and (r["steps"] == 3).all()
-
-
-def test_straggler_ranking_counts_the_slowest_rank_per_step():
-    steps = _steps({0: [10, 10, 30, 10], 1: [12, 15, 11, 20], 2: [11, 11, 12, 12]})
-    r = straggler_ranking(steps).set_index("rank")
-    assert list(straggler_ranking(steps)["rank"]) == [1, 0, 2]
-    assert r.loc[1, "slowest"] == 3 and r.loc[0, "slowest"] == 1 and r.loc[2, "slowest"] == 0
-    assert r.loc[1, "slowest_pct"] == pytest.approx(75.0)
-    assert (r["steps"] == 4).all()
-    assert r.loc[0, "mean_ms"] == pytest.approx(15.0) and r.loc[0, "median_ms"] == pytest.approx(10.0)
-    # behind the fastest: rank 1 is 2, 5, 0 (it is the fastest), 10 ms behind
-    assert r.loc[1, "behind_fastest_ms"] == pytest.approx(np.mean([2, 5, 0, 10]))
-
-
-def test_straggler_ranking_compares_only_steps_every_rank_completed():
-    steps = _steps({0: [10, 10, 10], 1: [20, 20]})
-    steps.loc[(steps["rank"] == 0) & (steps["step"] == 1), "complete"] = False
-    r = straggler_ranking(steps)
-    assert (r["steps"] == 1).all() and r.iloc[0]["rank"] == 1
-    assert straggler_ranking(_steps({0: [10, 12]})).empty  # one rank: nothing to rank
-    assert straggler_ranking(_steps({0: [10], 1: [12]}, complete=False)).empty
+def test_lanes_open_on_a_slow_step_and_follow_the_step_picked(straggler, monkeypatch):
+    at = _page(monkeypatch, straggler)
+    step = at.selectbox(key="coll_step")
+    assert step.value in SLOW_STEPS  # the step with the most significant wait comes first
+    bars = _wait_bars(at)
+    assert max(bars[f"rank {1 - SLOW_RANK}"]) >= 0.8 * SLEEP_MS
+    assert max(bars.get(f"rank {SLOW_RANK}", [0])) < SLEEP_MS / 2
+    calm = next(s for s in step.options if int(s) not in SLOW_STEPS and int(s) > 0)
+    step.set_value(int(calm)).run()
+    assert not at.exception
+    assert all(x < SLEEP_MS / 2 for xs in _wait_bars(at).values() for x in xs)
+    lanes = next(f for f in _figures(at) if any(t["type"] == "bar" for t in f["data"]))
+    ops = {t["name"] for t in lanes["data"]} - {"wait for the last rank"}
+    assert "all_reduce" in ops and all(np.isfinite(plotly_array(t["x"])).all() for t in lanes["data"])

@@ -140,17 +140,28 @@ def step_breakdown(top: pd.DataFrame, steps: pd.DataFrame, phase_ns: pd.DataFram
 TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
 
 
-def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
+def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame,
+               exposed: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where a step's time goes, per rank, mean ms per step of ``steps`` (as ``step_breakdown``):
-    ``communication`` (collective ops at any depth, ``analysis.ops.comm_ops``), ``sync`` (sync
-    points: the host waiting for the device; ``analysis.sync.sync_points``), ``compute`` (the rest
-    of the top-level ops' run time), ``compile`` (torch.compile compiling inside the steps) and
-    ``idle`` (the rest of the step on its busiest thread: Python, data loading). Nothing is counted
-    twice: the kinds add up to the step (less what other threads ran at the same time)."""
+    ``communication``, ``sync`` (sync points: the host waiting for the device;
+    ``analysis.sync.sync_points``), ``compute`` (the rest of the top-level ops' run time),
+    ``compile`` (torch.compile compiling inside the steps) and ``idle`` (the rest of the step on
+    its busiest thread: Python, data loading). Nothing is counted twice: the kinds add up to the
+    step (less what other threads ran at the same time).
+
+    ``communication`` is the collective ops' time (at any depth, ``analysis.ops.comm_ops``); for a
+    rank with ``exposed`` rows (``analysis.collectives.overlap``: per rank and step, the time in
+    collectives that no compute overlapped) it is that exposed time, and ``idle`` is what is left
+    of the step after compute, sync, compile and it: a rank that waits for an asynchronous
+    collective (DDP's gradient all-reduce) waits outside any op, on no op's clock, and a
+    collective that compute overlapped costs the step nothing."""
     cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
     if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
     covered = _busiest(top)
+    has_exposed = exposed is not None and len(exposed) > 0
+    if has_exposed:
+        exposed = exposed[exposed["exposed_ns"] >= 0]
     rows = []
     for rank, s in steps.groupby("rank"):
         n = len(s)
@@ -160,34 +171,13 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
         comp = s["compile_ns"].sum()
         cov = covered.get(rank, pd.Series(dtype=float)).reindex(s["step"]).fillna(0).sum()
         idle = max(s["dur"].sum() - cov - comp, 0)
-        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": comm_ns / n / 1e6,
+        communication = comm_ns
+        mine = exposed[(exposed["rank"] == rank) & exposed["step"].isin(s["step"])] if has_exposed else exposed
+        if has_exposed and len(mine):
+            communication = int(mine["exposed_ns"].sum())
+            idle = max(s["dur"].sum() - (ops_ns - comm_ns) - comp - communication, 0)
+        ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": communication / n / 1e6,
               "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})
     return pd.DataFrame(rows, columns=cols)
-
-
-def straggler_ranking(steps: pd.DataFrame) -> pd.DataFrame:
-    """Which rank holds the others up: over the steady steps (``basis_steps``) every rank has, per rank: ``steps``
-    compared, ``slowest`` (steps in which this rank took longest) and its share ``slowest_pct``,
-    ``mean_ms`` / ``median_ms`` of its step time, and ``behind_fastest_ms``: the mean of its step
-    time minus the fastest rank's in the same step. Most often slowest first; empty with < 2 ranks."""
-    cols = ["rank", "steps", "slowest", "slowest_pct", "mean_ms", "median_ms", "behind_fastest_ms"]
-    done = basis_steps(steps if "steady" in steps.columns else step_kinds(steps)).steps
-    if done.empty or done["rank"].nunique() < 2:
-        return pd.DataFrame(columns=cols)
-    ms = done.assign(ms=done["dur"] / 1e6).pivot_table(index="step", columns="rank", values="ms", aggfunc="max")
-    ms = ms.dropna()  # only steps every rank completed are comparable
-    if ms.empty:
-        return pd.DataFrame(columns=cols)
-    slowest = ms.idxmax(axis=1).value_counts().reindex(ms.columns, fill_value=0)
-    out = pd.DataFrame({
-        "steps": len(ms),
-        "slowest": slowest.astype(int),
-        "slowest_pct": 100 * slowest / len(ms),
-        "mean_ms": ms.mean(),
-        "median_ms": ms.median(),
-        "behind_fastest_ms": ms.sub(ms.min(axis=1), axis=0).mean(),
-    }).rename_axis("rank").reset_index()
-    out["rank"] = out["rank"].astype(int)
-    return out.sort_values(["slowest", "mean_ms"], ascending=False, ignore_index=True)[cols]

@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
               f"{counts['live_bytes']} bytes live at the snapshot; {took:.2f}s; open it in {MEMORY_VIZ})",
               file=sys.stderr)
     else:
+        coll = f"{counts['collectives']} collectives, {counts['collective_flows']} cross-rank flows, " \
+            if counts["collectives"] else ""
         print(f"{out}  ({counts['ranks']} ranks, {counts['op_slices']} op slices, {counts['steps']} steps, "
-              f"{counts['sync_points']} sync points; {took:.2f}s)", file=sys.stderr)
+              f"{coll}{counts['sync_points']} sync points; {took:.2f}s)", file=sys.stderr)
     print(out)
     return 0

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2))
         return 0
     print(f"{s['path']}: {s['packets']} packets, {s['tracks']} tracks, {s['slices']} slices/instants, "
-          f"{s['counters']} counter values, {s['flows']} flows; "
+          f"{s['counters']} counter values, {s['flows']} flows ({s['flows_across_processes']} across processes); "
           + (f"written by {s['writer']}, whole" if s["writer"] else "not written by neuron_prof"))
     for name in s["processes"]:
         print(f"  process {name}")

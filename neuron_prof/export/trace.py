@@ -6,12 +6,13 @@ breaks and recompiles as instants carrying reason and user line, a flow from eac
 first run of the graph it produced) and, where the memory collector ran, memory tracks: live bytes
 per device (total and per category) as counters, a Memory events track with each step's peak and any
 out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as slices spanning their
-lifetime. Timestamps are wall-clock ns (each rank's monotonic clock plus its recorded offset), so ranks
-on different hosts line up.
+lifetime; where the collectives collector ran, collective tracks per process group with flows
+across ranks (``trace_collectives``). Every rank's events are on rank 0's clock (``clock``: the
+offsets measured at capture start and end), shown as rank 0's time of day, so ranks on different
+hosts line up.
 """
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,9 @@ from neuron_prof.analysis.compile import REGION_PREFIX, normalize_compile_id
 from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
 from neuron_prof.analysis.steps import own_work
 from neuron_prof.analysis.sync import sync_points
-from neuron_prof.export.tracewriter import TraceWriter
+from neuron_prof.export.clock import RankClock, TraceClock
+from neuron_prof.export.trace_collectives import CollectiveTracks
+from neuron_prof.export.tracewriter import TraceWriter, lanes
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -51,7 +54,9 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
-              "memory_samples": 0, "memory_events": 0, "large_allocations": 0}
+              "memory_samples": 0, "memory_events": 0, "large_allocations": 0, "collectives": 0}
+    trace_clock = TraceClock.of_run(run)
+    collectives = CollectiveTracks(run, trace_clock)
     allocs = run.memory_allocations
     # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
     mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
@@ -59,7 +64,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     used_pids: set[int] = set()
     for rd in run.rank_data:
         rank = rd.rank
-        offset = int(rd.meta.get("clock_offset_ns", 0))
+        clock = trace_clock.of(rank)
         pid = int(rd.meta.get("pid", rank + 1))
         if pid in used_pids:  # two hosts, same pid: keep processes apart
             pid = 1_000_000 + rank
@@ -75,44 +80,47 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         if len(r_ops):
             args = {name: r_ops[col] for name, col in OP_ARGS.items()}
             args["pass"] = pd.Categorical.from_codes(r_ops["bwd"].to_numpy().astype(np.int8), ["", "backward"])
-            op_ids = writer.slices(lookup(r_ops["tid"].to_numpy()), r_ops["ts"].to_numpy() + offset,
-                                   r_ops["dur"].to_numpy(), r_ops["name"], args)
-        counts["compiles"] += _write_compile_track(run, rank, writer, proc, offset, r_ops, op_ids)
+            op_ids = writer.slices(lookup(r_ops["tid"].to_numpy()), *clock.span(r_ops["ts"], r_ops["dur"]),
+                                   r_ops["name"], args)
+        counts["compiles"] += _write_compile_track(run, rank, writer, proc, clock, r_ops, op_ids)
         if len(r_marks):
-            writer.slices(lookup(r_marks["tid"].to_numpy()), r_marks["ts"].to_numpy() + offset,
-                          r_marks["dur"].to_numpy(), r_marks["name"], {"source": r_marks["source_full"]})
+            writer.slices(lookup(r_marks["tid"].to_numpy()), *clock.span(r_marks["ts"], r_marks["dur"]),
+                          r_marks["name"], {"source": r_marks["source_full"]})
         r_steps = steps[steps["rank"] == rank]
         if len(r_steps):
-            _write_steps(writer, writer.track(proc, "Steps"), offset, r_steps, spans[spans["rank"] == rank])
+            _write_steps(writer, writer.track(proc, "Steps"), clock, r_steps, spans[spans["rank"] == rank])
+        r_allocs = allocs[allocs["rank"] == rank]
+        r_ooms = ooms[ooms["rank"] == rank]
+        last_event = _last_event(r_ops, r_marks, r_steps, r_allocs, r_ooms)
+        counts["collectives"] += collectives.write(writer, proc, rank, last_event)
         r_sync = sync[sync["rank"] == rank]
         if len(r_sync):
-            writer.instants(writer.track(proc, "Sync points"), r_sync["ts"].to_numpy() + offset,
+            writer.instants(writer.track(proc, "Sync points"), clock.at(r_sync["ts"]),
                             r_sync["name"].astype(str).to_numpy(dtype=object),
                             {"source": r_sync["source_full"].astype(str).to_numpy(dtype=object),
                              "why": r_sync["kind"].astype(str).to_numpy(dtype=object)})
-        r_allocs = allocs[allocs["rank"] == rank]
-        r_ooms = ooms[ooms["rank"] == rank]
-        counts["memory_samples"] += _write_memory_counters(writer, proc, offset,
+        counts["memory_samples"] += _write_memory_counters(writer, proc, clock,
                                                            mem_timeline[mem_timeline["rank"] == rank])
-        counts["memory_events"] += _write_memory_events(writer, proc, offset, peaks[peaks["rank"] == rank], r_ooms)
+        counts["memory_events"] += _write_memory_events(writer, proc, clock, peaks[peaks["rank"] == rank], r_ooms)
         counts["large_allocations"] += _write_large_allocations(
-            writer, proc, offset, r_allocs, _last_event(r_ops, r_marks, r_steps, r_allocs, r_ooms))
+            writer, proc, clock, r_allocs, last_event)
         counts["ranks"] += 1
         counts["op_slices"] += len(r_ops)
         counts["mark_slices"] += len(r_marks)
         counts["steps"] += len(r_steps)
         counts["sync_points"] += len(r_sync)
+    counts["collective_flows"] = collectives.write_flows(writer)
     writer.close()
     return counts
 
 
-def _write_steps(writer: TraceWriter, track: int, offset: int, steps: pd.DataFrame, spans: pd.DataFrame) -> None:
+def _write_steps(writer: TraceWriter, track: int, clock: RankClock, steps: pd.DataFrame, spans: pd.DataFrame) -> None:
     """Steps (labelled partial / warm-up, with their compile time) and, between them on the same
     track, the spans that are not steps: start-up and neuron_prof's own step-boundary work."""
     label = np.array([f"step {s}" + ("" if c else " (partial)") + (" (warm-up)" if w else "")
                       for s, c, w in zip(steps["step"], steps["complete"], steps["warmup"])], dtype=object)
-    ts = np.concatenate([steps["ts"].to_numpy(), spans["ts"].to_numpy()]) + offset
-    dur = np.concatenate([steps["dur"].to_numpy(), spans["dur"].to_numpy()])
+    ts, dur = clock.span(np.concatenate([steps["ts"].to_numpy(), spans["ts"].to_numpy()]),
+                         np.concatenate([steps["dur"].to_numpy(), spans["dur"].to_numpy()]))
     names = np.concatenate([label, spans["name"].to_numpy(dtype=object)])
     n = len(spans)
     writer.slices(track, ts, dur, names, {
@@ -133,7 +141,7 @@ def _first_region_run(r_ops: pd.DataFrame, op_ids: np.ndarray) -> dict[str, int]
     return out
 
 
-def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, offset: int,
+def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, clock: RankClock,
                          r_ops: pd.DataFrame, op_ids: np.ndarray) -> int:
     compiles = run.compiles[run.compiles["rank"] == rank]
     phases = run.compile_phases[run.compile_phases["rank"] == rank]
@@ -145,7 +153,7 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
     if len(compiles):
         label = np.array([f"compile {c} {f}" for c, f in zip(compiles["compile_id"].astype(str),
                                                              compiles["func"].astype(str))], dtype=object)
-        ids = writer.slices(track, compiles["ts"].to_numpy() + offset, compiles["dur"].to_numpy(), label,
+        ids = writer.slices(track, *clock.span(compiles["ts"], compiles["dur"]), label,
                             {"backend": compiles["backend"], "status": compiles["status"],
                              "fail_reason": compiles["fail_reason"], "source": compiles["source_full"],
                              "graph_ops": compiles["graph_ops"].to_numpy(), "guards": compiles["guards"].to_numpy()})
@@ -155,15 +163,15 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, of
         if pairs:
             writer.flows(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
     if len(phases):
-        writer.slices(track, phases["ts"].to_numpy() + offset, phases["dur"].to_numpy(), phases["phase"],
+        writer.slices(track, *clock.span(phases["ts"], phases["dur"]), phases["phase"],
                       {"compile_id": phases["compile_id"]})
     if len(breaks):
-        writer.instants(writer.track(proc, "Graph breaks"), breaks["ts"].to_numpy() + offset,
+        writer.instants(writer.track(proc, "Graph breaks"), clock.at(breaks["ts"]),
                         np.array([f"graph break: {c}" for c in breaks["reason_class"].astype(str)], dtype=object),
                         {"reason": breaks["reason"], "source": breaks["source_full"],
                          "compile_id": breaks["compile_id"], "gb_id": breaks["gb_id"]})
     if len(recompiles):
-        writer.instants(writer.track(proc, "Graph breaks"), recompiles["ts"].to_numpy() + offset,
+        writer.instants(writer.track(proc, "Graph breaks"), clock.at(recompiles["ts"]),
                         np.array([f"recompile {f}" for f in recompiles["func"].astype(str)], dtype=object),
                         {"reason": recompiles["reason"], "compile_id": recompiles["compile_id"]})
     return len(compiles)
@@ -174,12 +182,12 @@ def _strings(col: pd.Series) -> np.ndarray:
     return col.astype(str).to_numpy(dtype=object)
 
 
-def _write_memory_counters(writer: TraceWriter, proc: int, offset: int, tl: pd.DataFrame) -> int:
+def _write_memory_counters(writer: TraceWriter, proc: int, clock: RankClock, tl: pd.DataFrame) -> int:
     """Live bytes per device: the total, and each category that ever held bytes (an always-zero
     category track would only push the useful ones out of view)."""
     written = 0
     for device, g in tl.groupby("device", observed=True, sort=True):
-        ts = g["ts"].to_numpy(np.int64) + offset
+        ts = clock.at(g["ts"])
         named = [(f"Memory {device} (live bytes)", "total"), *((f"Memory {device}: {c}", c) for c in CATEGORIES)]
         for name, col in named:
             values = g[col].to_numpy(np.int64)
@@ -194,7 +202,7 @@ def _write_memory_counters(writer: TraceWriter, proc: int, offset: int, tl: pd.D
     return written
 
 
-def _write_memory_events(writer: TraceWriter, proc: int, offset: int, peaks: pd.DataFrame,
+def _write_memory_events(writer: TraceWriter, proc: int, clock: RankClock, peaks: pd.DataFrame,
                          ooms: pd.DataFrame) -> int:
     """Each captured step's peak (what reached it is in the name, so it reads without a click) and
     any out-of-memory error, as instants on one track."""
@@ -209,13 +217,13 @@ def _write_memory_events(writer: TraceWriter, proc: int, offset: int, peaks: pd.
             where = " at ".join(x for x in (op, source) if x)
             names.append(f"peak step {step}" + (f" on {device}" if several else "") + f": {format_bytes(int(size))}"
                          + (f", {where}" if where else ""))
-        writer.instants(track, peaks["ts"].to_numpy(np.int64) + offset, np.array(names, dtype=object),
+        writer.instants(track, clock.at(peaks["ts"]), np.array(names, dtype=object),
                         {"bytes": peaks["bytes"].to_numpy(np.int64), "device": _strings(peaks["device"]),
                          "op": _strings(peaks["op"]), "source": _strings(peaks["source_full"]),
                          "module": _strings(peaks["module"]), "category": _strings(peaks["category"]),
                          "alloc_bytes": peaks["alloc_bytes"].to_numpy(np.int64)})
     if len(ooms):
-        writer.instants(track, ooms["ts"].to_numpy(np.int64) + offset,
+        writer.instants(track, clock.at(ooms["ts"]),
                         np.full(len(ooms), "out of memory", dtype=object),
                         {"message": _strings(ooms["message"]), "bytes": ooms["bytes"].to_numpy(np.int64),
                          "device": _strings(ooms["device"])})
@@ -232,27 +240,7 @@ def _last_event(r_ops: pd.DataFrame, r_marks: pd.DataFrame, r_steps: pd.DataFram
     return max(ends, default=0)
 
 
-def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Greedy interval partitioning: in start order each interval takes the lowest lane free by its
-    start, so intervals on one lane never overlap (slices on one track must nest) and there are
-    only as many lanes as intervals alive at once. O(n log n)."""
-    lane = np.empty(len(start), np.int64)
-    busy: list[tuple[int, int]] = []   # (end, lane)
-    free: list[int] = []
-    opened = 0
-    for i in np.argsort(start, kind="stable").tolist():
-        while busy and busy[0][0] <= start[i]:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            lane[i] = heapq.heappop(free)
-        else:
-            lane[i] = opened
-            opened += 1
-        heapq.heappush(busy, (int(end[i]), int(lane[i])))
-    return lane
-
-
-def _write_large_allocations(writer: TraceWriter, proc: int, offset: int, r_allocs: pd.DataFrame,
+def _write_large_allocations(writer: TraceWriter, proc: int, clock: RankClock, r_allocs: pd.DataFrame,
                              run_end: int) -> int:
     """Blocks of at least ``LARGE_ALLOCATION_BYTES`` as slices over their lifetime, per device on
     as many "Large allocations <device> #k" tracks as were alive at once; a block never freed
@@ -262,12 +250,12 @@ def _write_large_allocations(writer: TraceWriter, proc: int, offset: int, r_allo
         start = g["alloc_ts"].to_numpy(np.int64)
         never = g["free_ts"].to_numpy(np.int64) == NEVER
         end = np.where(never, run_end, g["free_ts"].to_numpy(np.int64))
-        lane = _lanes(start, end)
+        lane = lanes(start, end)
         tracks = np.array([writer.track(proc, f"Large allocations {device} #{k + 1}")
                            for k in range(int(lane.max()) + 1)], dtype=np.int64)
         names = np.array([f"{format_bytes(int(b))} {op or alloc_op}".rstrip() for b, op, alloc_op in
                           zip(g["bytes"], g["top_op"].astype(str), g["op"].astype(str))], dtype=object)
-        writer.slices(tracks[lane], start + offset, end - start, names,
+        writer.slices(tracks[lane], *clock.span(start, end - start), names,
                       {"bytes": g["bytes"].to_numpy(np.int64), "op": _strings(g["op"]),
                        "source": _strings(g["source_full"]), "module": _strings(g["module"]),
                        "category": _strings(g["category"]), "step": g["step"].to_numpy(np.int64),

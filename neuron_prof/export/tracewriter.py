@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import heapq
 import io
 import os
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["TraceWriter", "BufferedTraceWriter", "StringTable", "open_writer", "nest_repair",
-           "emission_order", "slice_event_order"]
+           "emission_order", "slice_event_order", "lanes"]
 
 
 @runtime_checkable
@@ -254,6 +255,26 @@ def nest_repair(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.
             reps += _repair_rows(rows, ts, end)
         order = slice_event_order(ts, end)
     return end - ts, reps, order
+
+
+def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Greedy interval partitioning: in start order each interval takes the lowest lane free by its
+    start, so intervals on one lane never overlap (slices on one track must nest) and there are
+    only as many lanes as intervals alive at once. O(n log n)."""
+    lane = np.empty(len(start), np.int64)
+    busy: list[tuple[int, int]] = []   # (end, lane)
+    free: list[int] = []
+    opened = 0
+    for i in np.argsort(start, kind="stable").tolist():
+        while busy and busy[0][0] <= start[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane[i] = heapq.heappop(free)
+        else:
+            lane[i] = opened
+            opened += 1
+        heapq.heappush(busy, (int(end[i]), int(lane[i])))
+    return lane
 
 
 # ----------------------------------------------------------------------------- buffered base

@@ -1,51 +1,122 @@
-"""Collectives: no collector records collective events yet, so this page says so plainly; with more
-than one rank it compares step time per rank and ranks the stragglers
-(``analysis.steps.straggler_ranking``): that part is real data."""
+"""Collectives: which rank made the others wait, in which steps and for how long; a step's
+collectives rank by rank on one clock; what the ranks disagreed on or never finished; bandwidth.
+
+In synchronous training every rank finishes a step together, so step time cannot name a
+straggler: the waits inside the collectives can. Every number here comes from
+``neuron_prof.analysis.collectives``: its ``summary`` (in the report's summary) for the findings
+and tables, the run's aligned waits for the heat map and the lanes; the page only draws. The
+charts stay small at any world size: the heat map is one cell per rank and step, the lanes one
+step of at most ``MAX_LANES`` ranks.
+"""
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from neuron_prof.analysis.steps import straggler_ranking
+from neuron_prof.analysis.collectives import to_rank0
+from neuron_prof.findings import findings
 from neuron_prof.viewer import data
-from neuron_prof.viewer.charts import step_time_chart
+from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
+from neuron_prof.viewer.text import md
+
+MAX_LANES = 32  # ranks drawn at once in the lanes (the step's stragglers first): more would be unreadable
+HOW = ("Every `torch.distributed` collective (DDP's gradient all-reduce, FSDP's all-gathers and reduce-scatters, "
+       "explicit calls) is recorded on each rank by the `collectives` collector, on by default once the job has "
+       "called `init_process_group`: run the job under `neuron-prof record` (`neuron-prof record -- torchrun "
+       "--nproc-per-node 2 train.py`), or wrap each rank's training loop in `neuron_prof.profile(RUN)`.")
+
+
+def _table(rows: list[dict], columns: dict[str, str], ms: tuple[str, ...] = ()) -> None:
+    """``rows`` (summary records) as a grid of ``columns`` (key -> header); ``ms``: ns columns shown in ms."""
+    df = pd.DataFrame(rows)[list(columns)]
+    df[list(ms)] = df[list(ms)] / 1e6
+    df = df.rename(columns=columns)
+    st.dataframe(df.astype({c: str for c in df.columns if df[c].map(lambda v: isinstance(v, list)).any()}),
+                 hide_index=True)
+
 
 run = data.load()
-s = data.summary()
-
 st.title("Collectives")
-data.no_data("collective data",
-             "Per-collective events (all-reduce, all-gather, ... with their sizes, wait and transfer time per rank) "
-             "would come from a `collectives` collector, which neuron_prof does not have yet. Today: run every "
-             "`torch.distributed` rank under `neuron-prof record` (or `neuron_prof.profile` in each rank) to compare "
-             "step times per rank below; communication ops (c10d, Gloo, NCCL) show up on the Ops and Timeline pages "
-             "and as `communication` in the Overview's time split.")
-
-split = pd.DataFrame(s["time_split"])
-if len(split) and split["communication_ms"].gt(0).any():
-    st.subheader("Communication ops seen in the steady steps")
-    st.dataframe(split[["rank", "steps", "step_ms", "communication_ms"]], hide_index=True, column_config={
-        "step_ms": st.column_config.NumberColumn("step ms", format="%.2f"),
-        "communication_ms": st.column_config.NumberColumn("communication ms/step", format="%.3f")})
-    st.caption("top-level collective ops (c10d::, gloo:, nccl:) on the calling thread, mean per steady step")
-
-st.subheader("Step time per rank")
-if len(run.ranks) < 2:
-    st.caption(f"this run has one rank ({run.ranks[0] if run.ranks else '-'}): nothing to compare across ranks")
+if run.collectives.empty:
+    data.no_data("collective data", HOW)
     st.stop()
-ranking = straggler_ranking(run.step_kinds)
-if ranking.empty:
-    st.caption("no step that every rank completed: nothing to compare")
-    st.stop()
-top = ranking.iloc[0]
-st.markdown(f"**rank {int(top['rank'])}** was the slowest in **{int(top['slowest'])} of {int(top['steps'])}** "
-            f"steady steps every rank completed ({top['slowest_pct']:.0f}%), on average "
-            f"{top['behind_fastest_ms']:.2f} ms behind the fastest rank.")
-st.plotly_chart(step_time_chart(run.step_kinds[run.step_kinds["complete"]]), width="stretch")
-st.caption("straggler ranking: which rank is slowest most often")
-st.dataframe(ranking, hide_index=True, column_config={
-    "steps": "steps compared", "slowest": "slowest in",
-    "slowest_pct": st.column_config.NumberColumn("slowest %", format="%.0f"),
-    "mean_ms": st.column_config.NumberColumn("mean ms", format="%.2f"),
-    "median_ms": st.column_config.NumberColumn("median ms", format="%.2f"),
-    "behind_fastest_ms": st.column_config.NumberColumn("ms behind the fastest", format="%.2f")})
+report = data.summary()
+s = report["collectives"]
+for f in findings(report):
+    if f["page"] == "collectives":  # stuck, mismatched, straggling: as the report and the Overview say it
+        st.warning(md(f["text"]), icon=":material/error:" if f["severity"] == "high" else ":material/warning:")
+
+clock = pd.DataFrame(s["clock"])
+cols = st.columns(4)
+cols[0].metric("collectives", s["collectives"], help="matched across ranks by (process group, sequence number)")
+cols[1].metric("calls", s["calls"], help="one per collective per rank")
+cols[2].metric("process groups", len(s["groups"]))
+cols[3].metric("clocks", "one clock" if clock["same_clock"].all() else
+               (f"aligned ±{clock['rtt'].max() / 2e6:.2f} ms" if clock["measured"].all() else "not measured"),
+               help="every rank's times are moved onto rank 0's clock with the offsets measured at capture start "
+                    "and end; ranks on one host share one clock")
+
+st.subheader("Stragglers")
+if not any(r["steps"] for r in s["stragglers"]):
+    st.markdown("No rank made the others wait significantly in any steady step.")
+if s["stragglers"]:
+    _table(s["stragglers"], {"rank": "rank", "wait_caused_ns": "wait caused (ms)", "steps": "straggler in steps",
+                             "times_last": "last in steps", "waited_ns": "waited itself (ms)", "share": "share"},
+           ms=("wait_caused_ns", "waited_ns"))
+if s["threshold_ms"] is not None:
+    st.caption(f"over the {s['steady_steps']} steady steps: a step's last rank counts as its straggler when the wait "
+               f"it caused stands out from the run's own jitter (here {s['threshold_ms']:.1f} ms or more; "
+               "neuron_prof's own step-boundary work is not counted)")
+
+waits = run.collective_waits
+st.subheader("Wait per rank and step")
+st.plotly_chart(wait_heatmap(waits), width="stretch")
+st.caption("ms each rank waited inside collectives for the last rank to arrive: a straggler's steps are the columns "
+           "where the other ranks are hot")
+
+st.subheader("A step's collectives, rank by rank")
+steps = sorted(int(x) for x in waits["step"].unique())
+worst = max((r for r in s["straggler_steps"] if r["significant"]), key=lambda r: r["wait_caused_ns"], default=None)
+step = st.selectbox("step", steps, index=steps.index(worst["step"]) if worst else 0, key="coll_step")
+rows = waits[waits["step"] == step]
+ranks = sorted(int(r) for r in rows["rank"].unique())
+if len(ranks) > MAX_LANES:
+    late = rows.groupby("late_rank")["wait_ns"].sum().sort_values(ascending=False).index
+    first = [int(r) for r in late if int(r) in ranks][:MAX_LANES // 4]
+    shown = st.multiselect("ranks", ranks, default=first + [r for r in ranks if r not in first][:MAX_LANES - len(first)],
+                           max_selections=MAX_LANES, key="coll_ranks")
+    rows = rows[rows["rank"].isin(shown)]
+step_rows = run.steps[run.steps["step"] == step]
+zero = int(to_rank0(step_rows["ts"].to_numpy(), step_rows["rank"].to_numpy(), run.collective_offsets).min()) \
+    if len(step_rows) else int(rows["start"].min())
+if len(rows):
+    st.plotly_chart(collective_lanes(rows, zero), width="stretch")
+st.caption(f"from the start of step {step}; red: waiting for the last rank to arrive, then the collective itself")
+
+st.subheader("Mismatches")
+if s["mismatches"]:
+    _table(s["mismatches"], {"group": "group", "seq": "seq", "kind": "kind", "ranks": "ranks", "detail": "detail"})
+else:
+    st.caption("none: at every (group, seq) the ranks issued the same op, size and dtype, and every member issued it")
+
+st.subheader("In flight")
+if s["in_flight"]:
+    _table(s["in_flight"], {"rank": "rank", "op": "op", "group": "group", "seq": "seq", "bytes": "bytes",
+                            "status": "status", "step": "step", "source": "source", "arrived": "arrived",
+                            "missing": "never arrived"})
+    st.caption("collectives issued and never completed: what each rank was stuck in when the job hung or its group "
+               "timed out")
+else:
+    st.caption("none: every collective issued completed")
+
+st.subheader("By op and group")
+_table(s["by_op"], {"group": "group", "op": "op", "collectives": "collectives", "bytes": "bytes per rank",
+                    "time_ms_per_rank": "ms per rank", "wait_ms_per_rank": "of which waiting", "per_step": "per step"})
+if s["bandwidth"]:
+    _table(s["bandwidth"], {"group": "group", "op": "op", "group_size": "ranks", "calls": "collectives",
+                            "bytes": "bytes", "algbw": "algbw GB/s", "busbw": "busbw GB/s"})
+    st.caption("bandwidth over the transfer (from the last arrival to completion); busbw as NCCL-tests counts it")
+if s["overlap"]:
+    _table(s["overlap"], {"rank": "rank", "comm_ms": "ms in collectives per step", "overlapped_ms": "overlapped",
+                          "exposed_ms": "exposed", "exposed_pct": "exposed % of step"})
+    st.caption("per steady step: time in collectives, the part compute overlapped, and the rest the rank only waited")
