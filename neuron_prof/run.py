@@ -90,18 +90,19 @@ def _dense_codes(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return present, remap[ids]
 
 
+def _categories_dtype(col: pd.Series):
+    return col.cat.categories.dtype if isinstance(col.dtype, pd.CategoricalDtype) else None
+
+
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     """The ranks' frames as one. Categoricals (each rank's own categories) are united column by
     column, categories sorted as a concat's object column made category had them: a plain concat
     turns them into objects and back, which at hundreds of ranks costs more than reading."""
     if len(parts) == 1:
         return parts[0]
-    def categories(p: pd.DataFrame, c: str):
-        return p[c].cat.categories.dtype if isinstance(p[c].dtype, pd.CategoricalDtype) else None
-
     # united where every rank's categories are alike (an empty Index is object, a full one str)
-    cats = [c for c in parts[0].columns if categories(parts[0], c) is not None
-            and all(categories(p, c) == categories(parts[0], c) for p in parts)]
+    cats = [c for c in parts[0].columns if _categories_dtype(parts[0][c]) is not None
+            and all(_categories_dtype(p[c]) == _categories_dtype(parts[0][c]) for p in parts)]
     return pd.DataFrame({c: union_categoricals([p[c] for p in parts], sort_categories=True) if c in cats
                          else np.concatenate([p[c].to_numpy() for p in parts]) for c in parts[0].columns})
 
