@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pandas.api.types import union_categoricals
 
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
@@ -89,6 +90,23 @@ def _dense_codes(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return present, remap[ids]
 
 
+def _categories_dtype(col: pd.Series):
+    return col.cat.categories.dtype if isinstance(col.dtype, pd.CategoricalDtype) else None
+
+
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' frames as one. Categoricals (each rank's own categories) are united column by
+    column, categories sorted as a concat's object column made category had them: a plain concat
+    turns them into objects and back, which at hundreds of ranks costs more than reading."""
+    if len(parts) == 1:
+        return parts[0]
+    # united where every rank's categories are alike (an empty Index is object, a full one str)
+    cats = [c for c in parts[0].columns if _categories_dtype(parts[0][c]) is not None
+            and all(_categories_dtype(p[c]) == _categories_dtype(parts[0][c]) for p in parts)]
+    return pd.DataFrame({c: union_categoricals([p[c] for p in parts], sort_categories=True) if c in cats
+                         else np.concatenate([p[c].to_numpy() for p in parts]) for c in parts[0].columns})
+
+
 class Run:
     """A run directory, read once. Tables are built on first access and cached."""
 
@@ -115,28 +133,40 @@ class Run:
         return [rd.rank for rd in self.rank_data]
 
     def _table(self, name: str) -> pd.DataFrame:
-        parts = []
+        parts: list[pd.DataFrame] = []
+        empty = None  # for the columns, when no rank has rows
         for rd in self.rank_data:
-            if name in _HANDED_OVER:  # millions of rows: convert, and let the Arrow buffers go
-                df = rd.take(name).to_pandas(split_blocks=True, self_destruct=True)
-            else:
-                df = rd.table(name).to_pandas()
-            strings = self._strings[rd.rank]
-            for col in _STRING_COLUMNS.get(name, ()):
-                df[col] = strings.categorical(df[col].to_numpy())
-            for col in _STRING_LIST_COLUMNS.get(name, ()):
-                df[col] = [list(strings.values[np.asarray(ids, dtype=np.int64)]) for ids in df[col]]
-            for col in _FRAME_COLUMNS.get(name, ()):
-                df[col] = df[col].map(lambda text: display_frame(text, strings.cwd)).astype("category")
-            if "stack" in df.columns:
-                for col, values in strings.sources(df["stack"].to_numpy()).items():
-                    df.insert(df.columns.get_loc("stack"), col, values)
-            df.insert(0, "rank", np.int32(rd.rank))
-            parts.append(df)
-        df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+            table = rd.take(name) if name in _HANDED_OVER else rd.table(name)
+            if table.num_rows:
+                parts.append(self._rank_frame(name, rd, table))
+            elif empty is None:
+                # a rank's empty table adds nothing but its cost: a DataFrame per rank, which
+                # at 256 ranks took seconds for the tables a run never wrote
+                empty = (rd, table)
+            del table  # a handed-over table's Arrow buffers go as soon as it is converted
+        df = _concat(parts or [self._rank_frame(name, *empty)])
         for col in _STRING_COLUMNS.get(name, ()) + (SOURCE_COLUMNS if "source" in df.columns else ()):
             if df[col].dtype != "category":
                 df[col] = df[col].astype("category")
+        return df
+
+    def _rank_frame(self, name: str, rd: RankData, table: pa.Table) -> pd.DataFrame:
+        """One rank's table as a DataFrame, its ids resolved."""
+        if name in _HANDED_OVER:  # millions of rows: convert, and let the Arrow buffers go
+            df = table.to_pandas(split_blocks=True, self_destruct=True)
+        else:
+            df = table.to_pandas()
+        strings = self._strings[rd.rank]
+        for col in _STRING_COLUMNS.get(name, ()):
+            df[col] = strings.categorical(df[col].to_numpy())
+        for col in _STRING_LIST_COLUMNS.get(name, ()):
+            df[col] = [list(strings.values[np.asarray(ids, dtype=np.int64)]) for ids in df[col]]
+        for col in _FRAME_COLUMNS.get(name, ()):
+            df[col] = df[col].map(lambda text: display_frame(text, strings.cwd)).astype("category")
+        if "stack" in df.columns:
+            for col, values in strings.sources(df["stack"].to_numpy()).items():
+                df.insert(df.columns.get_loc("stack"), col, values)
+        df.insert(0, "rank", np.int32(rd.rank))
         return df
 
     def _with_step(self, df: pd.DataFrame) -> pd.DataFrame:
