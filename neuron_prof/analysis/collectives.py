@@ -146,19 +146,38 @@ def _members(coll: pd.DataFrame, groups: pd.DataFrame | None) -> dict[str, list[
 def _missing(coll: pd.DataFrame, keys: pd.DataFrame, members: dict[str, list[int]]) -> list[list[int]]:
     """Per (group, seq) of ``keys``: the members that did not issue it although their capture of
     the group had begun (they issued an earlier seq on it, or nothing on it at all)."""
-    seen = coll.groupby(["group", "seq"], observed=True)["rank"].agg(lambda r: set(map(int, r)))
+    seen = coll.groupby(["group", "seq"], observed=True)["rank"].nunique()
+    n_seen = seen.reindex(pd.MultiIndex.from_frame(keys[["group", "seq"]].astype({"group": str}))).fillna(0).to_numpy()
+    n_members = np.array([len(members.get(str(g), [])) for g in keys["group"]])
+    out: list[list[int]] = [[] for _ in range(len(keys))]
+    short = np.flatnonzero(n_seen < n_members)  # the common case, everyone there, costs nothing more
+    if not len(short):
+        return out
+    have = coll.groupby(["group", "seq"], observed=True)["rank"].agg(lambda r: set(map(int, r)))
     first = coll.groupby(["group", "rank"], observed=True)["seq"].min()
     first = {(str(g), int(r)): int(s) for (g, r), s in first.items()}
-    out = []
-    for g, q in zip(keys["group"].astype(str), keys["seq"]):
-        have = seen.get((g, q), set())
-        out.append([r for r in members.get(g, []) if r not in have and first.get((g, r), -1) <= q])
+    groups, seqs = keys["group"].astype(str).to_numpy(), keys["seq"].to_numpy()
+    for i in short:
+        g, q = groups[i], int(seqs[i])
+        got = have.get((g, q), set())
+        out[i] = [r for r in members.get(g, []) if r not in got and first.get((g, r), -1) <= q]
     return out
 
 
-def _mode(s: pd.Series) -> Any:
-    m = s.mode()
-    return m.iloc[0] if len(m) else s.iloc[0]
+def _modes(df: pd.DataFrame, col: str) -> pd.Series:
+    """Per (group, seq) of ``df``: the most common value of ``col`` (ties: the smallest)."""
+    n = df.groupby(["group", "seq", col], sort=False).size().reset_index(name="n")
+    n = n.sort_values(["group", "seq", "n", col], ascending=[True, True, False, True], kind="stable")
+    return n.drop_duplicates(["group", "seq"]).set_index(["group", "seq"])[col]
+
+
+def _ranks_seen(df: pd.DataFrame) -> pd.Series:
+    """Per (group, seq) of ``df`` (sorted by group and seq): its ranks, sorted, as a list."""
+    order = df.sort_values(["group", "seq", "rank"], kind="stable")
+    keys = pd.MultiIndex.from_frame(order[["group", "seq"]])
+    cut = np.flatnonzero(~keys.duplicated())
+    ranks = np.split(order["rank"].to_numpy(np.int64), cut[1:])
+    return pd.Series([r.tolist() for r in ranks], index=keys[cut])
 
 
 MATCHED_COLUMNS = ["group", "seq", "op", "step", "bytes", "out_bytes", "dtype", "group_size", "ranks_seen", "missing",
@@ -213,8 +232,8 @@ def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | No
     g = df.groupby(["group", "seq"], sort=True)
     first_rank = df.loc[g["rank"].idxmin(), ["group", "seq", "op", "step", "dtype"]].set_index(["group", "seq"])
     out = pd.DataFrame({
-        "bytes": g["bytes"].agg(_mode), "out_bytes": g["out_bytes"].agg(_mode),
-        "group_size": g["group_size"].max(), "ranks_seen": g["rank"].agg(lambda r: sorted(map(int, r))),
+        "bytes": _modes(df, "bytes"), "out_bytes": _modes(df, "out_bytes"),
+        "group_size": g["group_size"].max(), "ranks_seen": _ranks_seen(df),
         "first_arrival": g["start"].min(), "last_arrival": g["start"].max(),
         "last_rank": df.loc[g["start"].idxmax(), ["group", "seq", "rank"]].set_index(["group", "seq"])["rank"],
         "end": g["end"].max(), "all_ok": g["ok"].all(), "ended": g["end"].min(),
