@@ -104,6 +104,21 @@ def steps_text(steps: list[int]) -> str:
     return "steps " + ", ".join(map(str, steps[:-1])) + f" and {steps[-1]}"
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """Ranks as runs: ``0-255``, ``0, 2, 4-7``."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [r]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return ", ".join(out)
+
+
 def straggler_text(x: Mapping[str, Any]) -> str:
     """A significant straggler (a ``collectives.stragglers`` row of the report) in one sentence:
     who, how long the others waited for it, when, and at which collective."""

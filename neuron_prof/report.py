@@ -14,7 +14,7 @@ from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, 
 from neuron_prof.analysis.records import records as _records
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS, basis_steps, step_breakdown, step_stats, time_split
 from neuron_prof.analysis.sync import sync_points, sync_summary
-from neuron_prof.findings import (called_from, detail_cut_text, findings, in_flight_text, process_note, steps_text,
+from neuron_prof.findings import (called_from, detail_cut_text, findings, in_flight_text, process_note, ranks_text, steps_text,
                                   straggler_text, user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.run import Run
@@ -207,25 +207,31 @@ def _render_collectives(c: dict[str, Any], world_size: int | None) -> list[str]:
             return []
         return ["", "Collectives", "  not captured (the `collectives` collector records them once "
                 "torch.distributed's process group is initialised; it is on by default)"]
-    groups = "; ".join(f"group {g['group']} {g['desc']} ({g['backend']}, ranks {g['ranks']})" for g in c["groups"])
+    shown = c["groups"][:GROUPS_SHOWN]
+    groups = "; ".join(f"group {g['group']} {g['desc']} ({g['backend']}, ranks {ranks_text(g['ranks'])})"
+                       for g in shown)
+    if len(c["groups"]) > len(shown):
+        groups += f"; {len(c['groups']) - len(shown)} more groups (--json lists them)"
     out = ["", f"Collectives ({c['collectives']} collectives, {c['calls']} calls on {c['ranks']} ranks; {groups})"]
     out.append("  " + _clock_text(c["clock"]))
-    rows = [{**x, "size": format_bytes(x["bytes"])} for x in c["by_op"]]
+    rows = [{**x, "size": format_bytes(x["bytes"])} for x in _most(c["by_op"], "time_ms_per_rank")]
     out += _table(rows, [("group", "group", ""), ("op", "op", ""), ("collectives", "collectives", "d"),
                          ("per_step", "/steady step", ".1f"), ("size", "bytes/rank", ""),
                          ("time_ms_per_rank", "ms/rank", ".2f"), ("wait_ms_per_rank", "wait ms/rank", ".2f")])
     out.append("  (ms/rank: issue to completion, summed over the run, mean over ranks; wait: waiting for the "
-               "last rank to arrive)")
+               "last rank to arrive" + _more(c["by_op"]) + ")")
     out.append(f"  Stragglers over {c['steady_steps']} steady steps (significant: a step's straggler made the "
                f"others wait {c['threshold_ms']:.1f} ms or more: at least {colls.SHARE:.0%} of the median step, and "
                "above the run's noise unless late in every step)")
     if c["stragglers"]:
         rows = [{**x, "caused_ms": x["wait_caused_ns"] / 1e6, "waited_ms": x["waited_ns"] / 1e6,
                  "pct": 100 * (x["share"] or 0), "in_steps": steps_text(x["steps"]) if x["steps"] else "-"}
-                for x in c["stragglers"]]
+                for x in c["stragglers"][:ROWS_SHOWN]]
         out += _table(rows, [("rank", "rank", ""), ("times_last", "last (significant)", "d"),
                              ("caused_ms", "made others wait ms", ".1f"), ("pct", "%", ".0f"),
                              ("waited_ms", "waited itself ms", ".1f"), ("in_steps", "significant in", "")])
+        if len(c["stragglers"]) > ROWS_SHOWN:
+            out.append(f"  ({_more(c['stragglers']).lstrip('; ')})")
         named = [x for x in c["stragglers"] if x["steps"]]
         out += [f"  {straggler_text(x)}" for x in named] or ["  no significant straggler: the ranks arrive "
                                                              "together within the run's noise"]
@@ -241,11 +247,27 @@ def _render_collectives(c: dict[str, Any], world_size: int | None) -> list[str]:
                                      ("exposed_pct", "% of step", ".1f")])
     if c["bandwidth"]:
         out.append("  Bandwidth (transfer: from the last arrival to completion; busbw as NCCL-tests)")
-        rows = [{**x, "size": format_bytes(x["bytes"]), "ms": x["transfer_ns"] / 1e6} for x in c["bandwidth"]]
+        rows = [{**x, "size": format_bytes(x["bytes"]), "ms": x["transfer_ns"] / 1e6}
+                for x in _most(c["bandwidth"], "transfer_ns")]
         out += _table(rows, [("group", "group", ""), ("op", "op", ""), ("calls", "calls", "d"),
                              ("size", "bytes", ""), ("ms", "transfer ms", ".2f"),
                              ("algbw", "algbw GB/s", ".3f"), ("busbw", "busbw GB/s", ".3f")])
+        if len(c["bandwidth"]) > ROWS_SHOWN:
+            out.append(f"  ({_more(c['bandwidth']).lstrip('; ')})")
     return out
+
+
+GROUPS_SHOWN = 4
+ROWS_SHOWN = 12
+"""A run of thousands of ranks has as many groups: the text shows the largest rows, --json all."""
+
+
+def _most(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    return rows if len(rows) <= ROWS_SHOWN else sorted(rows, key=lambda x: -x[key])[:ROWS_SHOWN]
+
+
+def _more(rows: list[dict[str, Any]]) -> str:
+    return f"; {len(rows) - ROWS_SHOWN} more rows in --json" if len(rows) > ROWS_SHOWN else ""
 
 
 def _clock_text(clock: list[dict[str, Any]]) -> str:
@@ -253,11 +275,17 @@ def _clock_text(clock: list[dict[str, Any]]) -> str:
     others = [x for x in clock if x["rank"] != 0]
     if all(x["same_clock"] for x in others):
         return "clocks: every rank reads rank 0's clock (one host): no offset applied"
+    apart = [x for x in others if x["measured"] and not x["same_clock"]]
     parts = [f"rank {x['rank']} {x['offset_start'] / 1e6:+.3f} -> {x['offset_end'] / 1e6:+.3f} ms "
-             f"(+-{x['rtt'] / 2e6:.3f})" for x in others if x["measured"] and not x["same_clock"]]
+             f"(+-{x['rtt'] / 2e6:.3f})" for x in apart]
+    if len(apart) > GROUPS_SHOWN:
+        starts, ends = [x["offset_start"] / 1e6 for x in apart], [x["offset_end"] / 1e6 for x in apart]
+        drift = max(abs(b - a) for a, b in zip(starts, ends))
+        parts = [f"{len(apart)} ranks on other hosts, offsets {min(starts):+.3f} to {max(starts):+.3f} ms at start, "
+                 f"drift up to {drift:.3f} ms, within +-{max(x['rtt'] for x in apart) / 2e6:.3f} ms"]
     unmeasured = [x["rank"] for x in others if not x["measured"]]
     if unmeasured:
-        parts.append(f"ranks {unmeasured} not measured: their clocks are taken as rank 0's")
+        parts.append(f"ranks {ranks_text(unmeasured)} not measured: their clocks are taken as rank 0's")
     return "clocks aligned to rank 0 (offset at start -> end): " + "; ".join(parts)
 
 

@@ -454,3 +454,20 @@ def test_real_hang_names_the_collective_and_the_rank_that_never_arrived(broken_r
     assert f"rank 0 was stuck in all_reduce (group 0, seq {x['seq']}); rank 1 never arrived" in findings
     assert "collective mismatch" not in findings  # the missing rank is said once, in the in-flight line
     assert f"!! in flight: rank 0 was stuck in all_reduce (group 0, seq {x['seq']}); rank 1 never arrived" in text
+
+
+def test_a_delay_passed_on_through_a_subgroup_is_blamed_on_its_root():
+    """Rank 1 is 30 ms late at its tensor-parallel all-reduce with rank 0 (group "tp"); released
+    together, rank 0 then happens to reach the world all-reduce last, and ranks 2 and 3 wait 30 ms
+    there. The wait at the world all-reduce is rank 1's doing, not rank 0's."""
+    late, t = 30 * MS, 10 * MS
+    rows = [{"rank": 0, "group": "tp", "group_size": 2, "seq": 1, "step": 1, "ts": t, "done": t + late + MS},
+            {"rank": 1, "group": "tp", "group_size": 2, "seq": 1, "step": 1, "ts": t + late, "done": t + late + MS}]
+    world = {0: t + late + 1.2 * MS, 1: t + late + 1.1 * MS, 2: t + 1.2 * MS, 3: t + 1.1 * MS}
+    rows += [{"rank": r, "group": "0", "group_size": 4, "seq": 1, "step": 1, "ts": int(at), "done": t + late + 3 * MS}
+             for r, at in world.items()]
+    m = C.matched(_coll(rows), _one_clock([0, 1, 2, 3])).set_index("group")
+    assert m.loc["tp", "last_rank"] == 1 and m.loc["tp", "root_rank"] == 1
+    assert m.loc["0", "last_rank"] == 0 and m.loc["0", "root_rank"] == 1
+    per = C.straggler_steps(m.reset_index(), _steps({r: [100 * MS, 100 * MS] for r in range(4)}))
+    assert per.loc[per["step"] == 1, "rank"].tolist() == [1]

@@ -181,7 +181,8 @@ def _ranks_seen(df: pd.DataFrame) -> pd.Series:
 
 
 MATCHED_COLUMNS = ["group", "seq", "op", "step", "bytes", "out_bytes", "dtype", "group_size", "ranks_seen", "missing",
-                   "first_arrival", "last_arrival", "last_rank", "wait_ns", "own_ns", "end", "transfer_ns", "complete"]
+                   "first_arrival", "last_arrival", "last_rank", "root_rank", "wait_ns", "own_ns", "end", "transfer_ns",
+                   "complete"]
 
 
 def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame) -> np.ndarray:
@@ -207,11 +208,42 @@ def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame
     return own
 
 
+def _root_ranks(rows: pd.DataFrame, out: pd.DataFrame) -> np.ndarray:
+    """Per matched collective: the rank its wait traces back to. The last rank to arrive, unless it
+    came late because it was itself waiting, at its previous collective, on another group (a
+    collective of the same group lets all its ranks go together: nobody inherits a delay from it),
+    for at least half as long: then that collective's root. A rank slow at a tensor-parallel
+    all-reduce delays its whole group; whoever of the group reaches the next world all-reduce last
+    only passes the delay on (``rows``: matched's per-rank rows with aligned ``start``)."""
+    r = rows.sort_values(["rank", "start"], kind="stable", ignore_index=True)
+    same = r["rank"].to_numpy()[1:] == r["rank"].to_numpy()[:-1]
+    prev = np.r_[-1, np.where(same, np.arange(len(r) - 1), -1)]
+    keys = pd.MultiIndex.from_frame(out[["group", "seq"]])
+    at = pd.MultiIndex.from_frame(r[["group", "seq", "rank"]]).get_indexer(
+        pd.MultiIndex.from_arrays([out["group"], out["seq"], out["last_rank"]]))
+    p_row = np.where(at >= 0, prev[np.maximum(at, 0)], -1)  # the last rank's previous collective
+    p_key = np.full(len(out), -1)
+    has = p_row >= 0
+    p_key[has] = keys.get_indexer(pd.MultiIndex.from_frame(r.loc[p_row[has], ["group", "seq"]]))
+    last_arrival, wait = out["last_arrival"].to_numpy(), out["wait_ns"].to_numpy()
+    start = r["start"].to_numpy()
+    waited = np.where(p_key >= 0, last_arrival[np.maximum(p_key, 0)] - start[np.maximum(p_row, 0)], 0)
+    group = out["group"].to_numpy()
+    other_group = (p_key >= 0) & (group[np.maximum(p_key, 0)] != group)
+    inherits = other_group & (waited * 2 >= wait) & (wait > 0)
+    root = out["last_rank"].to_numpy().copy()
+    for i in np.argsort(last_arrival, kind="stable"):  # a collective's root after its predecessor's
+        if inherits[i]:
+            root[i] = root[p_key[i]]
+    return root
+
+
 def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | None = None,
             steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per collective (group, seq) across its ranks: op, step (the lowest rank's), bytes
     and out_bytes (per rank, the most common), dtype, group_size, ranks_seen, missing (members
-    that never issued it), first/last_arrival (aligned issue times), last_rank (the straggler),
+    that never issued it), first/last_arrival (aligned issue times), last_rank (who arrived last),
+    root_rank (the rank that wait traces back to: the straggler; see ``_root_ranks``),
     wait_ns (how long the first arrival waited for the last), own_ns (the part of that wait in
     which the last rank was in neuron_prof's own work at a step boundary: the profiler's doing,
     not the rank's; needs ``steps``), end (aligned latest completion,
@@ -243,6 +275,7 @@ def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | No
     out["transfer_ns"] = np.where(out["end"] >= 0, np.maximum(out["end"] - out["last_arrival"], 0), -1)
     out["missing"] = _missing(coll.assign(group=coll["group"].astype(str)), out, _members(coll, groups))
     out["complete"] = out["all_ok"] & (out["ended"] >= 0) & (out["missing"].str.len() == 0)
+    out["root_rank"] = _root_ranks(df, out)
     out["group_size"] = np.maximum(out["group_size"], out["ranks_seen"].str.len() + out["missing"].str.len())
     return out[MATCHED_COLUMNS]
 
@@ -338,12 +371,12 @@ def _steady(steps: pd.DataFrame) -> tuple[set[int], float]:
 
 
 def _caused(matched: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
-    """Wait caused per steady step and rank: the waits of the collectives it arrived last at,
-    less what neuron_prof's own work made of them (``own_ns``; collectives seen on one rank
+    """Wait caused per steady step and rank: the waits of the collectives it is the root of
+    (``matched.root_rank``: it arrived last, or made the last rank late), less what neuron_prof's own work made of them (``own_ns``; collectives seen on one rank
     cause no wait)."""
     m = matched[matched["step"].isin(steady) & (matched["ranks_seen"].str.len() > 1)]
     m = m.assign(caused=m["wait_ns"] - m["own_ns"])
-    return (m.groupby(["step", "last_rank"])["caused"].sum().rename_axis(["step", "rank"])
+    return (m.groupby(["step", "root_rank"])["caused"].sum().rename_axis(["step", "rank"])
             .reset_index(name="wait_caused_ns"))
 
 
@@ -390,7 +423,7 @@ def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) 
     sig = sig[sig["significant"]]
     named = [sorted(map(int, sig.loc[sig["rank"] == r, "step"])) for r in ranks]
     at = m[m["wait_ns"] > m["own_ns"]]
-    times = [int(((at["last_rank"] == r) & at["step"].isin(s)).sum()) for r, s in zip(ranks, named)]
+    times = [int(((at["root_rank"] == r) & at["step"].isin(s)).sum()) for r, s in zip(ranks, named)]
     waited = waits[waits["step"].isin(steady)].groupby("rank")["wait_ns"].sum().reindex(ranks, fill_value=0)
     total = float(per.sum())
     out = pd.DataFrame({"rank": ranks, "times_last": times,
@@ -529,11 +562,16 @@ def group_bandwidth(bw: pd.DataFrame) -> pd.DataFrame:
 def _where(w: pd.DataFrame, m: pd.DataFrame, rank: int, steps: list[int]) -> dict[str, Any]:
     """The collective of ``steps`` at which ``rank`` made the others wait longest, as the rank
     issued it: op, bytes, source line, module, backward or not."""
-    mine = m[(m["last_rank"] == rank) & m["step"].isin(steps)]
+    mine = m[(m["root_rank"] == rank) & m["step"].isin(steps)]
+    if (mine["last_rank"] == rank).any():  # where it was late itself, not where its delay was passed on
+        mine = mine[mine["last_rank"] == rank]
     if mine.empty:
         return {}
     top = mine.loc[(mine["wait_ns"] - mine["own_ns"]).idxmax()]
-    r = w[(w["rank"] == rank) & (w["group"].astype(str) == top["group"]) & (w["seq"] == top["seq"])].iloc[0]
+    r = w[(w["rank"] == rank) & (w["group"].astype(str) == top["group"]) & (w["seq"] == top["seq"])]
+    if r.empty:
+        return {}
+    r = r.iloc[0]
     return {"group": top["group"], "seq": int(top["seq"]), "op": top["op"], "bytes": int(top["bytes"]),
             "source": str(r["source"]), "user_source": str(r["user_source"]), "module": str(r["module"]),
             "bwd": bool(r["bwd"])}
