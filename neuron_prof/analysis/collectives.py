@@ -430,7 +430,10 @@ def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) 
                         "wait_caused_ns": per.to_numpy(np.int64),
                         "share": per.to_numpy() / total if total else 0.0, "steps": named,
                         "waited_ns": waited.to_numpy(np.int64)})
-    return out.sort_values(["times_last", "wait_caused_ns", "rank"], ascending=[False, False, True],
+    # worst first: the most significant steps, then the most wait caused (a rank at the root of a
+    # long chain of small waits in one step is not worse than one that stalls the job every 10 steps)
+    out["n_steps"] = out["steps"].str.len()
+    return out.sort_values(["n_steps", "wait_caused_ns", "rank"], ascending=[False, False, True],
                            ignore_index=True)[cols]
 
 
