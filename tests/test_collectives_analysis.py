@@ -337,7 +337,7 @@ def test_real_ddp_report_and_json_name_the_straggler(ddp_run):
            "(all_reduce of" in findings
     assert f"from {line}, backward)" in findings
     section = text.stdout.split("\nCollectives (")[1].split("\n\n")[0]
-    assert "group 0 default_pg (gloo, ranks [0, 1])" in section and "every rank reads rank 0's clock" in section
+    assert "group 0 default_pg (gloo, ranks 0, 1)" in section and "every rank reads rank 0's clock" in section
     assert steps_text(top["steps"]) in section
 
 
