@@ -35,8 +35,10 @@ void set_alloc_meta(bool on);
 int32_t thread_module();
 int32_t user_stack();
 
-// Registers the memory functions (mem_*) and the collectives observer (comms_*) on the module.
+// Registers the memory functions (mem_*), the collectives observer (comms_*) and the backend hook
+// API (device_*, _device.cpp) on the module.
 void register_memory(pybind11::module_& m);
 void register_comms(pybind11::module_& m);
+void register_device(pybind11::module_& m);
 
 }  // namespace neuron_prof

@@ -1154,4 +1154,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stacks_of", &py_stacks_of);
   neuron_prof::register_memory(m);
   neuron_prof::register_comms(m);
+  neuron_prof::register_device(m);
 }

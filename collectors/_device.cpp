@@ -1,0 +1,401 @@
+// neuron_prof backend hook API (collectors/neuron_prof_backend.h): what a device backend reports
+// of its queue, its kernels and its CPU fallbacks, kept in per-kind buffers that the device
+// collector (collectors/device.py) drains at every flush.
+//
+// The API is one static struct, handed out as a PyCapsule (device_api_capsule). Its `capturing`
+// points at g_capturing, which the collector sets while a capture window is open; a backend tests
+// it before every report, and every function tests it again (a report that raced the window's end
+// is dropped). Reports come from host threads (enqueue, flush, fallback) and from the device's
+// worker threads (kernels): one mutex guards the buffers, held only to push a row.
+//
+// Each row takes the calling thread's OS tid, and enqueues, flushes and fallbacks also the host op
+// the observer has open on the calling thread (neuron_prof::current_op: op name, module path,
+// user stack, backward flag; module from the module hooks when no op is open). Enqueue ids come
+// from one process-wide counter (unique, increasing, never 0); kernels get ids of their own, and
+// the enqueue ids a kernel ran are kept as (kernel id, enqueue id) pairs, in the order given: the
+// table kernel_enqueues. Strings (op and kernel names) are interned in the engine's string table.
+#include <pybind11/stl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "_engine.h"
+#include "neuron_prof_backend.h"
+
+namespace py = pybind11;
+
+namespace {
+
+struct EnqueueRow {
+  int64_t ts, tid, id;
+  int32_t device, stream, op, host_op, module, stack, queue_depth;
+  uint8_t bwd, pad_[3];
+};
+
+struct FlushRow {
+  int64_t ts, dur, tid;
+  int32_t device, reason, ops, host_op, module, stack;
+  uint8_t bwd, pad_[7];
+};
+
+struct KernelRow {
+  int64_t ts, dur, tid, id;
+  int32_t device, stream, name, n_ops;
+};
+
+struct FallbackRow {
+  int64_t ts, dur, tid, bytes_to_host, bytes_from_host;
+  int32_t device, op, host_op, module, stack;
+  uint8_t bwd, pad_[3];
+};
+
+struct LinkRow {
+  int64_t kernel, enqueue;
+};
+
+volatile int32_t g_capturing = 0;
+std::atomic<uint64_t> g_next_enqueue{1};
+std::atomic<int64_t> g_next_kernel{1};
+
+std::mutex g_mu;  // the buffers and counters below
+std::vector<EnqueueRow> g_enqueues;
+std::vector<FlushRow> g_flushes;
+std::vector<KernelRow> g_kernels;
+std::vector<FallbackRow> g_fallbacks;
+std::vector<LinkRow> g_links;
+size_t g_max = 2000000;  // rows per kind between drains; the rest are dropped and counted
+int64_t g_dropped[5] = {0, 0, 0, 0, 0};
+
+thread_local int64_t t_tid = 0;
+
+inline int64_t tid() {
+  if (!t_tid) t_tid = (int64_t)syscall(SYS_gettid);
+  return t_tid;
+}
+
+inline bool on() { return g_capturing && !neuron_prof::in_forked_child(); }
+
+inline int32_t intern_c(const char* s) {
+  if (!s || !*s) return 0;
+  return neuron_prof::intern(std::string(s));
+}
+
+// The host op open on the calling thread.
+struct Host {
+  int32_t op = 0, module = 0, stack = 0;
+  uint8_t bwd = 0;
+  Host() {
+    neuron_prof::OpContext oc;
+    if (neuron_prof::current_op(&oc)) {
+      op = oc.op;
+      module = oc.module;
+      stack = oc.stack;
+      bwd = oc.bwd;
+    } else {
+      module = neuron_prof::thread_module();
+    }
+  }
+};
+
+template <class T>
+bool push(std::vector<T>& v, const T& row, int kind) {  // g_mu held
+  if (v.size() >= g_max) {
+    ++g_dropped[kind];
+    return false;
+  }
+  v.push_back(row);
+  return true;
+}
+
+int64_t api_now_ns(void) { return neuron_prof::now_ns(); }
+
+uint64_t api_op_enqueued(int32_t device, int32_t stream, const char* op, int32_t queue_depth) {
+  if (!on()) return 0;
+  try {
+    EnqueueRow r{};
+    r.ts = neuron_prof::now_ns();
+    r.tid = tid();
+    r.device = device;
+    r.stream = stream;
+    r.op = intern_c(op);
+    Host h;
+    r.host_op = h.op;
+    r.module = h.module;
+    r.stack = h.stack;
+    r.bwd = h.bwd;
+    r.queue_depth = queue_depth;
+    r.id = (int64_t)g_next_enqueue.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_enqueues, r, 0);
+    return (uint64_t)r.id;  // a dropped row's id is still unique: kernels may name it
+  } catch (...) {
+    return 0;
+  }
+}
+
+void api_queue_flushed(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns) {
+  if (!on()) return;
+  try {
+    FlushRow r{};
+    r.ts = start_ns;
+    r.dur = end_ns - start_ns;
+    r.tid = tid();
+    r.device = device;
+    r.reason = (reason >= NEURON_PROF_FLUSH_SYNC && reason <= NEURON_PROF_FLUSH_OTHER) ? reason
+                                                                                          : NEURON_PROF_FLUSH_OTHER;
+    r.ops = ops;
+    Host h;
+    r.host_op = h.op;
+    r.module = h.module;
+    r.stack = h.stack;
+    r.bwd = h.bwd;
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_flushes, r, 1);
+  } catch (...) {
+  }
+}
+
+void api_kernel_executed(int32_t device, int32_t stream, const char* name, int64_t start_ns, int64_t end_ns,
+                         const uint64_t* enqueue_ids, int32_t n_ops) {
+  if (!on()) return;
+  try {
+    KernelRow r{};
+    r.ts = start_ns;
+    r.dur = end_ns - start_ns;
+    r.tid = tid();
+    r.device = device;
+    r.stream = stream;
+    r.name = intern_c(name);
+    if (!enqueue_ids || n_ops < 0) n_ops = 0;
+    r.n_ops = n_ops;
+    r.id = g_next_kernel.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(g_mu);
+    if (!push(g_kernels, r, 2)) return;
+    if (g_links.size() + (size_t)n_ops > 8 * g_max) {
+      g_dropped[4] += n_ops;
+      return;
+    }
+    for (int32_t i = 0; i < n_ops; ++i) g_links.push_back(LinkRow{r.id, (int64_t)enqueue_ids[i]});
+  } catch (...) {
+  }
+}
+
+void api_cpu_fallback(int32_t device, const char* op, int64_t bytes_to_host, int64_t bytes_from_host,
+                      int64_t start_ns, int64_t end_ns) {
+  if (!on()) return;
+  try {
+    FallbackRow r{};
+    r.ts = start_ns;
+    r.dur = end_ns - start_ns;
+    r.tid = tid();
+    r.device = device;
+    r.op = intern_c(op);
+    r.bytes_to_host = bytes_to_host;
+    r.bytes_from_host = bytes_from_host;
+    Host h;
+    r.host_op = h.op;
+    r.module = h.module;
+    r.stack = h.stack;
+    r.bwd = h.bwd;
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_fallbacks, r, 3);
+  } catch (...) {
+  }
+}
+
+neuron_prof_backend_api g_api = {
+    NEURON_PROF_BACKEND_API_VERSION,
+    (uint32_t)sizeof(neuron_prof_backend_api),
+    &g_capturing,
+    &api_now_ns,
+    &api_op_enqueued,
+    &api_queue_flushed,
+    &api_kernel_executed,
+    &api_cpu_fallback,
+};
+
+py::object device_api_capsule() {
+  PyObject* c = PyCapsule_New(static_cast<void*>(&g_api), NEURON_PROF_BACKEND_API_CAPSULE, nullptr);
+  if (!c) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(c);
+}
+
+void device_set_capturing(bool value) { g_capturing = value ? 1 : 0; }
+bool device_capturing() { return g_capturing != 0; }
+
+void device_set_max(int64_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (n > 0) g_max = (size_t)n;
+}
+
+// Python backends: the same functions, the calling thread's op and tid included.
+uint64_t py_enqueue(int32_t device, int32_t stream, const std::string& op, int32_t depth) {
+  return api_op_enqueued(device, stream, op.c_str(), depth);
+}
+void py_flush(int32_t device, int32_t reason, int32_t ops, int64_t start, int64_t end) {
+  api_queue_flushed(device, reason, ops, start, end);
+}
+void py_kernel(int32_t device, int32_t stream, const std::string& name, int64_t start, int64_t end,
+               const std::vector<uint64_t>& ids) {
+  api_kernel_executed(device, stream, name.c_str(), start, end, ids.data(), (int32_t)ids.size());
+}
+void py_fallback(int32_t device, const std::string& op, int64_t to_host, int64_t from_host, int64_t start,
+                 int64_t end) {
+  api_cpu_fallback(device, op.c_str(), to_host, from_host, start, end);
+}
+
+py::dict device_layout() {
+  py::dict d;
+  auto table = [&](const char* kind, py::list fields, size_t itemsize) {
+    py::dict t;
+    t["fields"] = fields;
+    t["itemsize"] = itemsize;
+    d[kind] = t;
+  };
+#define F(T, n, t) fields.append(py::make_tuple(#n, offsetof(T, n), t))
+  {
+    py::list fields;
+    F(EnqueueRow, ts, "<i8"); F(EnqueueRow, tid, "<i8"); F(EnqueueRow, id, "<i8");
+    F(EnqueueRow, device, "<i4"); F(EnqueueRow, stream, "<i4"); F(EnqueueRow, op, "<i4");
+    F(EnqueueRow, host_op, "<i4"); F(EnqueueRow, module, "<i4"); F(EnqueueRow, stack, "<i4");
+    F(EnqueueRow, queue_depth, "<i4"); F(EnqueueRow, bwd, "u1");
+    table("enqueues", fields, sizeof(EnqueueRow));
+  }
+  {
+    py::list fields;
+    F(FlushRow, ts, "<i8"); F(FlushRow, dur, "<i8"); F(FlushRow, tid, "<i8");
+    F(FlushRow, device, "<i4"); F(FlushRow, reason, "<i4"); F(FlushRow, ops, "<i4");
+    F(FlushRow, host_op, "<i4"); F(FlushRow, module, "<i4"); F(FlushRow, stack, "<i4"); F(FlushRow, bwd, "u1");
+    table("flushes", fields, sizeof(FlushRow));
+  }
+  {
+    py::list fields;
+    F(KernelRow, ts, "<i8"); F(KernelRow, dur, "<i8"); F(KernelRow, tid, "<i8"); F(KernelRow, id, "<i8");
+    F(KernelRow, device, "<i4"); F(KernelRow, stream, "<i4"); F(KernelRow, name, "<i4"); F(KernelRow, n_ops, "<i4");
+    table("kernels", fields, sizeof(KernelRow));
+  }
+  {
+    py::list fields;
+    F(FallbackRow, ts, "<i8"); F(FallbackRow, dur, "<i8"); F(FallbackRow, tid, "<i8");
+    F(FallbackRow, bytes_to_host, "<i8"); F(FallbackRow, bytes_from_host, "<i8");
+    F(FallbackRow, device, "<i4"); F(FallbackRow, op, "<i4"); F(FallbackRow, host_op, "<i4");
+    F(FallbackRow, module, "<i4"); F(FallbackRow, stack, "<i4"); F(FallbackRow, bwd, "u1");
+    table("fallbacks", fields, sizeof(FallbackRow));
+  }
+  {
+    py::list fields;
+    F(LinkRow, kernel, "<i8"); F(LinkRow, enqueue, "<i8");
+    table("links", fields, sizeof(LinkRow));
+  }
+#undef F
+  return d;
+}
+
+template <class T>
+py::bytes as_bytes(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// Everything reported since the last drain: {kind: bytes of rows (device_layout)}, and the rows
+// dropped per kind ("links": enqueue ids of kernels) since the last drain.
+py::tuple device_drain() {
+  std::vector<EnqueueRow> e;
+  std::vector<FlushRow> f;
+  std::vector<KernelRow> k;
+  std::vector<FallbackRow> fb;
+  std::vector<LinkRow> l;
+  int64_t dropped[5];
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    e.swap(g_enqueues);
+    f.swap(g_flushes);
+    k.swap(g_kernels);
+    fb.swap(g_fallbacks);
+    l.swap(g_links);
+    std::memcpy(dropped, g_dropped, sizeof(dropped));
+    std::memset(g_dropped, 0, sizeof(g_dropped));
+  }
+  py::dict rows;
+  rows["enqueues"] = as_bytes(e);
+  rows["flushes"] = as_bytes(f);
+  rows["kernels"] = as_bytes(k);
+  rows["fallbacks"] = as_bytes(fb);
+  rows["links"] = as_bytes(l);
+  py::dict drops;
+  const char* kinds[5] = {"enqueues", "flushes", "kernels", "fallbacks", "links"};
+  for (int i = 0; i < 5; ++i) drops[kinds[i]] = dropped[i];
+  return py::make_tuple(rows, drops);
+}
+
+// ns per call of the API's op_enqueued (through the struct's pointer, as a backend calls it) and
+// of kernel_executed with 4 enqueue ids, `n` calls each, with the flag `capturing`; also the cost
+// of a backend's guarded call (`if (*api->capturing) api->op_enqueued(...)`) with the flag off.
+// The rows it adds are taken out again; never call it during a capture.
+py::dict device_bench(int64_t n, bool capturing) {
+  neuron_prof_backend_api* volatile api = &g_api;
+  const int32_t saved = g_capturing;
+  size_t e0, k0, l0;
+  int64_t d0[5];
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    e0 = g_enqueues.size();
+    k0 = g_kernels.size();
+    l0 = g_links.size();
+    std::memcpy(d0, g_dropped, sizeof(d0));
+  }
+  g_capturing = capturing ? 1 : 0;
+  uint64_t ids[4] = {1, 2, 3, 4};
+  double r[3];
+  int64_t guarded_calls = 0;
+  {
+    py::gil_scoped_release nogil;
+    int64_t t0 = neuron_prof::now_ns();
+    for (int64_t i = 0; i < n; ++i) api->op_enqueued(0, 0, "aten::add", (int32_t)(i & 15));
+    int64_t t1 = neuron_prof::now_ns();
+    for (int64_t i = 0; i < n; ++i) api->kernel_executed(0, 0, "fused_add_mul", t1, t1 + 10, ids, 4);
+    int64_t t2 = neuron_prof::now_ns();
+    for (int64_t i = 0; i < n; ++i)
+      if (*api->capturing) guarded_calls += (int64_t)api->op_enqueued(0, 0, "aten::add", 0) != 0;
+    int64_t t3 = neuron_prof::now_ns();
+    r[0] = double(t1 - t0) / double(n);
+    r[1] = double(t2 - t1) / double(n);
+    r[2] = double(t3 - t2) / double(n);
+  }
+  py::dict out;
+  out["op_enqueued_ns"] = r[0];
+  out["kernel_executed_ns"] = r[1];
+  out["guarded_ns"] = r[2];
+  out["guarded_calls"] = guarded_calls;
+  g_capturing = saved;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (g_enqueues.size() > e0) g_enqueues.resize(e0);
+    if (g_kernels.size() > k0) g_kernels.resize(k0);
+    if (g_links.size() > l0) g_links.resize(l0);
+    std::memcpy(g_dropped, d0, sizeof(d0));
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace neuron_prof {
+void register_device(py::module_& m) {
+  m.def("device_api_capsule", &device_api_capsule);
+  m.def("device_set_capturing", &device_set_capturing);
+  m.def("device_capturing", &device_capturing);
+  m.def("device_set_max", &device_set_max);
+  m.def("device_enqueue", &py_enqueue);
+  m.def("device_flush", &py_flush);
+  m.def("device_kernel", &py_kernel);
+  m.def("device_fallback", &py_fallback);
+  m.def("device_layout", &device_layout);
+  m.def("device_drain", &device_drain);
+  m.def("device_bench", &device_bench);
+}
+}  // namespace neuron_prof

@@ -1,0 +1,61 @@
+/* neuron_prof's backend hook API, version 1: how a device backend (TorchNeuron, another
+ * PrivateUse1 backend, neuron_prof's emulated `neuron` device) reports what only it knows --
+ * its queue, its kernels and its CPU fallbacks -- to a running capture.
+ *
+ * A backend does not link against neuron_prof. It asks Python once, at start-up, for the API:
+ *
+ *     api = neuron_prof.collectors.device.backend_api()   # a PyCapsule named
+ *                                                           # "neuron_prof.backend_api"
+ *
+ * and keeps the pointer (PyCapsule_GetPointer(capsule, NEURON_PROF_BACKEND_API_CAPSULE)); the
+ * struct lives as long as the process. Before each report it tests one flag:
+ *
+ *     if (api && *api->capturing) api->op_enqueued(device, stream, "aten::add", depth);
+ *
+ * so that with no capture running a report costs one predictable branch. Every function may be
+ * called from any thread, never blocks for long, and never throws. Times are nanoseconds of
+ * CLOCK_MONOTONIC (the run's clock); `now_ns` reads it.
+ *
+ * A newer neuron_prof keeps the fields below where they are and only appends: check `version`
+ * (>= the version you were written for) and `size`.
+ */
+#ifndef NEURON_PROF_BACKEND_H
+#define NEURON_PROF_BACKEND_H
+
+#include <stdint.h>
+
+#define NEURON_PROF_BACKEND_API_VERSION 1
+#define NEURON_PROF_BACKEND_API_CAPSULE "neuron_prof.backend_api"
+
+/* Why the host waited for a queue to drain. */
+enum neuron_prof_flush_reason {
+  NEURON_PROF_FLUSH_SYNC = 0,        /* the host needs a value: .item(), .cpu(), printing, nonzero */
+  NEURON_PROF_FLUSH_SIZE = 1,        /* the queue reached its size limit */
+  NEURON_PROF_FLUSH_FALLBACK = 2,    /* an op falls back to the CPU and needs its inputs */
+  NEURON_PROF_FLUSH_SYNCHRONIZE = 3, /* torch.<device>.synchronize() */
+  NEURON_PROF_FLUSH_OTHER = 4
+};
+
+typedef struct neuron_prof_backend_api {
+  uint32_t version; /* NEURON_PROF_BACKEND_API_VERSION of the neuron_prof that made it */
+  uint32_t size;    /* sizeof(neuron_prof_backend_api) there */
+  /* Nonzero while a capture window records device events: test it before every report. */
+  const volatile int32_t* capturing;
+  int64_t (*now_ns)(void);
+  /* An op was put on a device queue by the calling (host) thread. neuron_prof records the host op
+   * open on this thread (the op the observer records: its name, module path and source line), the
+   * time and the queue depth after it. Returns the enqueue's id (never 0 while capturing), which
+   * kernel_executed names to say which enqueued ops a kernel ran; 0 when not capturing. */
+  uint64_t (*op_enqueued)(int32_t device, int32_t stream, const char* op, int32_t queue_depth);
+  /* The calling (host) thread waited from start_ns to end_ns for `ops` queued ops to run. */
+  void (*queue_flushed)(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns);
+  /* A kernel ran on the device (any thread may report it): the enqueued ops it ran, fused. */
+  void (*kernel_executed)(int32_t device, int32_t stream, const char* name, int64_t start_ns,
+                          int64_t end_ns, const uint64_t* enqueue_ids, int32_t n_ops);
+  /* An op ran on the CPU instead (start_ns..end_ns on the calling thread, copies included):
+   * bytes copied from the device to the host for its inputs, and back for its outputs. */
+  void (*cpu_fallback)(int32_t device, const char* op, int64_t bytes_to_host, int64_t bytes_from_host,
+                       int64_t start_ns, int64_t end_ns);
+} neuron_prof_backend_api;
+
+#endif /* NEURON_PROF_BACKEND_H */
