@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from neuron_prof.collectors.collectives import CollectivesCollector
 from neuron_prof.collectors.compiler import CompilerCollector
+from neuron_prof.collectors.device import DeviceCollector
 from neuron_prof.collectors.eager import EagerCollector
 from neuron_prof.collectors.memory import MemoryCollector
 
@@ -16,4 +17,5 @@ REGISTRY = {
     CompilerCollector.name: CompilerCollector,
     MemoryCollector.name: MemoryCollector,
     CollectivesCollector.name: CollectivesCollector,
+    DeviceCollector.name: DeviceCollector,
 }

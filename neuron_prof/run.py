@@ -447,6 +447,41 @@ class Run:
         return overlap(self.collectives, self.ops, self.steps)
 
     @functools.cached_property
+    def device_enqueues(self) -> pd.DataFrame:
+        """Ops a device backend put on its queue (collector ``device``): rank, ts, tid (host
+        thread), id, device (``neuron:0``), stream, op, queue_depth (after it), the host op open on
+        the thread (host_op, module, source, user_source, source_full, stack, bwd), step. The
+        enqueuing op is the ``run.ops`` row of the same rank and tid whose span holds ts."""
+        return self._with_step(self._table("device_enqueues").sort_values(["rank", "ts"], ignore_index=True))
+
+    @functools.cached_property
+    def queue_flushes(self) -> pd.DataFrame:
+        """Waits of a host thread for a device queue to drain: rank, ts, dur, tid, device, reason
+        (sync, size, fallback, synchronize, other), ops (queued ops waited for), host_op, module,
+        source, user_source, source_full, stack, bwd, step."""
+        return self._with_step(self._table("queue_flushes").sort_values(["rank", "ts"], ignore_index=True))
+
+    @functools.cached_property
+    def device_kernels(self) -> pd.DataFrame:
+        """Kernels a device backend ran: rank, ts, dur, tid (the reporting thread), id, device,
+        stream, name, n_ops, enqueue_ids (the ``device_enqueues.id`` of the ops it ran, a list),
+        step."""
+        df = self._table("device_kernels")
+        links = self._table("kernel_enqueues")
+        ids: dict[tuple[int, int], list[int]] = {}
+        for r, k, e in zip(links["rank"].tolist(), links["kernel"].tolist(), links["enqueue"].tolist()):
+            ids.setdefault((r, k), []).append(e)
+        df["enqueue_ids"] = [ids.get((r, k), []) for r, k in zip(df["rank"].tolist(), df["id"].tolist())]
+        return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+    @functools.cached_property
+    def fallbacks(self) -> pd.DataFrame:
+        """Ops a device backend ran on the CPU instead: rank, ts, dur, tid, device, op,
+        bytes_to_host (inputs copied off the device), bytes_from_host (outputs copied back),
+        host_op, module, source, user_source, source_full, stack, bwd, step."""
+        return self._with_step(self._table("fallbacks").sort_values(["rank", "ts"], ignore_index=True))
+
+    @functools.cached_property
     def failures(self) -> pd.DataFrame:
         """Collectors that failed during capture (training went on without them)."""
         return self._table("failures")

@@ -16,7 +16,8 @@ SCHEMA_VERSION = 2
 readers verify them for runs of version 2 and read version 1 runs without."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
-JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory", "collectives")
+JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory", "collectives",
+             "device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""
@@ -116,6 +117,29 @@ TABLES: dict[str, pa.Schema] = {
         ("group", _i32), ("desc", _i32), ("backend", _i32), ("size", _i32), ("group_rank", _i32),
         ("ranks", pa.list_(_i32)),
     ]),
+    # device queue, kernels and CPU fallbacks, as the device backend reports them through the
+    # backend hook API (collector "device"; collectors/device.py). device: "neuron:0"-style
+    # (PrivateUse1 backend name and index); tid: the reporting OS thread; host_op/module/stack/bwd:
+    # the host op open on that thread (for an enqueue, the op that enqueued: its ops row holds ts on
+    # tid). id: unique, increasing per process. reason: sync, size, fallback, synchronize, other
+    "device_enqueues": pa.schema([
+        ("ts", _i64), ("tid", _i64), ("id", _i64), ("device", _i32), ("stream", _i32), ("op", _i32),
+        ("queue_depth", _i32), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
+    "queue_flushes": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("reason", _i32), ("ops", _i32),
+        ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
+    "device_kernels": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("id", _i64), ("device", _i32), ("stream", _i32),
+        ("name", _i32), ("n_ops", _i32),
+    ]),
+    # the enqueued ops each kernel ran: device_kernels.id, device_enqueues.id (the backend's order)
+    "kernel_enqueues": pa.schema([("kernel", _i64), ("enqueue", _i64)]),
+    "fallbacks": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("op", _i32), ("bytes_to_host", _i64),
+        ("bytes_from_host", _i64), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
     # this rank's clock against rank 0's, measured at capture start and again at its end:
     # rank 0's CLOCK_MONOTONIC = ts + offset (± rtt/2); same_clock: both read one clock (same host
     # and boot), so the offset used is 0 whatever the estimate says
@@ -144,6 +168,10 @@ _STRING_IDS = {
     "collectives": ("op", "call", "group", "dtype", "module"),
     "groups": ("group", "desc", "backend"),
     "clock_sync": ("phase",),
+    "device_enqueues": ("device", "op", "host_op", "module"),
+    "queue_flushes": ("device", "reason", "host_op", "module"),
+    "device_kernels": ("device", "name"),
+    "fallbacks": ("device", "op", "host_op", "module"),
 }
 REFERENCES: dict[str, dict[str, str]] = {
     table: {**{c: "strings" for c in _STRING_IDS.get(table, ())},

@@ -28,7 +28,7 @@ from neuron_prof.store import RankClaimed, RankWriter, load_json, run_ranks, upd
 
 log = logging.getLogger("neuron_prof")
 
-DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives")
+DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives", "device")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 DEFAULT_MAX_BYTES = 256 << 20  # per rank; the README's "Bounded memory and disk" says why this size
@@ -36,7 +36,8 @@ IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pen
 COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
 COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
 EVENT_TABLES = ("ops", "marks")
-DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors")
+DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
+DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
 """Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
 and compiles go on)."""
 STARTUP_SPAN = "start-up"

@@ -136,7 +136,7 @@ class _Journal:
         self.crc = 0
 
     def write(self, columns: Mapping[str, Any]) -> None:
-        n = len(columns["ts"])
+        n = len(columns[self.dtype.names[0]])
         rows = np.empty(n, dtype=self.dtype)
         for name in self.dtype.names:
             rows[name] = columns[name]

@@ -1,0 +1,237 @@
+"""The device collector: what a device backend reports of its queue, kernels and CPU fallbacks.
+
+Only the backend knows when its queue flushes, which enqueued ops a kernel ran and when, and which
+ops fell back to the CPU. It reports them through the backend hook API
+(``collectors/neuron_prof_backend.h``): C function pointers in a struct it gets once from
+:func:`backend_api` (a PyCapsule named ``"neuron_prof.backend_api"``), or, for a backend written in
+Python, :func:`report_enqueue`, :func:`report_flush`, :func:`report_kernel` and
+:func:`report_fallback`. Both feed the same buffers in the native engine (``_device.cpp``), and
+only while a capture window is open (the struct's ``*capturing`` is 1 then, 0 otherwise: one
+branch per report when nothing records). The collector drains them at every flush into:
+
+===================  ============================================================================
+table                one row per
+===================  ============================================================================
+``device_enqueues``  op put on a device queue: ts, tid (the host thread), id (unique, increasing,
+                     what kernels name), device (``"neuron:0"``), stream, op (as the backend
+                     named it), queue_depth (after it), and the host op open on the thread then:
+                     host_op, module, stack, bwd. ``(tid, ts)`` falls inside that op's row of
+                     ``ops``.
+``queue_flushes``    wait of a host thread for a queue to drain: ts, dur, tid, device, reason
+                     (``sync``, ``size``, ``fallback``, ``synchronize``, ``other``), ops (queued
+                     ops it waited for), host_op, module, stack, bwd
+``device_kernels``   kernel that ran on the device: ts, dur, tid (the thread that reported it),
+                     id, device, stream, name, n_ops (enqueued ops it ran)
+``kernel_enqueues``  (kernel, enqueue): ``device_kernels.id`` and the ``device_enqueues.id`` of each
+                     op it ran, in the order the backend gave (``run.device_kernels`` shows them
+                     as the list ``enqueue_ids``)
+``fallbacks``        op that ran on the CPU instead: ts, dur, tid, device, op, bytes_to_host
+                     (inputs copied off the device), bytes_from_host (outputs copied back),
+                     host_op, module, stack, bwd
+===================  ============================================================================
+
+Timestamps are ns of ``CLOCK_MONOTONIC`` (the run clock; the API's ``now_ns``). A device index
+becomes ``"<backend>:<index>"`` with the PrivateUse1 backend's name
+(``torch._C._get_privateuse1_backend_name()``, ``privateuseone`` until the backend renames it);
+index -1 is the backend name alone. Rows of warmup steps are dropped like the ops'. Each kind
+buffers at most ``max_buffered_events`` rows between flushes; the rest are counted as dropped.
+No backend reporting, no rows: the tables are then empty in the run (the reader gives them empty).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from neuron_prof.recording import Recorder
+
+__all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_flush", "report_kernel",
+           "report_fallback", "FLUSH_REASONS"]
+
+FLUSH_REASONS = ("sync", "size", "fallback", "synchronize", "other")
+"""``queue_flushes.reason``: the names of ``enum neuron_prof_flush_reason``, in code order."""
+_REASON_CODES = {r: i for i, r in enumerate(FLUSH_REASONS)}
+
+_TABLES = {  # engine kind -> table
+    "enqueues": "device_enqueues", "flushes": "queue_flushes", "kernels": "device_kernels",
+    "fallbacks": "fallbacks", "links": "kernel_enqueues",
+}
+_STRINGS = {"enqueues": ("op", "host_op", "module"), "flushes": ("host_op", "module"),
+            "kernels": ("name",), "fallbacks": ("op", "host_op", "module"), "links": ()}
+
+_ext = None       # the engine extension once loaded (backend_api or a collector's install)
+_CAPTURING = False  # mirrors the native flag, for the Python report functions' fast exit
+
+
+def _engine_ext():
+    global _ext
+    if _ext is None:
+        from neuron_prof.collectors._engine import load_engine
+
+        _ext = load_engine().extension()
+    return _ext
+
+
+def backend_api():
+    """The backend hook API as a PyCapsule named ``"neuron_prof.backend_api"``, holding a pointer
+    to the process's ``neuron_prof_backend_api`` struct (``collectors/neuron_prof_backend.h``),
+    which lives as long as the process. Builds or loads the native engine (JIT-built once, then
+    cached). A backend calls this once, at its start-up, whether or not a capture runs."""
+    return _engine_ext().device_api_capsule()
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):  # "neuron:0"; "neuron": -1
+        _, _, index = device.partition(":")
+        return int(index) if index else -1
+    index = getattr(device, "index", None)  # a torch.device
+    return -1 if index is None else int(index)
+
+
+def report_enqueue(device, stream: int, op: str, queue_depth: int) -> int:
+    """An op was put on a device queue by the calling (host) thread; ``queue_depth``: after it.
+    The host op open on this thread (its module and source line) is recorded with it. Returns the
+    enqueue's id (unique, increasing; what :func:`report_kernel` names), 0 when not capturing.
+    ``device``: an index, a ``torch.device`` or ``"neuron:0"``. Never raises."""
+    if not _CAPTURING:
+        return 0
+    try:
+        return _ext.device_enqueue(_index(device), int(stream), str(op), int(queue_depth))
+    except Exception:
+        return 0
+
+
+def report_flush(device, reason: str, ops: int, start_ns: int, end_ns: int) -> None:
+    """The calling (host) thread waited from ``start_ns`` to ``end_ns`` (``time.monotonic_ns()``)
+    for ``ops`` queued ops to run. ``reason``: one of :data:`FLUSH_REASONS` (anything else is
+    ``"other"``). Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_flush(_index(device), _REASON_CODES.get(reason, 4), int(ops), int(start_ns), int(end_ns))
+    except Exception:
+        pass
+
+
+def report_kernel(device, stream: int, name: str, start_ns: int, end_ns: int, enqueue_ids=()) -> None:
+    """A kernel ran on the device from ``start_ns`` to ``end_ns``: the enqueued ops (ids from
+    :func:`report_enqueue`) it ran, fused. Any thread may report it. Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_kernel(_index(device), int(stream), str(name), int(start_ns), int(end_ns),
+                           [int(i) for i in enqueue_ids])
+    except Exception:
+        pass
+
+
+def report_fallback(device, op: str, bytes_to_host: int, bytes_from_host: int, start_ns: int, end_ns: int) -> None:
+    """``op`` ran on the CPU instead, from ``start_ns`` to ``end_ns`` on the calling thread (copies
+    included): ``bytes_to_host`` copied off the device for its inputs, ``bytes_from_host`` back for
+    its outputs. Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_fallback(_index(device), str(op), int(bytes_to_host), int(bytes_from_host), int(start_ns),
+                             int(end_ns))
+    except Exception:
+        pass
+
+
+def now_ns() -> int:
+    """The run clock (what the report functions' times are on)."""
+    return time.monotonic_ns()
+
+
+def _set_capturing(on: bool) -> None:
+    global _CAPTURING
+    _CAPTURING = bool(on)
+    if _ext is not None:
+        _ext.device_set_capturing(bool(on))
+
+
+class DeviceCollector:
+    """Collector (neuron_prof.recording) of ``device_enqueues``, ``queue_flushes``,
+    ``device_kernels``, ``kernel_enqueues`` and ``fallbacks``."""
+
+    name = "device"
+
+    def __init__(self, max_buffered: int | None = None) -> None:
+        self._rec: Recorder | None = None
+        self._ids = None
+        self._dtypes: dict[str, np.dtype] = {}
+        self._devices: dict[int, int] = {}  # device index -> string id, per backend name
+        self._backend = None
+        self._max = max_buffered
+
+    # ---- Collector protocol
+    def install(self, rec: Recorder) -> None:
+        from neuron_prof.collectors._engine import EngineIds, load_engine
+
+        self._rec = rec
+        engine = load_engine()
+        ext = _engine_ext()
+        self._ids = EngineIds(engine)
+        for kind, lay in ext.device_layout().items():
+            self._dtypes[kind] = np.dtype({"names": [f[0] for f in lay["fields"]],
+                                           "offsets": [f[1] for f in lay["fields"]],
+                                           "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
+        max_buffered = self._max or getattr(rec, "max_buffered_events", None)
+        if max_buffered:
+            ext.device_set_max(int(max_buffered))
+        _set_capturing(False)
+        ext.device_drain()  # reports from before this capture (none should be) are not its
+
+    def window(self, on: bool) -> None:
+        _set_capturing(on)
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        if _ext is None or not self._dtypes:
+            return
+        rows, dropped = _ext.device_drain()
+        if not keep:
+            return
+        for kind, n in dropped.items():
+            if n:
+                rec.dropped(_TABLES[kind], int(n))
+        for kind, data in rows.items():
+            if not data:
+                continue
+            arr = np.frombuffer(data, dtype=self._dtypes[kind])
+            cols = {c: np.ascontiguousarray(arr[c]) for c in self._dtypes[kind].names}
+            for c in _STRINGS[kind]:
+                cols[c] = self._ids.map(rec, cols[c], "strings")
+            if "stack" in cols:
+                cols["stack"] = self._ids.map(rec, cols["stack"], "stacks")
+            if "bwd" in cols:
+                cols["bwd"] = cols["bwd"].astype(bool)
+            if "device" in cols:
+                cols["device"] = self._device_ids(rec, cols["device"])
+            if kind == "flushes":
+                codes = np.clip(cols["reason"], 0, len(FLUSH_REASONS) - 1)
+                lut = np.array([rec.intern(r) for r in FLUSH_REASONS], np.int32)
+                cols["reason"] = lut[codes]
+            rec.append(_TABLES[kind], cols)
+
+    def uninstall(self) -> None:
+        _set_capturing(False)
+        if _ext is not None and self._dtypes:
+            _ext.device_drain()
+        self._dtypes = {}
+
+    # ---- internals
+    def _device_ids(self, rec: Recorder, index: np.ndarray) -> np.ndarray:
+        import torch
+
+        backend = torch._C._get_privateuse1_backend_name()
+        if backend != self._backend:  # renamed (rename_privateuse1_backend) since the last flush
+            self._backend, self._devices = backend, {}
+        out = np.empty(len(index), np.int32)
+        for i in np.unique(index).tolist():
+            sid = self._devices.get(i)
+            if sid is None:
+                sid = self._devices[i] = rec.intern(backend if i < 0 else f"{backend}:{i}")
+            out[index == i] = sid
+        return out
