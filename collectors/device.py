@@ -39,6 +39,7 @@ No backend reporting, no rows: the tables are then empty in the run (the reader 
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ _STRINGS = {"enqueues": ("op", "host_op", "module"), "flushes": ("host_op", "mod
 
 _ext = None       # the engine extension once loaded (backend_api or a collector's install)
 _CAPTURING = False  # mirrors the native flag, for the Python report functions' fast exit
+_ACTIVE: "DeviceCollector | None" = None  # the installed collector, if any
 
 
 def _engine_ext():
@@ -76,8 +78,13 @@ def backend_api():
     """The backend hook API as a PyCapsule named ``"neuron_prof.backend_api"``, holding a pointer
     to the process's ``neuron_prof_backend_api`` struct (``collectors/neuron_prof_backend.h``),
     which lives as long as the process. Builds or loads the native engine (JIT-built once, then
-    cached). A backend calls this once, at its start-up, whether or not a capture runs."""
-    return _engine_ext().device_api_capsule()
+    cached). A backend calls this once, at its start-up, whether or not a capture runs; one that
+    asks during a capture is reported from then on."""
+    capsule = _engine_ext().device_api_capsule()
+    col = _ACTIVE
+    if col is not None:
+        col._attach()
+    return capsule
 
 
 def _index(device) -> int:
@@ -161,31 +168,32 @@ class DeviceCollector:
     def __init__(self, max_buffered: int | None = None) -> None:
         self._rec: Recorder | None = None
         self._ids = None
-        self._dtypes: dict[str, np.dtype] = {}
+        self._dtypes: dict[str, np.dtype] = {}  # set once attached to the engine
         self._devices: dict[int, int] = {}  # device index -> string id, per backend name
         self._backend = None
         self._max = max_buffered
+        self._window = False
+        self._lock = threading.Lock()
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
-        from neuron_prof.collectors._engine import EngineIds, load_engine
+        """Attaches to the engine if it is loaded (the eager collector loads it; so does a
+        backend's :func:`backend_api`); otherwise no backend can report yet, and the collector
+        waits for :func:`backend_api` rather than build the engine itself: without a backend a
+        capture costs nothing here, and an engine that cannot build is the op collector's failure."""
+        global _ACTIVE
+        from neuron_prof.collectors import _engine
 
         self._rec = rec
-        engine = load_engine()
-        ext = _engine_ext()
-        self._ids = EngineIds(engine)
-        for kind, lay in ext.device_layout().items():
-            self._dtypes[kind] = np.dtype({"names": [f[0] for f in lay["fields"]],
-                                           "offsets": [f[1] for f in lay["fields"]],
-                                           "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
-        max_buffered = self._max or getattr(rec, "max_buffered_events", None)
-        if max_buffered:
-            ext.device_set_max(int(max_buffered))
-        _set_capturing(False)
-        ext.device_drain()  # reports from before this capture (none should be) are not its
+        _ACTIVE = self
+        if _ext is not None or _engine._engine is not None:
+            self._attach()
 
     def window(self, on: bool) -> None:
-        _set_capturing(on)
+        with self._lock:
+            self._window = bool(on)
+            if self._dtypes:
+                _set_capturing(on)
 
     def flush(self, rec: Recorder, keep: bool) -> None:
         if _ext is None or not self._dtypes:
@@ -216,12 +224,36 @@ class DeviceCollector:
             rec.append(_TABLES[kind], cols)
 
     def uninstall(self) -> None:
-        _set_capturing(False)
-        if _ext is not None and self._dtypes:
-            _ext.device_drain()
-        self._dtypes = {}
+        global _ACTIVE
+        with self._lock:
+            if _ACTIVE is self:
+                _ACTIVE = None
+            _set_capturing(False)
+            if _ext is not None and self._dtypes:
+                _ext.device_drain()
+            self._dtypes = {}
 
     # ---- internals
+    def _attach(self) -> None:
+        from neuron_prof.collectors._engine import EngineIds, load_engine
+
+        with self._lock:
+            if self._dtypes or _ACTIVE is not self:
+                return
+            engine = load_engine()  # loaded already: returns it
+            ext = _engine_ext()
+            self._ids = EngineIds(engine)
+            ext.device_set_capturing(False)
+            ext.device_drain()  # reports from before this capture (none should be) are not its
+            max_buffered = self._max or getattr(self._rec, "max_buffered_events", None)
+            if max_buffered:
+                ext.device_set_max(int(max_buffered))
+            self._dtypes = {kind: np.dtype({"names": [f[0] for f in lay["fields"]],
+                                            "offsets": [f[1] for f in lay["fields"]],
+                                            "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
+                            for kind, lay in ext.device_layout().items()}
+            _set_capturing(self._window)
+
     def _device_ids(self, rec: Recorder, index: np.ndarray) -> np.ndarray:
         import torch
 
