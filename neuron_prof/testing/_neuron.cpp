@@ -1,0 +1,880 @@
+// An emulated `neuron` device: a real PrivateUse1 backend whose memory lives in host RAM and whose
+// ops go through an asynchronous, fusing queue (TorchNeuron's "Adaptive Eager" execution model).
+// See neuron_prof/testing/neuron.py for what it emulates and what it does not. It reports its
+// queue, kernels and CPU fallbacks through neuron_prof's backend hook API
+// (collectors/neuron_prof_backend.h), as any backend would: it is a client of that API.
+//
+// Every op on neuron tensors takes one of three paths (op_path):
+//   queued   output metadata from the op's Meta kernel on the host, outputs allocated, the work
+//            enqueued; the device thread runs the op's CPU kernel over the device memory, so
+//            results are bitwise those of the CPU;
+//   inline   ops whose outputs depend on data (nonzero, .item() ...) or that draw random numbers
+//            (kept in the CPU generator's order): the queue drains and the op runs on the host;
+//   fallback ops the device does not implement (kUnimplemented, or no Meta kernel): the queue
+//            drains and torch's CPU fallback copies the inputs to the host and the results back.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <sys/prctl.h>
+#include <time.h>
+
+#include <chrono>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "neuron_prof_backend.h"
+
+namespace neuron_dev {
+
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using torch::jit::Stack;
+
+constexpr DeviceType kNeuron = DeviceType::PrivateUse1;
+constexpr int kMaxDevices = 8;
+
+int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+// ------------------------------------------------------------------ settings and the hook API
+struct Settings {
+  int devices = 0;  // 0: not enabled
+  int64_t launch_ns = 20000;
+  int64_t capacity = int64_t(8) << 30;
+  int max_queue = 256;
+  int max_fused = 16;
+};
+Settings g_settings;
+const neuron_prof_backend_api* g_api = nullptr;
+
+inline bool capturing() { return g_api != nullptr && *g_api->capturing; }
+
+// ------------------------------------------------------------------ allocator
+std::atomic<int64_t> g_allocated[kMaxDevices];
+std::atomic<int64_t> g_peak[kMaxDevices];
+thread_local DeviceIndex tl_device = 0;
+
+struct Block {
+  void* ptr;
+  size_t bytes;
+  DeviceIndex device;
+};
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  int64_t total = (g_allocated[b->device] -= int64_t(b->bytes));
+  c10::reportMemoryUsageToProfiler(b->ptr, -int64_t(b->bytes), size_t(total), size_t(total),
+                                   Device(kNeuron, b->device));
+  std::free(b->ptr);
+  delete b;
+}
+
+std::string format_mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB", double(bytes) / (1 << 20));
+  return buf;
+}
+
+struct NeuronAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    DeviceIndex dev = tl_device;
+    int64_t before = g_allocated[dev].load();
+    if (before + int64_t(n) > g_settings.capacity) {
+      c10::reportOutOfMemoryToProfiler(int64_t(n), size_t(before), size_t(before), Device(kNeuron, dev));
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron out of memory. Tried to allocate ", format_mib(int64_t(n)),
+                       " (device neuron:", int(dev), "; ", format_mib(g_settings.capacity), " total capacity; ",
+                       format_mib(before), " already allocated)");
+    }
+    void* p = n ? std::aligned_alloc(64, (n + 63) / 64 * 64) : nullptr;
+    TORCH_CHECK(n == 0 || p != nullptr, "neuron: host allocation of ", n, " bytes failed");
+    int64_t total = (g_allocated[dev] += int64_t(n));
+    int64_t peak = g_peak[dev].load();
+    while (total > peak && !g_peak[dev].compare_exchange_weak(peak, total)) {
+    }
+    c10::reportMemoryUsageToProfiler(p, int64_t(n), size_t(total), size_t(total), Device(kNeuron, dev));
+    return {p, new Block{p, n, dev}, &free_block, Device(kNeuron, dev)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+NeuronAllocator g_allocator;
+REGISTER_ALLOCATOR(kNeuron, &g_allocator);
+
+// ------------------------------------------------------------------ the queue
+enum class Kind { Pointwise, Reduction, Matmul, Copy, Other };
+
+struct Task {
+  std::function<void()> run;
+  uint64_t enqueue_id;
+  std::string name;
+  Kind kind;
+};
+
+struct Kernel {
+  std::vector<Task> tasks;
+  bool started = false;
+};
+
+// Fusion rule, on op kinds in queue order (not on data flow): a kernel starts with any op; a
+// pointwise op (copies included) joins the kernel at the back of the queue when that kernel has
+// not started and holds only pointwise ops, one matmul or one reduction followed by pointwise ops
+// (an epilogue), up to max_fused ops. Every other op starts a kernel of its own.
+bool fusable(const Kernel& k, Kind next) {
+  if (k.started || (next != Kind::Pointwise && next != Kind::Copy)) return false;
+  if (int(k.tasks.size()) >= g_settings.max_fused) return false;
+  Kind head = k.tasks.front().kind;
+  if (head == Kind::Other) return false;
+  for (size_t i = 1; i < k.tasks.size(); ++i)
+    if (k.tasks[i].kind != Kind::Pointwise && k.tasks[i].kind != Kind::Copy) return false;
+  return true;
+}
+
+struct Queue {
+  DeviceIndex device = 0;
+  std::mutex mu;
+  std::condition_variable work_cv, idle_cv;
+  std::deque<std::unique_ptr<Kernel>> pending;  // not started, or running at the front
+  std::vector<std::unique_ptr<Kernel>> done;    // run; destroyed on a host thread (frees there)
+  int64_t in_flight = 0;                        // ops enqueued and not yet run
+  std::string error;                            // the first error of an op on the device
+  std::thread worker;
+  bool stop = false;
+
+  void run_worker();
+};
+
+Queue* g_queues[kMaxDevices] = {};
+
+void Queue::run_worker() {
+  at::RecordFunctionGuard no_ops(false);  // the device's work is not the host's ops
+  c10::AutoGradMode no_grad(false);
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  for (;;) {
+    Kernel* k;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      work_cv.wait(lock, [&] { return stop || !pending.empty(); });
+      if (pending.empty()) return;
+      k = pending.front().get();
+      k->started = true;
+    }
+    int64_t start = now_ns();
+    // The launch cost of one kernel: the device is busy, the host's cores are not (a sleep, with
+    // the thread's timer slack at 1 ns so that tens of microseconds are tens of microseconds).
+    if (g_settings.launch_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(g_settings.launch_ns));
+    for (auto& t : k->tasks) {
+      try {
+        t.run();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = t.name + ": " + e.what();
+      }
+    }
+    int64_t end = now_ns();
+    if (capturing()) {
+      std::vector<uint64_t> ids;
+      std::string name;
+      for (auto& t : k->tasks) {
+        ids.push_back(t.enqueue_id);
+        if (!name.empty()) name += "+";
+        name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
+      }
+      g_api->kernel_executed(device, 0, name.c_str(), start, end, ids.data(), int32_t(ids.size()));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    in_flight -= int64_t(k->tasks.size());
+    done.push_back(std::move(pending.front()));
+    pending.pop_front();
+    if (in_flight == 0) idle_cv.notify_all();
+  }
+}
+
+Queue& queue(DeviceIndex d) {
+  TORCH_CHECK(d >= 0 && d < g_settings.devices, "neuron: no device neuron:", int(d), " (",
+              g_settings.devices, " enabled)");
+  return *g_queues[d];
+}
+
+// Kernels already run, destroyed here (on a host thread): the tensors they held are freed where
+// the memory profiler of the host thread sees the frees, as a real backend frees at the host.
+void reap(Queue& q) {
+  std::vector<std::unique_ptr<Kernel>> done;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    done.swap(q.done);
+  }
+}
+
+void raise_device_error(Queue& q) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    error.swap(q.error);
+  }
+  TORCH_CHECK(error.empty(), "neuron: an op queued earlier failed on the device: ", error);
+}
+
+void flush(DeviceIndex d, int reason) {
+  Queue& q = queue(d);
+  int64_t start = now_ns();
+  int64_t ops;
+  {
+    std::unique_lock<std::mutex> lock(q.mu);
+    ops = q.in_flight;
+    q.idle_cv.wait(lock, [&] { return q.in_flight == 0; });
+  }
+  if (ops > 0 && capturing()) g_api->queue_flushed(d, reason, int32_t(ops), start, now_ns());
+  reap(q);
+  raise_device_error(q);
+}
+
+void flush_all(int reason) {
+  for (int d = 0; d < g_settings.devices; ++d) flush(DeviceIndex(d), reason);
+}
+
+void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
+  Queue& q = queue(d);
+  reap(q);
+  bool full;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    int32_t depth = int32_t(q.in_flight + 1);
+    uint64_t id = capturing() ? g_api->op_enqueued(d, 0, name.c_str(), depth) : 0;
+    Task t{std::move(run), id, name, kind};
+    if (!q.pending.empty() && fusable(*q.pending.back(), kind)) {
+      q.pending.back()->tasks.push_back(std::move(t));
+    } else {
+      auto k = std::make_unique<Kernel>();
+      k->tasks.push_back(std::move(t));
+      q.pending.push_back(std::move(k));
+    }
+    full = ++q.in_flight >= g_settings.max_queue;
+  }
+  q.work_cv.notify_one();
+  if (full) flush(d, NEURON_PROF_FLUSH_SIZE);
+}
+
+// ------------------------------------------------------------------ tensors
+bool is_neuron(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+// A CPU tensor over a neuron tensor's memory (no copy): what the device's kernels compute on.
+at::Tensor host_alias(const at::Tensor& t) {
+  auto opts = at::TensorOptions().dtype(t.dtype()).device(at::kCPU);
+  if (t.storage().nbytes() == 0) return at::empty_strided(t.sizes(), t.strides(), opts);
+  char* base = static_cast<char*>(t.storage().mutable_data());
+  return at::for_blob(base + t.storage_offset() * t.itemsize(), t.sizes())
+      .strides(t.strides())
+      .options(opts)
+      .make_tensor();
+}
+
+at::Tensor meta_like(const at::Tensor& t) {
+  auto opts = at::TensorOptions().dtype(t.dtype()).device(at::kMeta);
+  int64_t elems = int64_t(t.storage().nbytes() / std::max<size_t>(t.itemsize(), 1));
+  return at::empty({elems}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+}
+
+at::Tensor empty_neuron(at::IntArrayRef size, at::IntArrayRef stride, c10::ScalarType dtype, DeviceIndex d) {
+  c10::DeviceGuard guard(Device(kNeuron, d));
+  tl_device = d;
+  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+}
+
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+      out.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(f(*t)) : t);
+    return out;
+  }
+  return v;
+}
+
+template <typename F>
+void for_tensors(const c10::IValue& v, F f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+      if (t.has_value()) f(*t);
+  }
+}
+
+at::Tensor to_host_view(const at::Tensor& t) { return is_neuron(t) ? host_alias(t) : t; }
+
+// ------------------------------------------------------------------ which path an op takes
+enum class Path { Queued, Inline, Fallback };
+
+// Left unimplemented on purpose, so that CPU fallbacks show up in realistic training code (see
+// neuron.py's UNIMPLEMENTED, which lists the same ops).
+const std::unordered_set<std::string> kUnimplemented = {
+    "aten::embedding_dense_backward", "aten::cumsum", "aten::sort", "aten::topk", "aten::linalg_vector_norm",
+};
+// Outputs that depend on the data: the host must wait for it.
+const std::unordered_set<std::string> kDataDependent = {
+    "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+    "aten::repeat_interleave", "aten::equal", "aten::is_nonzero", "aten::_local_scalar_dense",
+    "aten::nonzero_static",
+};
+const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
+const std::unordered_set<std::string> kReduction = {
+    "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::max", "aten::min", "aten::var_mean",
+    "aten::var", "aten::std", "aten::norm", "aten::prod", "aten::argmax", "aten::argmin", "aten::all",
+    "aten::any",
+};
+const std::unordered_set<std::string> kPointwise = {
+    "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul", "aten::mul_", "aten::div", "aten::div_",
+    "aten::neg", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::pow", "aten::pow_", "aten::tanh",
+    "aten::sigmoid", "aten::relu", "aten::relu_", "aten::gelu", "aten::gelu_backward", "aten::silu",
+    "aten::silu_backward", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
+    "aten::where", "aten::masked_fill", "aten::masked_fill_", "aten::fill_", "aten::zero_", "aten::clamp",
+    "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::lerp_", "aten::addcmul", "aten::addcmul_",
+    "aten::addcdiv", "aten::addcdiv_", "aten::abs", "aten::sign", "aten::reciprocal", "aten::square",
+    "aten::eq", "aten::ne", "aten::lt", "aten::le", "aten::gt", "aten::ge", "aten::logical_not",
+    "aten::bitwise_not", "aten::maximum", "aten::minimum", "aten::erf", "aten::expm1", "aten::log1p",
+    "aten::_foreach_add_", "aten::_foreach_mul_", "aten::_foreach_addcmul_", "aten::_foreach_addcdiv_",
+    "aten::_foreach_lerp_", "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::_foreach_add",
+    "aten::_foreach_div", "aten::_foreach_mul", "aten::_foreach_sub_", "aten::_foreach_neg",
+    "aten::_foreach_zero_", "aten::_foreach_copy_",
+};
+
+Kind kind_of(const std::string& name) {
+  if (kPointwise.count(name)) return Kind::Pointwise;
+  if (kMatmul.count(name)) return Kind::Matmul;
+  if (kReduction.count(name)) return Kind::Reduction;
+  return Kind::Other;
+}
+
+std::mutex g_paths_mu;
+std::unordered_map<const void*, Path> g_paths;  // by operator (its schema's address)
+
+Path initial_path(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const std::string& name = schema.name();
+  if (kUnimplemented.count(name)) return Path::Fallback;
+  if (kDataDependent.count(name)) return Path::Inline;
+  for (const auto& a : schema.arguments())
+    if (a.type()->kind() == c10::TypeKind::OptionalType &&
+        a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)
+      return Path::Inline;  // random numbers: drawn in program order from the CPU generator
+  for (const auto& r : schema.returns()) {
+    auto k = r.type()->kind();
+    if (k != c10::TypeKind::TensorType && !(k == c10::TypeKind::ListType && r.type()->isSubtypeOf(*c10::ListType::ofTensors())))
+      return Path::Inline;  // a value the host reads (a bool, a number)
+    if (r.alias_info() && !r.alias_info()->isWrite()) return Path::Fallback;  // a view the device lacks
+  }
+  return Path::Queued;
+}
+
+Path op_path(const c10::OperatorHandle& op) {
+  const void* key = &op.schema();
+  std::lock_guard<std::mutex> lock(g_paths_mu);
+  auto it = g_paths.find(key);
+  if (it != g_paths.end()) return it->second;
+  return g_paths[key] = initial_path(op);
+}
+
+void set_path(const c10::OperatorHandle& op, Path p) {
+  std::lock_guard<std::mutex> lock(g_paths_mu);
+  g_paths[&op.schema()] = p;
+}
+
+DeviceIndex device_of(const Stack& args) {
+  for (const auto& v : args) {
+    DeviceIndex d = -1;
+    for_tensors(v, [&](const at::Tensor& t) {
+      if (d < 0 && is_neuron(t)) d = t.device().index();
+    });
+    if (d >= 0) return d;
+    if (v.isDevice() && v.toDevice().type() == kNeuron) return std::max<DeviceIndex>(v.toDevice().index(), 0);
+  }
+  return tl_device;
+}
+
+// The argument a returned alias (``Tensor(a!)``) is: in-place ops' self, out= variants' out.
+int aliased_argument(const c10::FunctionSchema& schema, size_t ret) {
+  const auto* info = schema.returns()[ret].alias_info();
+  if (!info || !info->isWrite()) return -1;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto* a = schema.arguments()[i].alias_info();
+    if (a && a->isWrite() && a->beforeSets() == info->beforeSets()) return int(i);
+  }
+  return -1;
+}
+
+// A CPU tensor argument beside neuron ones is a mistake on a real device, except a 0-dim tensor
+// (a scalar), which is copied now: the host may change it before the device runs.
+c10::IValue snapshot_host(const c10::IValue& v, const std::string& name) {
+  return map_tensors(v, [&](const at::Tensor& t) {
+    if (!t.defined() || is_neuron(t)) return t;
+    TORCH_CHECK(t.dim() == 0, name, ": expected all tensors to be on the same device, but found at least two "
+                "devices, neuron and ", t.device(), "!");
+    return t.clone();
+  });
+}
+
+// The key of an op's output metadata: the op and, per argument, a tensor's dtype, sizes and
+// strides or a plain value's bits. False for an argument it cannot key (then nothing is cached).
+bool append_key(std::string& key, const c10::IValue& v) {
+  auto put = [&](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+  auto put_i = [&](int64_t x) { put(&x, sizeof(x)); };
+  auto put_tensor = [&](const at::Tensor& t) {
+    put_i(t.defined() ? int64_t(t.scalar_type()) * 2 + is_neuron(t) : -1);
+    if (!t.defined()) return;
+    put_i(t.dim());
+    for (int64_t d : t.sizes()) put_i(d);
+    for (int64_t d : t.strides()) put_i(d);
+  };
+  key.push_back(char(v.tagKind().size()));
+  key += v.tagKind();
+  if (v.isTensor()) {
+    put_tensor(v.toTensor());
+  } else if (v.isTensorList()) {
+    put_i(int64_t(v.toTensorList().size()));
+    for (const at::Tensor& t : v.toTensorList()) put_tensor(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) put_tensor(t.has_value() ? *t : at::Tensor());
+  } else if (v.isInt()) {
+    put_i(v.toInt());
+  } else if (v.isDouble()) {
+    double d = v.toDouble();
+    put(&d, sizeof(d));
+  } else if (v.isBool()) {
+    put_i(v.toBool());
+  } else if (v.isIntList()) {
+    for (int64_t x : v.toIntVector()) put_i(x);
+  } else if (v.isScalar()) {
+    at::Scalar sc = v.toScalar();
+    put_i(int64_t(sc.type()));
+    if (sc.isFloatingPoint()) {
+      double d = sc.toDouble();
+      put(&d, sizeof(d));
+    } else if (sc.isIntegral(true)) {
+      put_i(sc.toLong());
+    } else {
+      return false;  // complex, symbolic
+    }
+  } else if (v.isDevice()) {
+    put_i(int64_t(v.toDevice().type()) * 256 + v.toDevice().index());
+  } else if (v.isString()) {
+    key += v.toStringRef();
+    key.push_back('\0');
+  } else if (!v.isNone()) {
+    return false;
+  }
+  return true;
+}
+
+std::mutex g_meta_mu;
+std::unordered_map<std::string, Stack> g_meta_cache;
+constexpr size_t kMetaCacheSize = 1 << 16;
+
+// Outputs' shapes, strides and dtypes (meta tensors) from the op's Meta kernel, cached by what
+// they depend on: many Meta kernels are Python (torch._meta_registrations), 50-500 µs a call,
+// and a training step repeats its ops with the same shapes.
+Stack output_meta(const c10::OperatorHandle& op, const Stack& args) {
+  std::string key(reinterpret_cast<const char*>(&op.schema()), sizeof(void*));
+  bool keyed = true;
+  for (const auto& v : args) keyed = keyed && append_key(key, v);
+  if (keyed) {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    auto it = g_meta_cache.find(key);
+    if (it != g_meta_cache.end()) return it->second;
+  }
+  Stack meta;
+  {
+    at::RecordFunctionGuard no_ops(false);  // the backend's shape functions are not the user's ops
+    for (const auto& v : args) meta.push_back(map_tensors(v, [](const at::Tensor& t) {
+      return is_neuron(t) ? meta_like(t) : (t.defined() ? t.to(at::kMeta) : t);
+    }));
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  }
+  if (keyed) {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    if (g_meta_cache.size() >= kMetaCacheSize) g_meta_cache.clear();
+    g_meta_cache.emplace(std::move(key), meta);
+  }
+  return meta;
+}
+
+void run_queued(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
+  const auto& schema = op.schema();
+  const std::string& name = schema.name();
+  size_t nargs = schema.arguments().size();
+  Stack args(stack->end() - nargs, stack->end());
+  Stack meta = output_meta(op, args);
+  for (auto& v : args) v = snapshot_host(v, name);
+  Stack outs;
+  std::vector<bool> fresh;
+  for (size_t i = 0; i < meta.size(); ++i) {
+    int a = aliased_argument(schema, i);
+    if (a >= 0) {
+      const at::Tensor& arg = args[a].toTensor();
+      const at::Tensor& m = meta[i].toTensor();
+      if (arg.sizes() != m.sizes()) arg.resize_(m.sizes());  // an out= tensor, as the op would resize it
+      outs.push_back(args[a]);
+      fresh.push_back(false);
+    } else {
+      outs.push_back(map_tensors(meta[i], [&](const at::Tensor& m) {
+        return empty_neuron(m.sizes(), m.strides(), m.scalar_type(), d);
+      }));
+      fresh.push_back(true);
+    }
+  }
+  c10::OperatorHandle handle = op;
+  enqueue(d, name, kind_of(name), [handle, args, outs, fresh]() {
+    Stack cpu;
+    for (const auto& v : args) cpu.push_back(map_tensors(v, to_host_view));
+    handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!fresh[i]) continue;
+      if (outs[i].isTensor()) {
+        host_alias(outs[i].toTensor()).copy_(cpu[i].toTensor());
+      } else {
+        auto dst = outs[i].toTensorList();
+        auto src = cpu[i].toTensorList();
+        for (size_t j = 0; j < dst.size(); ++j) host_alias(dst[j]).copy_(src[j]);
+      }
+    }
+  });
+  torch::jit::drop(*stack, nargs);
+  for (auto& v : outs) stack->push_back(std::move(v));
+}
+
+at::Tensor to_device_result(const at::Tensor& r, DeviceIndex d) {
+  bool dense = r.is_non_overlapping_and_dense();
+  at::Tensor out = dense ? empty_neuron(r.sizes(), r.strides(), r.scalar_type(), d)
+                         : empty_neuron(r.sizes(), c10::contiguous_strides(r.sizes()), r.scalar_type(), d);
+  host_alias(out).copy_(r);
+  return out;
+}
+
+void run_inline(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
+  const auto& schema = op.schema();
+  flush_all(schema.name() == "aten::_local_scalar_dense" || kDataDependent.count(schema.name())
+                ? NEURON_PROF_FLUSH_SYNC
+                : NEURON_PROF_FLUSH_OTHER);
+  size_t nargs = schema.arguments().size();
+  Stack args(stack->end() - nargs, stack->end());
+  Stack cpu;
+  for (const auto& v : args) cpu.push_back(map_tensors(v, to_host_view));
+  {
+    at::RecordFunctionGuard no_ops(false);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu);
+  }
+  torch::jit::drop(*stack, nargs);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    int a = aliased_argument(schema, i);
+    if (a >= 0)
+      stack->push_back(args[a]);
+    else
+      stack->push_back(map_tensors(cpu[i], [&](const at::Tensor& r) { return to_device_result(r, d); }));
+  }
+}
+
+int64_t neuron_bytes(const Stack& values) {
+  int64_t n = 0;
+  for (const auto& v : values)
+    for_tensors(v, [&](const at::Tensor& t) {
+      if (is_neuron(t)) n += int64_t(t.numel()) * int64_t(t.itemsize());
+    });
+  return n;
+}
+
+void run_fallback(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
+  flush_all(NEURON_PROF_FLUSH_FALLBACK);
+  size_t nargs = op.schema().arguments().size();
+  int64_t to_host = neuron_bytes(Stack(stack->end() - nargs, stack->end()));
+  int64_t start = now_ns();
+  size_t below = stack->size() - nargs;
+  at::native::cpu_fallback(op, stack);
+  int64_t from_host = neuron_bytes(Stack(stack->begin() + below, stack->end()));  // its results
+  if (capturing()) g_api->cpu_fallback(d, op.schema().name().c_str(), to_host, from_host, start, now_ns());
+}
+
+void neuron_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  TORCH_CHECK(g_settings.devices > 0, "neuron: the device is not enabled (neuron_prof.testing.neuron.enable())");
+  size_t nargs = op.schema().arguments().size();
+  DeviceIndex d = device_of(Stack(stack->end() - nargs, stack->end()));
+  c10::DeviceGuard guard(Device(kNeuron, d));
+  switch (op_path(op)) {
+    case Path::Queued:
+      try {
+        run_queued(op, stack, d);
+      } catch (const c10::NotImplementedError&) {  // no Meta kernel: the device lacks the op
+        set_path(op, Path::Fallback);
+        run_fallback(op, stack, d);
+      }
+      return;
+    case Path::Inline:
+      return run_inline(op, stack, d);
+    case Path::Fallback:
+      return run_fallback(op, stack, d);
+  }
+}
+
+// ------------------------------------------------------------------ kernels of their own
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout>, std::optional<c10::Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  DeviceIndex d = device && device->has_index() ? device->index() : tl_device;
+  queue(d);  // checks the index
+  tl_device = d;
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
+  DeviceIndex d = device && device->has_index() ? device->index() : tl_device;
+  queue(d);
+  return empty_neuron(size, stride, c10::dtype_or_default(dtype), d);
+}
+
+// copy_ between devices ends here. neuron -> neuron: queued; cpu -> neuron: the source is staged
+// (copied now: the host may change it) and the copy queued; neuron -> cpu: the host waits.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  at::RecordFunctionGuard no_ops(false);
+  if (is_neuron(dst)) {
+    at::Tensor src = is_neuron(self) ? self : self.clone();
+    enqueue(dst.device().index(), "aten::copy_", Kind::Copy,
+            [src, dst]() { host_alias(dst).copy_(to_host_view(src)); });
+  } else {
+    flush(self.device().index(), NEURON_PROF_FLUSH_SYNC);
+    dst.copy_(host_alias(self));
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+// Growing a storage copies its bytes, so the queue drains first; an empty storage (an out= tensor
+// made with at::empty({0})) has no bytes to keep and gets its memory without a wait.
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat>) {
+  int64_t needed = (int64_t(c10::multiply_integers(size)) + self.storage_offset()) * int64_t(self.itemsize());
+  const c10::Storage& storage = self.storage();
+  tl_device = self.device().index();
+  if (needed > int64_t(storage.nbytes())) {
+    if (storage.nbytes() == 0) {
+      storage.unsafeGetStorageImpl()->set_data_ptr_noswap(g_allocator.allocate(size_t(needed)));
+      storage.unsafeGetStorageImpl()->set_nbytes(size_t(needed));
+    } else {
+      flush(self.device().index(), NEURON_PROF_FLUSH_OTHER);
+    }
+  }
+  at::native::resize_impl_cpu_(self.unsafeGetTensorImpl(), size, std::nullopt);
+  return self;
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  flush(self.device().index(), NEURON_PROF_FLUSH_SYNC);
+  return at::_local_scalar_dense(host_alias(self));
+}
+
+// Which attention kernel scaled_dot_product_attention runs: the CPU's choice, from metadata
+// alone (no data is read, so no wait). A backend without this choice runs the math decomposition.
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout, bool causal,
+                         std::optional<double> scale, bool gqa) {
+  std::optional<at::Tensor> host_mask = mask.has_value() ? std::optional<at::Tensor>(to_host_view(*mask)) : mask;
+  at::RecordFunctionGuard no_ops(false);  // the backend's decision, not a user op
+  return at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v), host_mask, dropout, causal, scale, gqa);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+}
+
+}  // namespace neuron_dev
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron_dev::fused_sdp_choice)
+}  // namespace at::native
+namespace neuron_dev {
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_kernel>()); }
+
+// ------------------------------------------------------------------ device guard and hooks
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return kNeuron; }
+  Device exchangeDevice(Device d) const override {
+    Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  Device getDevice() const override { return Device(kNeuron, tl_device); }
+  void setDevice(Device d) const override {
+    if (d.has_index()) tl_device = d.index();
+  }
+  void uncheckedSetDevice(Device d) const noexcept override {
+    if (d.has_index()) tl_device = d.index();
+  }
+  c10::Stream getStream(Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  DeviceIndex deviceCount() const noexcept override { return DeviceIndex(g_settings.devices); }
+  void synchronizeDevice(DeviceIndex d) const override { flush(d, NEURON_PROF_FLUSH_SYNCHRONIZE); }
+  void synchronizeStream(const c10::Stream& s) const override { flush(s.device_index(), NEURON_PROF_FLUSH_SYNCHRONIZE); }
+  bool queryStream(const c10::Stream& s) const override {
+    Queue& q = queue(s.device_index());
+    std::lock_guard<std::mutex> lock(q.mu);
+    return q.in_flight == 0;
+  }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return g_settings.devices > 0; }
+  // Random numbers come from the CPU generator (see initial_path), in program order.
+  const at::Generator& getDefaultGenerator(DeviceIndex) const override { return at::detail::getDefaultCPUGenerator(); }
+  at::Device getDeviceFromPtr(void*) const override { return Device(kNeuron, tl_device); }
+  bool hasPrimaryContext(DeviceIndex d) const override { return d >= 0 && d < g_settings.devices; }
+  DeviceIndex deviceCount() const override { return DeviceIndex(g_settings.devices); }
+  DeviceIndex getCurrentDevice() const override { return tl_device; }
+  void setCurrentDevice(DeviceIndex d) const override { tl_device = d; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto dev = storage.device().index();
+    flush(dev, NEURON_PROF_FLUSH_OTHER);
+    tl_device = dev;
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), newsize);
+  }
+};
+
+// An op with a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm: layer_norm_cpu
+// and math_native_layer_norm) would run its composite decomposition on a backend without a kernel
+// of its own, which is not bitwise the CPU's result: such ops get the device's kernel. Views keep
+// their composite kernels (they only make metadata).
+void claim_cpu_kernels() {
+  static torch::Library* lib = nullptr;
+  if (lib) return;
+  lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  static const std::unordered_set<std::string> own = {
+      "empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_", "_local_scalar_dense",
+      "view", "as_strided", "_reshape_alias", "unfold"};
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      continue;
+    std::string base = name.name.substr(6);
+    if (own.count(base)) continue;
+    bool view = false;
+    for (const auto& r : op->schema().returns()) view |= r.alias_info() != nullptr && !r.alias_info()->isWrite();
+    if (view) continue;
+    std::string full = name.overload_name.empty() ? base : base + "." + name.overload_name;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_kernel>());
+  }
+}
+
+// ------------------------------------------------------------------ Python side
+void init(int devices, int64_t launch_ns, int64_t capacity, int max_queue, int max_fused) {
+  TORCH_CHECK(devices >= 1 && devices <= kMaxDevices, "neuron: devices must be 1..", kMaxDevices);
+  TORCH_CHECK(g_settings.devices == 0 || g_settings.devices == devices,
+              "neuron: already enabled with ", g_settings.devices, " devices");
+  g_settings.launch_ns = launch_ns;
+  g_settings.capacity = capacity;
+  g_settings.max_queue = std::max(1, max_queue);
+  g_settings.max_fused = std::max(1, max_fused);
+  if (g_settings.devices == 0) {
+    for (int d = 0; d < devices; ++d) {
+      auto* q = new Queue();  // lives as long as the process, like a device
+      q->device = DeviceIndex(d);
+      q->worker = std::thread([q] { q->run_worker(); });
+      q->worker.detach();
+      g_queues[d] = q;
+    }
+    static Hooks hooks;
+    at::RegisterPrivateUse1HooksInterface(&hooks);
+    claim_cpu_kernels();
+    g_settings.devices = devices;
+  }
+}
+
+void connect(py::capsule capsule) {
+  auto* api = static_cast<const neuron_prof_backend_api*>(
+      PyCapsule_GetPointer(capsule.ptr(), NEURON_PROF_BACKEND_API_CAPSULE));
+  if (api == nullptr) throw py::error_already_set();
+  TORCH_CHECK(api->version >= 1 && api->size >= sizeof(neuron_prof_backend_api),
+              "neuron: neuron_prof's backend API is too old (version ", api->version, ")");
+  g_api = api;
+}
+
+py::dict memory_stats(int d) {
+  queue(DeviceIndex(d));
+  py::dict out;
+  out["allocated_bytes"] = g_allocated[d].load();
+  out["peak_bytes"] = g_peak[d].load();
+  out["capacity_bytes"] = g_settings.capacity;
+  return out;
+}
+
+}  // namespace neuron_dev
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("init", &neuron_dev::init);
+  m.def("connect", &neuron_dev::connect);
+  m.def("synchronize", [](int d) {
+    py::gil_scoped_release nogil;
+    neuron_dev::flush(c10::DeviceIndex(d), NEURON_PROF_FLUSH_SYNCHRONIZE);
+  });
+  m.def("current_device", []() { return int(neuron_dev::tl_device); });
+  m.def("set_device", [](int d) {
+    neuron_dev::queue(c10::DeviceIndex(d));
+    neuron_dev::tl_device = c10::DeviceIndex(d);
+  });
+  m.def("device_count", []() { return neuron_dev::g_settings.devices; });
+  m.def("memory_stats", &neuron_dev::memory_stats);
+  m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });
+}

@@ -1,0 +1,125 @@
+"""An emulated ``neuron`` device, for trying and testing neuron_prof where there is no Trainium.
+
+``enable(devices=1)`` builds (once; cached by torch's extension cache) and loads a C++ extension
+that registers PyTorch's PrivateUse1 backend under the name ``neuron``, the registration path
+TorchNeuron takes. Then ``torch.device("neuron:0")``, ``t.to("neuron")``, ``model.to("neuron")``,
+``t.neuron()``, ``t.is_neuron``, ``torch.neuron.synchronize()`` and ``torch.neuron.device_count()``
+work, and ops on neuron tensors behave as on an asynchronous device:
+
+- **Memory** lives in host RAM, through an allocator that reports every allocation and free to
+  PyTorch's profiler (``c10::reportMemoryUsageToProfiler``, as a real backend's allocator does),
+  with a capacity (``capacity_bytes``): beyond it, allocation raises ``torch.OutOfMemoryError``
+  naming the requested size.
+- **The eager queue**: an op computes its outputs' shapes on the host (the op's Meta kernel),
+  allocates them, enqueues the work and returns; one device thread per device runs the queue in
+  order, each op by the op's CPU kernel over the device's memory, so results are bitwise those of
+  the CPU. Consecutive queued ops are fused into one kernel by a rule on op kinds in queue order:
+  pointwise ops (and copies) join a kernel that has not started and holds pointwise ops, or one
+  matmul or reduction followed by pointwise ops (an epilogue), up to ``max_fused`` ops. Each
+  kernel pays ``launch_us`` of launch cost (a spin on the device thread), so fusing pays, and
+  the device thread frees nothing: the tensors a kernel held are released on the host thread.
+  Fusion is adaptive, as on the real device: ops fuse only while they wait in the queue.
+- **Flushes**: the host waits for the queue when it needs a value (``.item()``, ``.cpu()``,
+  printing, ``nonzero`` and other data-dependent ops), when ``max_queue`` ops are queued, before a
+  CPU fallback, and on ``synchronize()``. Random ops draw from the CPU generator on the host, in
+  program order (the same numbers as on the CPU), after a flush.
+- **CPU fallback**: ops in :data:`UNIMPLEMENTED`, and ops without a Meta kernel, run through
+  PyTorch's boxed CPU fallback: flush, copy the inputs to the host, run the CPU kernel, copy the
+  results back.
+
+Not emulated: streams and events beyond one default stream per device, the device's own random
+number generator, real kernel speed (device time is the CPU's time plus the launch cost), pinned
+memory, and out= tensors that must be resized by the op.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import types
+
+import torch
+
+BACKEND = "neuron"
+UNIMPLEMENTED = ("aten::embedding_dense_backward", "aten::cumsum", "aten::sort", "aten::topk",
+                 "aten::linalg_vector_norm")
+"""Ops left out of the device on purpose (as in ``_neuron.cpp``): they fall back to the CPU."""
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = "_neuron.cpp"
+_lock = threading.Lock()
+_ext = None
+
+
+def _collectors_folder() -> str:
+    import neuron_prof.collectors
+
+    return os.path.dirname(os.path.abspath(neuron_prof.collectors.__file__))
+
+
+def _extension():
+    """Build or load the device extension (keyed by its source, the API header and torch)."""
+    global _ext
+    if _ext is None:
+        from torch.utils.cpp_extension import load
+
+        header = os.path.join(_collectors_folder(), "neuron_prof_backend.h")
+        h = hashlib.sha256()
+        for path in (os.path.join(_HERE, _SOURCE), header):
+            with open(path, "rb") as f:
+                h.update(f.read())
+        h.update(torch.__version__.encode())
+        _ext = load(name=f"neuron_prof_neuron_{h.hexdigest()[:16]}", sources=[os.path.join(_HERE, _SOURCE)],
+                    extra_include_paths=[_collectors_folder()], extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+    return _ext
+
+
+def _device_module(ext) -> types.ModuleType:
+    """``torch.neuron``: what PyTorch and users ask of a device module."""
+    mod = types.ModuleType("torch.neuron")
+    mod.is_available = lambda: True
+    mod.is_initialized = lambda: True
+    mod._is_in_bad_fork = lambda: False
+    mod.device_count = ext.device_count
+    mod.current_device = ext.current_device
+
+    def set_device(device) -> None:
+        ext.set_device(torch.device(BACKEND, device).index if not isinstance(device, int) else device)
+
+    def synchronize(device=None) -> None:
+        """Wait until every op queued on the device (default: the current one) has run."""
+        ext.synchronize(ext.current_device() if device is None else torch.device(BACKEND, device).index
+                        if not isinstance(device, int) else device)
+
+    def memory_stats(device=None) -> dict:
+        return ext.memory_stats(ext.current_device() if device is None else int(torch.device(device).index or 0))
+
+    mod.set_device = set_device
+    mod.synchronize = synchronize
+    mod.memory_stats = memory_stats
+    mod.memory_allocated = lambda device=None: memory_stats(device)["allocated_bytes"]
+    mod.max_memory_allocated = lambda device=None: memory_stats(device)["peak_bytes"]
+    mod.manual_seed = lambda seed: None  # random numbers come from the CPU generator
+    mod.manual_seed_all = lambda seed: None
+    mod.set_launch_us = lambda us: ext.set_launch_ns(int(us * 1000))
+    return mod
+
+
+def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 << 30, max_queue: int = 256,
+           max_fused: int = 16, report: bool = True) -> types.ModuleType:
+    """Turn the device on (idempotent in one process; the device count cannot change) and
+    return ``torch.neuron``. ``report``: hand the device's queue, kernel and fallback events to
+    neuron_prof's backend hook API (they are recorded only while a capture runs)."""
+    with _lock:
+        ext = _extension()
+        ext.init(devices, int(launch_us * 1000), int(capacity_bytes), int(max_queue), int(max_fused))
+        if torch._C._get_privateuse1_backend_name() != BACKEND:
+            torch.utils.rename_privateuse1_backend(BACKEND)
+            torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+            torch._register_device_module(BACKEND, _device_module(ext))
+        if report:
+            from neuron_prof.collectors.device import backend_api
+
+            ext.connect(backend_api())
+        return sys.modules.get("torch.neuron") or torch.neuron

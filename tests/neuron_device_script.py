@@ -1,0 +1,129 @@
+"""Workloads on the emulated `neuron` device, run in a process of their own by
+tests/test_neuron_device.py (enabling the device renames PyTorch's PrivateUse1 backend for the
+whole process). Prints one JSON object of facts the tests check.
+
+    python tests/neuron_device_script.py RUN_DIR
+
+RUN_DIR receives a neuron_prof capture of the same training on the device.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+
+import torch
+
+import neuron_prof
+from neuron_prof.testing import neuron
+
+VOCAB, DIM, HEADS, FF, BATCH, SEQ = 50, 32, 4, 64, 4, 8
+LAUNCH_US = 200.0  # long kernels, so the host's run-ahead shows on a loaded machine
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one transformer encoder layer (attention, layer norms, GELU-free MLP), head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.block = torch.nn.TransformerEncoderLayer(DIM, HEADS, FF, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(DIM, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.emb(x)))
+
+
+def train(model: torch.nn.Module, device: str, steps: int = 3, prof=None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """AdamW (foreach, as PyTorch picks it for a PrivateUse1 device) on seeded random tokens; the
+    loss read with .item() each step (a sync point), and a running sum of the logits' argmax
+    positions by cumsum (an op the device leaves to the CPU)."""
+    model = copy.deepcopy(model).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        y = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)).reshape(-1, VOCAB), y.to(device).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())  # ITEM-LINE
+        torch.cumsum(x.to(device), 1)  # CUMSUM-LINE
+        if prof is not None:
+            prof.step()
+    return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+
+
+def bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def run_ahead() -> dict:
+    """Host time to enqueue N small ops against the time the device needs for them (each its own
+    kernel: a matmul does not fuse with a matmul), and the wait of the .item() that needs them."""
+    n = 50
+    x = torch.randn(16, 16, device="neuron")
+    for _ in range(n):  # the first calls pay for shape functions, later ones find them cached
+        x = x @ x.T / 16
+    torch.neuron.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        x = x @ x.T / 16
+    enqueued = time.perf_counter_ns() - t0
+    t1 = time.perf_counter_ns()
+    x.sum().item()
+    waited = time.perf_counter_ns() - t1
+    return {"ops": n, "enqueue_ns": enqueued, "item_wait_ns": waited, "device_floor_ns": int(n * LAUNCH_US * 1000)}
+
+
+def main() -> None:
+    mod = neuron.enable(devices=2, launch_us=LAUNCH_US, capacity_bytes=64 << 20)
+    facts: dict = {"device_count": mod.device_count(), "backend": torch._C._get_privateuse1_backend_name()}
+    t = torch.arange(6.0).reshape(2, 3)
+    on = t.to("neuron:1")
+    facts["device_strings"] = [str(on.device), str(t.neuron().device), str(torch.device("neuron:0"))]
+    facts["is_neuron"] = [on.is_neuron, t.is_neuron]
+    facts["round_trip"] = torch.equal(on.cpu(), t)
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    cpu_losses, cpu_state = train(model, "cpu")
+    dev_losses, dev_state = train(model, "neuron")
+    facts["losses"] = {"cpu": cpu_losses, "neuron": dev_losses}
+    facts["parameters_bitwise"] = bitwise(cpu_state, dev_state)
+    with neuron_prof.profile(sys.argv[1]) as prof:
+        captured_losses, captured_state = train(model, "neuron", prof=prof)
+    facts["captured_losses"] = captured_losses
+    facts["captured_parameters_bitwise"] = bitwise(cpu_state, captured_state)
+
+    x = torch.randn(5, 7)
+    facts["fallback_results_equal"] = {
+        "cumsum": torch.equal(torch.cumsum(x.to("neuron"), 1).cpu(), torch.cumsum(x, 1)),
+        "sort": torch.equal(torch.sort(x.to("neuron"), 1).values.cpu(), torch.sort(x, 1).values),
+        "nonzero": torch.equal(torch.nonzero(x.to("neuron") > 0).cpu(), torch.nonzero(x > 0)),
+    }
+    torch.manual_seed(3)
+    a = torch.randn(4, 4, device="neuron")
+    torch.manual_seed(3)
+    b = torch.randn(4, 4)
+    facts["random_as_cpu"] = torch.equal(a.cpu(), b)
+
+    facts["run_ahead"] = run_ahead()
+
+    before = mod.memory_allocated()
+    block = torch.empty(1 << 20, dtype=torch.uint8, device="neuron")
+    facts["allocated_grows_by"] = mod.memory_allocated() - before
+    del block
+    try:
+        torch.empty(128 << 20, dtype=torch.uint8, device="neuron")
+        facts["oom"] = None
+    except torch.OutOfMemoryError as e:
+        facts["oom"] = str(e).splitlines()[0]
+    print(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The emulated `neuron` device (neuron_prof.testing.neuron) on a real training loop: the device's
+API, bitwise CPU results, the host running ahead of the device, its memory, and a capture of it
+through the backend hook API (kernels with the ops they fused, flushes with their reasons and
+lines, CPU fallbacks with the bytes they moved). The workloads run in a process of their own
+(tests/neuron_device_script.py): enabling the device renames PrivateUse1 for a whole process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import neuron_prof
+from conftest import line_of
+
+SCRIPT = Path(__file__).with_name("neuron_device_script.py")
+
+
+@pytest.fixture(scope="module")
+def device_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
+    run_dir = tmp_path_factory.mktemp("neuron") / "run"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(run_dir)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1]), neuron_prof.load(run_dir)
+
+
+def test_the_device_is_a_registered_privateuse1_backend(device_run):
+    facts, _ = device_run
+    assert facts["backend"] == "neuron" and facts["device_count"] == 2
+    assert facts["device_strings"] == ["neuron:1", "neuron:0", "neuron:0"]
+    assert facts["is_neuron"] == [True, False] and facts["round_trip"]
+
+
+def test_training_on_the_device_is_bitwise_the_cpu_with_and_without_capture(device_run):
+    facts, _ = device_run
+    assert facts["losses"]["neuron"] == facts["losses"]["cpu"] == facts["captured_losses"]
+    assert facts["parameters_bitwise"] and facts["captured_parameters_bitwise"]
+    assert all(facts["fallback_results_equal"].values()) and facts["random_as_cpu"]
+
+
+def test_the_host_runs_ahead_and_item_waits_for_the_queue(device_run):
+    facts, _ = device_run
+    r = facts["run_ahead"]
+    # each of the 50 kernels (a matmul and its division, fused) sleeps the launch cost on the device
+    # thread: the enqueue returned long before the device could have run them, and the .item()
+    # waited for the rest
+    assert r["enqueue_ns"] < r["device_floor_ns"]
+    assert r["enqueue_ns"] + r["item_wait_ns"] >= r["device_floor_ns"]
+
+
+def test_device_memory_is_allocated_and_an_oom_names_its_size(device_run):
+    facts, run = device_run
+    assert facts["allocated_grows_by"] == 1 << 20
+    assert facts["oom"].startswith("neuron out of memory. Tried to allocate 128.00 MiB (device neuron:0")
+    # the allocator reports to the profiler: the memory collector sees the device
+    events = run.memory_events
+    assert (events["device"].astype(str) == "neuron:0").sum() > 100
+    assert "neuron:0" in set(run.memory_steps["device"].astype(str))
+    assert run.ops["devices"].astype(str).str.contains("neuron:0").any()
+
+
+def test_kernels_hold_the_ops_they_fused(device_run):
+    _, run = device_run
+    kernels, enqueues = run.device_kernels, run.device_enqueues
+    steps = set(run.steps.loc[run.steps["complete"], "step"])
+    kernels = kernels[kernels["step"].isin(steps)]
+    assert len(kernels) and (kernels["device"].astype(str) == "neuron:0").all()
+    assert (kernels["n_ops"] == kernels["enqueue_ids"].map(len)).all()
+    fused = kernels[kernels["n_ops"] > 1]
+    assert len(fused) and fused["name"].astype(str).str.contains(r"\+").all()
+    # every op enqueued in a complete step ran in exactly one kernel
+    ran = [i for ids in kernels["enqueue_ids"] for i in ids]
+    assert len(ran) == len(set(ran))
+    assert set(enqueues.loc[enqueues["step"].isin(steps), "id"]) <= set(ran)
+    # an addmm's epilogue: a matmul kernel followed by pointwise ops
+    assert kernels["name"].astype(str).str.match(r"^(addmm|mm|bmm)\+").any()
+
+
+def test_flushes_name_their_reason_and_line(device_run):
+    _, run = device_run
+    flushes = run.queue_flushes
+    item = flushes[flushes["reason"] == "sync"]
+    line = line_of(SCRIPT, "ITEM-LINE")
+    assert len(item) == 3 and item["user_source"].astype(str).str.endswith(f"neuron_device_script.py:{line}").all()
+    assert (item["host_op"].astype(str) == "aten::_local_scalar_dense").all() and (item["ops"] > 0).all()
+    assert set(flushes["reason"]) <= {"sync", "fallback", "size", "synchronize", "other"}
+    assert (flushes["dur"] > 0).all()
+
+
+def test_cpu_fallbacks_with_the_bytes_they_moved(device_run):
+    _, run = device_run
+    fb = run.fallbacks
+    cumsum = fb[fb["op"].astype(str) == "aten::cumsum"]
+    line = line_of(SCRIPT, "CUMSUM-LINE")
+    assert len(cumsum) == 3 and cumsum["user_source"].astype(str).str.endswith(f"neuron_device_script.py:{line}").all()
+    # cumsum.out of the [BATCH, SEQ] int64 tokens: input and out copied to the host, the result back
+    tokens = 4 * 8 * 8
+    assert (cumsum["bytes_to_host"] == 2 * tokens).all() and (cumsum["bytes_from_host"] == tokens).all()
+    emb = fb[fb["op"].astype(str) == "aten::embedding_dense_backward"]
+    assert len(emb) == 3 and emb["bwd"].all() and (emb["module"].astype(str) == "emb").all()
+    # its gradient of the [VOCAB, DIM] float32 table comes back
+    assert (emb["bytes_from_host"] == 50 * 32 * 4).all()
