@@ -142,13 +142,27 @@ struct Task {
 struct Kernel {
   std::vector<Task> tasks;
   bool started = false;
+  uint64_t group = 0;   // a compiled group's kernel (begin_kernel): runs only once sealed
+  bool sealed = true;
+  std::string name;     // a group's name; else the fused ops' names
 };
+
+// The compiled group the calling thread is enqueuing (neuron.kernel(name): every op enqueued
+// until it closes runs as one kernel).
+struct Group {
+  uint64_t serial = 0;  // 0: none open
+  std::string name;
+  int device = -1;      // where its kernel was put
+};
+thread_local Group tl_group;
+std::atomic<uint64_t> g_group_serial{0};
 
 // Fusion rule, on op kinds in queue order (not on data flow): a kernel starts with any op; a
 // pointwise op (copies included) joins the kernel at the back of the queue when that kernel has
 // not started and holds only pointwise ops, one matmul or one reduction followed by pointwise ops
 // (an epilogue), up to max_fused ops. Every other op starts a kernel of its own.
 bool fusable(const Kernel& k, Kind next) {
+  if (k.group != 0) return false;
   if (k.started || (next != Kind::Pointwise && next != Kind::Copy)) return false;
   if (int(k.tasks.size()) >= g_settings.max_fused) return false;
   Kind head = k.tasks.front().kind;
@@ -182,7 +196,7 @@ void Queue::run_worker() {
     Kernel* k;
     {
       std::unique_lock<std::mutex> lock(mu);
-      work_cv.wait(lock, [&] { return stop || !pending.empty(); });
+      work_cv.wait(lock, [&] { return stop || (!pending.empty() && pending.front()->sealed); });
       if (pending.empty()) return;
       k = pending.front().get();
       k->started = true;
@@ -202,9 +216,10 @@ void Queue::run_worker() {
     int64_t end = now_ns();
     if (capturing()) {
       std::vector<uint64_t> ids;
-      std::string name;
+      std::string name = k->name;
       for (auto& t : k->tasks) {
         ids.push_back(t.enqueue_id);
+        if (k->group != 0) continue;
         if (!name.empty()) name += "+";
         name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
       }
@@ -243,8 +258,15 @@ void raise_device_error(Queue& q) {
   TORCH_CHECK(error.empty(), "neuron: an op queued earlier failed on the device: ", error);
 }
 
+void end_group();
+
 void flush(DeviceIndex d, int reason) {
   Queue& q = queue(d);
+  if (tl_group.serial != 0) {  // a group that must wait ends its kernel here; its rest is another
+    std::string name = tl_group.name;
+    end_group();
+    tl_group = Group{++g_group_serial, name, -1};
+  }
   int64_t start = now_ns();
   int64_t ops;
   {
@@ -270,17 +292,44 @@ void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<vo
     int32_t depth = int32_t(q.in_flight + 1);
     uint64_t id = capturing() ? g_api->op_enqueued(d, 0, name.c_str(), depth) : 0;
     Task t{std::move(run), id, name, kind};
-    if (!q.pending.empty() && fusable(*q.pending.back(), kind)) {
-      q.pending.back()->tasks.push_back(std::move(t));
+    uint64_t group = tl_group.serial;
+    Kernel* back = q.pending.empty() ? nullptr : q.pending.back().get();
+    if (back && (group != 0 ? back->group == group : fusable(*back, kind))) {
+      back->tasks.push_back(std::move(t));
     } else {
       auto k = std::make_unique<Kernel>();
       k->tasks.push_back(std::move(t));
+      if (group != 0) {
+        k->group = group;
+        k->sealed = false;
+        k->name = tl_group.name;
+        tl_group.device = d;
+      }
       q.pending.push_back(std::move(k));
     }
     full = ++q.in_flight >= g_settings.max_queue;
   }
   q.work_cv.notify_one();
   if (full) flush(d, NEURON_PROF_FLUSH_SIZE);
+}
+
+void begin_group(const std::string& name) {
+  TORCH_CHECK(tl_group.serial == 0, "neuron: a kernel is already open on this thread (", tl_group.name, ")");
+  tl_group = Group{++g_group_serial, name, -1};
+}
+
+// Seals the open group's kernel: the device may run it now.
+void end_group() {
+  Group g = tl_group;
+  tl_group = Group{};
+  if (g.serial == 0 || g.device < 0) return;
+  Queue& q = queue(DeviceIndex(g.device));
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    for (auto& k : q.pending)
+      if (k->group == g.serial) k->sealed = true;
+  }
+  q.work_cv.notify_one();
 }
 
 // ------------------------------------------------------------------ tensors
@@ -560,19 +609,23 @@ void run_queued(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
       fresh.push_back(true);
     }
   }
+  // The CPU views the device thread computes on are made now: a later in-place metadata op
+  // (squeeze_, transpose_, resize_) changes the tensor, not what was queued.
+  Stack cpu_args, cpu_outs;
+  for (const auto& v : args) cpu_args.push_back(map_tensors(v, to_host_view));
+  for (size_t i = 0; i < outs.size(); ++i)
+    cpu_outs.push_back(fresh[i] ? map_tensors(outs[i], host_alias) : c10::IValue());
   c10::OperatorHandle handle = op;
-  enqueue(d, name, kind_of(name), [handle, args, outs, fresh]() {
-    Stack cpu;
-    for (const auto& v : args) cpu.push_back(map_tensors(v, to_host_view));
+  enqueue(d, name, kind_of(name), [handle, keep = args, outs, cpu_args, cpu_outs]() {
+    Stack cpu = cpu_args;
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu);
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!fresh[i]) continue;
-      if (outs[i].isTensor()) {
-        host_alias(outs[i].toTensor()).copy_(cpu[i].toTensor());
-      } else {
-        auto dst = outs[i].toTensorList();
+    for (size_t i = 0; i < cpu_outs.size(); ++i) {
+      if (cpu_outs[i].isTensor()) {
+        cpu_outs[i].toTensor().copy_(cpu[i].toTensor());
+      } else if (cpu_outs[i].isTensorList()) {
+        auto dst = cpu_outs[i].toTensorList();
         auto src = cpu[i].toTensorList();
-        for (size_t j = 0; j < dst.size(); ++j) host_alias(dst[j]).copy_(src[j]);
+        for (size_t j = 0; j < dst.size(); ++j) dst.get(j).copy_(src.get(j));
       }
     }
   });
@@ -677,7 +730,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   if (is_neuron(dst)) {
     at::Tensor src = is_neuron(self) ? self : self.clone();
     enqueue(dst.device().index(), "aten::copy_", Kind::Copy,
-            [src, dst]() { host_alias(dst).copy_(to_host_view(src)); });
+            [src, dst, to = host_alias(dst), from = to_host_view(src)]() { to.copy_(from); });
   } else {
     flush(self.device().index(), NEURON_PROF_FLUSH_SYNC);
     dst.copy_(host_alias(self));
@@ -876,5 +929,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("device_count", []() { return neuron_dev::g_settings.devices; });
   m.def("memory_stats", &neuron_dev::memory_stats);
+  m.def("begin_kernel", &neuron_dev::begin_group);
+  m.def("end_kernel", &neuron_dev::end_group);
   m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });
 }

@@ -33,11 +33,13 @@ memory, and out= tensors that must be resized by the op.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
 import threading
 import types
+from collections.abc import Iterator
 
 import torch
 
@@ -104,6 +106,20 @@ def _device_module(ext) -> types.ModuleType:
     mod.manual_seed_all = lambda seed: None
     mod.set_launch_us = lambda us: ext.set_launch_ns(int(us * 1000))
     return mod
+
+
+@contextlib.contextmanager
+def kernel(name: str) -> Iterator[None]:
+    """Every op the calling thread enqueues inside runs as one kernel named ``name`` (what a
+    compiler does with a fusion group; ``neuron_prof.testing.neuron_compile`` uses it). The kernel
+    runs once the block ends; a flush inside (a sync point, a fallback) ends it early, and the
+    rest of the block is a second kernel of the same name."""
+    ext = _extension()
+    ext.begin_kernel(name)
+    try:
+        yield
+    finally:
+        ext.end_kernel()
 
 
 def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 << 30, max_queue: int = 256,
