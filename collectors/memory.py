@@ -186,12 +186,24 @@ class MemoryCollector:
         now = time.monotonic_ns()
         live, recent = self.tracker.snapshot()
         message = f"{type(exc).__name__}: {exc}".strip()
-        devices = {self._device(int(t), int(i)) for t, i in zip(live["device_type"], live["device_index"])}
-        device = oom_device(message, devices)
+        # the allocator's own report of the failure (c10::reportOutOfMemoryToProfiler: CUDA, a
+        # PrivateUse1 backend) names the device and size; the message is read where none came
+        # (the CPU allocator, MemoryError), against the devices that had blocks live
+        reported = recent[recent["kind"] == MEMORY_KINDS.index("oom")]
+        asked = requested_bytes(str(exc))
+        cpu_message = "cpuallocator" in message.lower() or message.startswith("MemoryError")
+        if len(reported) and not cpu_message:
+            same = reported[reported["bytes"] == asked] if asked else reported
+            last = (same if len(same) else reported)[-1]
+            device = self._device(int(last["device_type"]), int(last["device_index"]))
+            asked = asked or int(last["bytes"])
+        else:
+            devices = {self._device(int(t), int(i)) for t, i in zip(live["device_type"], live["device_index"])}
+            device = oom_device(message, devices)
         rec.append("memory_ooms", {
             "ts": np.array([now], np.int64), "step": np.array([step], np.int32),
             "device": np.array([rec.intern(device)], np.int32),
-            "bytes": np.array([requested_bytes(str(exc))], np.int64),
+            "bytes": np.array([asked], np.int64),
             "message": np.array([rec.intern(message.splitlines()[0][:2000])], np.int32)})
         live = live.copy()
         live["alloc_ts"], live["ts"] = live["ts"], now

@@ -2,9 +2,10 @@
 tests/test_neuron_device.py (enabling the device renames PyTorch's PrivateUse1 backend for the
 whole process). Prints one JSON object of facts the tests check.
 
-    python tests/neuron_device_script.py RUN_DIR
+    python tests/neuron_device_script.py RUN_DIR OOM_RUN_DIR
 
-RUN_DIR receives a neuron_prof capture of the same training on the device.
+RUN_DIR receives a neuron_prof capture of the same training on the device; OOM_RUN_DIR a short
+capture that ends with a device out-of-memory (an allocation past the device's capacity).
 """
 from __future__ import annotations
 
@@ -98,6 +99,7 @@ def main() -> None:
         captured_losses, captured_state = train(model, "neuron", prof=prof)
     facts["captured_losses"] = captured_losses
     facts["captured_parameters_bitwise"] = bitwise(cpu_state, captured_state)
+    facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
 
     x = torch.randn(5, 7)
     facts["fallback_results_equal"] = {
@@ -122,6 +124,13 @@ def main() -> None:
         facts["oom"] = None
     except torch.OutOfMemoryError as e:
         facts["oom"] = str(e).splitlines()[0]
+    # an OOM inside a capture: the capture ends with it (the error leaves the with block)
+    try:
+        with neuron_prof.profile(sys.argv[2]):
+            torch.empty(128 << 20, dtype=torch.uint8, device="neuron")  # OOM-LINE
+            facts["captured_oom"] = None
+    except torch.OutOfMemoryError as e:
+        facts["captured_oom"] = str(e).splitlines()[0]
     print(json.dumps(facts))
 
 

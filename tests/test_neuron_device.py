@@ -14,16 +14,22 @@ import pytest
 
 import neuron_prof
 from conftest import line_of
+from neuron_prof.analysis.memory import snapshot
+from neuron_prof.analysis.sync import sync_points
+from neuron_prof.report import summarize
 
 SCRIPT = Path(__file__).with_name("neuron_device_script.py")
 
 
 @pytest.fixture(scope="module")
 def device_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
-    run_dir = tmp_path_factory.mktemp("neuron") / "run"
-    p = subprocess.run([sys.executable, str(SCRIPT), str(run_dir)], capture_output=True, text=True, timeout=600)
+    root = tmp_path_factory.mktemp("neuron")
+    p = subprocess.run([sys.executable, str(SCRIPT), str(root / "run"), str(root / "oom")], capture_output=True,
+                       text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads(p.stdout.strip().splitlines()[-1]), neuron_prof.load(run_dir)
+    facts = json.loads(p.stdout.strip().splitlines()[-1])
+    facts["oom_run"] = str(root / "oom")
+    return facts, neuron_prof.load(root / "run")
 
 
 def test_the_device_is_a_registered_privateuse1_backend(device_run):
@@ -102,3 +108,50 @@ def test_cpu_fallbacks_with_the_bytes_they_moved(device_run):
     assert len(emb) == 3 and emb["bwd"].all() and (emb["module"].astype(str) == "emb").all()
     # its gradient of the [VOCAB, DIM] float32 table comes back
     assert (emb["bytes_from_host"] == 50 * 32 * 4).all()
+
+
+def test_memory_categories_on_the_device_match_the_model(device_run):
+    facts, run = device_run
+    allocs = run.memory_allocations
+    on = allocs[allocs["device"].astype(str) == "neuron:0"]
+    assert len(on) and {"parameter", "gradient", "optimizer state"} <= set(on["category"].astype(str))
+    # at the end of every complete step, what is live on the device by role: the parameters once,
+    # their gradients once, AdamW's exp_avg and exp_avg_sq (its step counters stay on the CPU)
+    size = facts["parameter_bytes"]
+    steps = run.steps[run.steps["complete"]]
+    assert len(steps) == 3
+    for end in (steps["ts"] + steps["dur"]).tolist():
+        live = snapshot(allocs, int(end), "category", device="neuron:0").set_index("category")["bytes"]
+        assert live.get("parameter") == size and live.get("gradient") == size
+        assert live.get("optimizer state") == 2 * size
+
+
+def test_a_device_oom_in_a_capture_is_recorded_with_its_device_and_size(device_run):
+    facts, _ = device_run
+    assert facts["captured_oom"].startswith("neuron out of memory. Tried to allocate 128.00 MiB")
+    ooms = neuron_prof.load(facts["oom_run"]).memory_ooms
+    assert len(ooms) == 1
+    assert ooms["device"].astype(str).tolist() == ["neuron:0"] and ooms["bytes"].tolist() == [128 << 20]
+    assert ooms["message"].astype(str).str.startswith("OutOfMemoryError: neuron out of memory").all()
+
+
+def test_sync_points_name_the_item_line_on_the_device(device_run):
+    _, run = device_run
+    line = f"neuron_device_script.py:{line_of(SCRIPT, 'ITEM-LINE')}"
+    sync = sync_points(run.ops, run.op_parent)
+    item = sync[sync["user_source"].astype(str).str.endswith(line)]
+    assert len(item) == 3 and (item["name"].astype(str) == "aten::_local_scalar_dense").all()
+    assert (item["devices"].astype(str) == "neuron:0").all()
+    by_source = summarize(run)["sync_points"]["by_source"]
+    assert any(r["source"].endswith(line) and r["name"] == "aten::_local_scalar_dense" for r in by_source)
+
+
+def test_ops_carry_the_device_and_shapes_of_their_inputs(device_run):
+    _, run = device_run
+    ops = run.ops
+    addmm = ops[ops["name"].astype(str) == "aten::addmm"]
+    assert len(addmm)
+    # addmm(bias, input, weight): all three on the device, with their shapes
+    devices = addmm["devices"].astype(str).str.split(",").map(lambda d: d[:3])
+    assert devices.map(lambda d: d == ["neuron:0"] * 3).all()
+    assert addmm["shapes"].map(lambda s: len(s) >= 3 and all(len(x) for x in list(s)[:3])).all()
