@@ -313,6 +313,26 @@ void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<vo
   if (full) flush(d, NEURON_PROF_FLUSH_SIZE);
 }
 
+Kind kind_of(const std::string& name);
+
+// The eager queue's fusion rule over a sequence of ops (a compiler's partition of a graph into
+// kernels, by the same rule): each op's kernel number.
+std::vector<int> fusion_groups(const std::vector<std::string>& ops) {
+  std::vector<int> out;
+  Kernel k;
+  int g = -1;
+  for (const auto& name : ops) {
+    Kind kind = name == "aten::copy_" ? Kind::Copy : kind_of(name);
+    if (g < 0 || !fusable(k, kind)) {
+      k = Kernel();
+      ++g;
+    }
+    k.tasks.push_back(Task{{}, 0, name, kind});
+    out.push_back(g);
+  }
+  return out;
+}
+
 void begin_group(const std::string& name) {
   TORCH_CHECK(tl_group.serial == 0, "neuron: a kernel is already open on this thread (", tl_group.name, ")");
   tl_group = Group{++g_group_serial, name, -1};
@@ -929,6 +949,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("device_count", []() { return neuron_dev::g_settings.devices; });
   m.def("memory_stats", &neuron_dev::memory_stats);
+  m.def("fusion_groups", &neuron_dev::fusion_groups);
   m.def("begin_kernel", &neuron_dev::begin_group);
   m.def("end_kernel", &neuron_dev::end_group);
   m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });

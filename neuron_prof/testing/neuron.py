@@ -124,8 +124,9 @@ def kernel(name: str) -> Iterator[None]:
 
 def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 << 30, max_queue: int = 256,
            max_fused: int = 16, report: bool = True) -> types.ModuleType:
-    """Turn the device on (idempotent in one process; the device count cannot change) and
-    return ``torch.neuron``. ``report``: hand the device's queue, kernel and fallback events to
+    """Turn the device on (idempotent in one process; the device count cannot change), register
+    ``torch.compile(backend="neuron")`` (:mod:`neuron_prof.testing.neuron_compile`) and return
+    ``torch.neuron``. ``report``: hand the device's queue, kernel and fallback events to
     neuron_prof's backend hook API (they are recorded only while a capture runs)."""
     with _lock:
         ext = _extension()
@@ -134,6 +135,9 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
             torch.utils.rename_privateuse1_backend(BACKEND)
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
             torch._register_device_module(BACKEND, _device_module(ext))
+        from neuron_prof.testing import neuron_compile
+
+        neuron_compile.register()
         if report:
             from neuron_prof.collectors.device import backend_api
 
