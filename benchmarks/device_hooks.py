@@ -8,7 +8,14 @@ backend does, with the capture flag on and off, and a backend's guarded call
 is the one the memory tracker makes per allocation). Figures are medians of ROUNDS rounds; the
 ratio puts each against one small eager op (``torch.add`` of two 16-element tensors, CPU).
 
-    .venv/bin/python benchmarks/device_hooks.py [N]
+Side by side, in the same process: the emulated ``neuron`` device's own cost per op
+(``neuron_prof.testing.neuron``, ``launch_us=0``, connected to the hook API, no capture running):
+N_DEVICE ops ``y = x + x`` on a 16-element neuron tensor enqueued, then
+``torch.neuron.synchronize()``, per op. Against it, the hook API's capture-off cost (the guarded
+call, and ``op_enqueued`` called with the flag off; target: at most 1% of a device op) and its
+capture-on cost per event (target: at most 0.3 us).
+
+    .venv/bin/python benchmarks/device_hooks.py [N] [N_DEVICE]
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import torch
 from neuron_prof.collectors import device as dev
 
 ROUNDS = 7
+N_DEVICE = 20_000
 
 
 def eager_op_ns(n: int = 200_000) -> float:
@@ -28,6 +36,18 @@ def eager_op_ns(n: int = 200_000) -> float:
     t0 = time.perf_counter_ns()
     for _ in range(n):
         torch.add(a, b)
+    return (time.perf_counter_ns() - t0) / n
+
+
+def device_op_ns(n: int) -> float:
+    """The emulated device's own cost per queued op, no capture running: enqueue ``n`` small
+    pointwise ops, then wait for the device."""
+    x = torch.ones(16, device="neuron")
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        y = x + x
+    torch.neuron.synchronize()
+    del y
     return (time.perf_counter_ns() - t0) / n
 
 
@@ -45,6 +65,11 @@ def python_report_ns(n: int, on: bool) -> float:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    n_device = int(sys.argv[2]) if len(sys.argv) > 2 else N_DEVICE
+    from neuron_prof.testing import neuron
+
+    neuron.enable(devices=1, launch_us=0.0)  # reports through the hook API (nothing captures)
+    device_op_ns(2_000)  # warm: the op's Meta-kernel shapes are cached after the first call
     dev.backend_api()  # loads the engine
     ext = dev._ext
     ext.device_drain()
@@ -59,11 +84,22 @@ def main() -> None:
                 rows.setdefault("C guarded call, capture off", []).append(r["guarded_ns"])
             rows.setdefault(f"Python report_enqueue, capture {tag}", []).append(python_report_ns(n // 10, on))
         rows.setdefault("eager op torch.add(16)", []).append(eager_op_ns())
+        rows.setdefault("neuron device op x + x (16), no capture", []).append(device_op_ns(n_device))
     op = statistics.median(rows["eager op torch.add(16)"])
-    print(f"{'what':44s} {'ns/call':>10s} {'x eager op':>11s}   (median of {ROUNDS}, N={n:,})")
+    print(f"{'what':44s} {'ns/call':>10s} {'x eager op':>11s}   (median of {ROUNDS}, N={n:,}, "
+          f"device ops {n_device:,})")
     for name, values in rows.items():
         med = statistics.median(values)
         print(f"{name:44s} {med:10.1f} {med / op:11.3f}")
+    med = {name: statistics.median(values) for name, values in rows.items()}
+    device_op = med["neuron device op x + x (16), no capture"]
+    print(f"\nagainst one neuron device op ({device_op / 1000:.2f} us; target: capture off <= 1%):")
+    for name in ("C guarded call, capture off", "C op_enqueued, capture off", "C kernel_executed (4 ids), capture off"):
+        print(f"  {name:42s} {100 * med[name] / device_op:8.3f} %")
+    worst = max(med["C op_enqueued, capture on"], med["C kernel_executed (4 ids), capture on"])
+    print(f"capture on, per event from C (target <= 0.3 us): op_enqueued {med['C op_enqueued, capture on'] / 1000:.3f} us, "
+          f"kernel_executed {med['C kernel_executed (4 ids), capture on'] / 1000:.3f} us"
+          f" ({'met' if worst <= 300 else 'NOT met'})")
 
 
 if __name__ == "__main__":
