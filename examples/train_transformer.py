@@ -55,12 +55,17 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def train(steps: int, prof=None, batch: int = 8, seq: int = 32, vocab: int = 256, seed: int = 0) -> list[float]:
-    """Train for ``steps`` iterations; ``prof.step()`` after each when a profiler is given."""
+def train(steps: int, prof=None, batch: int = 8, seq: int = 32, vocab: int = 256, seed: int = 0,
+          device: str = "cpu") -> list[float]:
+    """Train for ``steps`` iterations; ``prof.step()`` after each when a profiler is given.
+    ``device``: where the model and the batch live (``"neuron"`` once
+    ``neuron_prof.testing.neuron.enable()`` ran); the same seeded model and data on any device."""
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=vocab)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = torch.randint(0, vocab, (batch, seq + 1))
+    if device != "cpu":
+        model, data = model.to(device), data.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(steps):
         logits = model(data[:, :-1])

@@ -1,4 +1,5 @@
-"""``neuron-prof demo``: train a small transformer on CPU under capture, report it, export it, view it."""
+"""``neuron-prof demo``: train a small transformer under capture (on the CPU, or ``--device neuron``
+on the emulated neuron device), report it, export it, view it."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "a Perfetto trace and serves the browser viewer until Ctrl+C.")
     p.add_argument("-o", "--output", type=Path, default=Path("runs/demo"), help="run directory (default runs/demo)")
     p.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
+    p.add_argument("--device", choices=("cpu", "neuron"), default="cpu",
+                   help="train on the CPU (default) or on the emulated neuron device "
+                        "(neuron_prof.testing.neuron; built on first use, about 40 s)")
     p.add_argument("--no-view", action="store_true", help="don't start the browser viewer at the end")
     p.add_argument("--no-browser", action="store_true", help="start the viewer but don't open a browser")
     p.set_defaults(func=run)
@@ -25,10 +29,18 @@ def run(args: argparse.Namespace) -> int:
     from neuron_prof.cli.export import export_run
     from neuron_prof.examples.train_transformer import train
     from neuron_prof.report import render_text, summarize
-    print(f"training a 2-layer transformer for {args.steps} steps on CPU under capture ...", file=sys.stderr)
+    device = getattr(args, "device", "cpu")
+    command = ["neuron-prof", "demo", "-o", str(args.output)]
+    if device != "cpu":
+        from neuron_prof.testing import neuron
+        print("enabling the emulated neuron device ...", file=sys.stderr)
+        neuron.enable()
+        command += ["--device", device]
+    where = "on CPU" if device == "cpu" else f"on the emulated {device} device"
+    print(f"training a 2-layer transformer for {args.steps} steps {where} under capture ...", file=sys.stderr)
     with neuron_prof.profile(args.output, schedule=neuron_prof.schedule(wait=2, warmup=1, active=5),
-                             command=["neuron-prof", "demo", "-o", str(args.output)]) as prof:
-        train(args.steps, prof)
+                             command=command) as prof:
+        train(args.steps, prof, device=device)
     print(render_text(summarize(neuron_prof.load(args.output))))
     trace, _ = export_run(args.output)
     print(f"run:   {args.output}\ntrace: {trace}  (open it in https://ui.perfetto.dev)")

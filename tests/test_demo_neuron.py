@@ -1,0 +1,30 @@
+"""``neuron-prof demo --device neuron``: the demo's training on the emulated neuron device, in a
+process of its own (enabling the device renames PrivateUse1 for the whole process), captured,
+reported and exported as on the CPU, with the device's kernels in the run."""
+from __future__ import annotations
+
+import re
+
+import neuron_prof
+from conftest import cli
+
+
+def test_demo_trains_on_the_emulated_neuron_device(tmp_path):
+    out = tmp_path / "demo"
+    res = cli("demo", "--device", "neuron", "--no-view", "-o", out, "--steps", "8")
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "on the emulated neuron device" in res.stderr
+    run = neuron_prof.load(out)
+    # the schedule (wait 2, warmup 1, active 5) over 8 steps; the kernels ran on the device
+    steps = run.steps[run.steps["complete"]]
+    assert len(steps) == 8 and steps["active"].sum() == 5
+    kernels = run.device_kernels
+    assert len(kernels) and (kernels["device"].astype(str) == "neuron:0").all()
+    assert kernels["step"].isin(steps.loc[steps["active"], "step"]).any()
+    assert run.ops["devices"].astype(str).str.contains("neuron:0").any()
+    # the report: 8 steps, 1 warm-up, 7 steady, 5 captured; the loss's .item() a sync point on the device
+    text = res.stdout
+    assert "on neuron" in text and "--device neuron" in text
+    assert re.search(r"^Steps ", text, re.M) and re.search(r"^\s*0\s+8\s+1\s+7\s+5\s", text, re.M), text
+    assert re.search(r"train_transformer\.py:\d+\s+aten::_local_scalar_dense", text), text
+    assert (out / "trace.perfetto-trace").exists()
