@@ -81,7 +81,14 @@ inline bool capturing() { return g_api != nullptr && *g_api->capturing; }
 // ------------------------------------------------------------------ allocator
 std::atomic<int64_t> g_allocated[kMaxDevices];
 std::atomic<int64_t> g_peak[kMaxDevices];
-thread_local DeviceIndex tl_device = 0;
+thread_local DeviceIndex tl_device = 0;  // the current device: the allocator allocates there
+
+// Makes `d` the current device for a scope (an allocation on a device that is not current).
+struct OnDevice {
+  DeviceIndex saved;
+  explicit OnDevice(DeviceIndex d) : saved(tl_device) { tl_device = d; }
+  ~OnDevice() { tl_device = saved; }
+};
 
 struct Block {
   void* ptr;
@@ -373,8 +380,7 @@ at::Tensor meta_like(const at::Tensor& t) {
 }
 
 at::Tensor empty_neuron(at::IntArrayRef size, at::IntArrayRef stride, c10::ScalarType dtype, DeviceIndex d) {
-  c10::DeviceGuard guard(Device(kNeuron, d));
-  tl_device = d;
+  OnDevice on(d);
   return at::detail::empty_strided_generic(size, stride, &g_allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
 }
@@ -731,7 +737,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   DeviceIndex d = device && device->has_index() ? device->index() : tl_device;
   queue(d);  // checks the index
-  tl_device = d;
+  OnDevice on(d);
   return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -768,7 +774,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat>) {
   int64_t needed = (int64_t(c10::multiply_integers(size)) + self.storage_offset()) * int64_t(self.itemsize());
   const c10::Storage& storage = self.storage();
-  tl_device = self.device().index();
+  OnDevice on(self.device().index());
   if (needed > int64_t(storage.nbytes())) {
     if (storage.nbytes() == 0) {
       storage.unsafeGetStorageImpl()->set_data_ptr_noswap(g_allocator.allocate(size_t(needed)));
@@ -858,7 +864,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     auto dev = storage.device().index();
     flush(dev, NEURON_PROF_FLUSH_OTHER);
-    tl_device = dev;
+    OnDevice on(dev);
     at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), newsize);
   }
 };
