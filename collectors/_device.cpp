@@ -102,6 +102,16 @@ struct Host {
   }
 };
 
+// The host op open on the calling thread, into a row that records it.
+template <class Row>
+void attribute(Row& r) {
+  Host h;
+  r.host_op = h.op;
+  r.module = h.module;
+  r.stack = h.stack;
+  r.bwd = h.bwd;
+}
+
 template <class T>
 bool push(std::vector<T>& v, const T& row, int kind) {  // g_mu held
   if (v.size() >= g_max) {
@@ -123,11 +133,7 @@ uint64_t api_op_enqueued(int32_t device, int32_t stream, const char* op, int32_t
     r.device = device;
     r.stream = stream;
     r.op = intern_c(op);
-    Host h;
-    r.host_op = h.op;
-    r.module = h.module;
-    r.stack = h.stack;
-    r.bwd = h.bwd;
+    attribute(r);
     r.queue_depth = queue_depth;
     r.id = (int64_t)g_next_enqueue.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> g(g_mu);
@@ -149,11 +155,7 @@ void api_queue_flushed(int32_t device, int32_t reason, int32_t ops, int64_t star
     r.reason = (reason >= NEURON_PROF_FLUSH_SYNC && reason <= NEURON_PROF_FLUSH_OTHER) ? reason
                                                                                           : NEURON_PROF_FLUSH_OTHER;
     r.ops = ops;
-    Host h;
-    r.host_op = h.op;
-    r.module = h.module;
-    r.stack = h.stack;
-    r.bwd = h.bwd;
+    attribute(r);
     std::lock_guard<std::mutex> g(g_mu);
     push(g_flushes, r, 1);
   } catch (...) {
@@ -197,11 +199,7 @@ void api_cpu_fallback(int32_t device, const char* op, int64_t bytes_to_host, int
     r.op = intern_c(op);
     r.bytes_to_host = bytes_to_host;
     r.bytes_from_host = bytes_from_host;
-    Host h;
-    r.host_op = h.op;
-    r.module = h.module;
-    r.stack = h.stack;
-    r.bwd = h.bwd;
+    attribute(r);
     std::lock_guard<std::mutex> g(g_mu);
     push(g_fallbacks, r, 3);
   } catch (...) {

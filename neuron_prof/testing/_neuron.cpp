@@ -427,8 +427,7 @@ const std::unordered_set<std::string> kUnimplemented = {
 // Outputs that depend on the data: the host must wait for it.
 const std::unordered_set<std::string> kDataDependent = {
     "aten::nonzero", "aten::masked_select", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
-    "aten::repeat_interleave", "aten::equal", "aten::is_nonzero", "aten::_local_scalar_dense",
-    "aten::nonzero_static",
+    "aten::repeat_interleave", "aten::equal", "aten::is_nonzero", "aten::nonzero_static",
 };
 const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
 const std::unordered_set<std::string> kReduction = {
@@ -669,9 +668,7 @@ at::Tensor to_device_result(const at::Tensor& r, DeviceIndex d) {
 
 void run_inline(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
   const auto& schema = op.schema();
-  flush_all(schema.name() == "aten::_local_scalar_dense" || kDataDependent.count(schema.name())
-                ? NEURON_PROF_FLUSH_SYNC
-                : NEURON_PROF_FLUSH_OTHER);
+  flush_all(kDataDependent.count(schema.name()) ? NEURON_PROF_FLUSH_SYNC : NEURON_PROF_FLUSH_OTHER);
   size_t nargs = schema.arguments().size();
   Stack args(stack->end() - nargs, stack->end());
   Stack cpu;
