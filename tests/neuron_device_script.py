@@ -88,6 +88,10 @@ def main() -> None:
     facts["device_strings"] = [str(on.device), str(t.neuron().device), str(torch.device("neuron:0"))]
     facts["is_neuron"] = [on.is_neuron, t.is_neuron]
     facts["round_trip"] = torch.equal(on.cpu(), t)
+    # a tensor made on neuron:1 leaves the current device as it was; torch.accelerator knows the device
+    facts["current_device"] = mod.current_device()
+    facts["accelerator"] = [str(torch.accelerator.current_accelerator()), torch.accelerator.device_count()]
+    facts["allocated_on_1"] = mod.memory_allocated("neuron:1")
 
     torch.manual_seed(0)
     model = TinyLM()

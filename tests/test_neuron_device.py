@@ -37,6 +37,8 @@ def test_the_device_is_a_registered_privateuse1_backend(device_run):
     assert facts["backend"] == "neuron" and facts["device_count"] == 2
     assert facts["device_strings"] == ["neuron:1", "neuron:0", "neuron:0"]
     assert facts["is_neuron"] == [True, False] and facts["round_trip"]
+    assert facts["current_device"] == 0 and facts["accelerator"] == ["neuron", 2]
+    assert facts["allocated_on_1"] == 6 * 4  # the 2x3 float32 tensor moved to neuron:1
 
 
 def test_training_on_the_device_is_bitwise_the_cpu_with_and_without_capture(device_run):
