@@ -24,13 +24,16 @@ LAUNCH_US = 200.0  # long kernels, so the host's run-ahead shows on a loaded mac
 
 
 class TinyLM(torch.nn.Module):
-    """Embedding, one transformer encoder layer (attention, layer norms, GELU-free MLP), head."""
+    """Embedding, one transformer encoder layer (attention, layer norms, GELU-free MLP), and a
+    head whose weight is the embedding's (tied, as GPT-2's: moved to the device, it must stay one
+    parameter, with the gradients of both uses)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.emb = torch.nn.Embedding(VOCAB, DIM)
         self.block = torch.nn.TransformerEncoderLayer(DIM, HEADS, FF, dropout=0.0, batch_first=True)
         self.head = torch.nn.Linear(DIM, VOCAB)
+        self.head.weight = self.emb.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.block(self.emb(x)))
@@ -41,6 +44,7 @@ def train(model: torch.nn.Module, device: str, steps: int = 3, prof=None) -> tup
     loss read with .item() each step (a sync point), and a running sum of the logits' argmax
     positions by cumsum (an op the device leaves to the CPU)."""
     model = copy.deepcopy(model).to(device)
+    assert model.head.weight is model.emb.weight, "the tied weight came apart"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     g = torch.Generator().manual_seed(1)
     losses = []

@@ -799,7 +799,19 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v), host_mask, dropout, causal, scale, gqa);
 }
 
+// A dense CPU tensor and a neuron tensor may take each other's place (`param.data = t`): so
+// `model.to("neuron")` keeps each Parameter object, and weights tied across modules stay tied
+// (PyTorch's default lists only its own backends; without this, an LM head tied to its
+// embedding becomes a second parameter).
+bool shallow_copy_compatible(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() && (t.is_cpu() || is_neuron(t));
+  };
+  return dense(self) && dense(from);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(shallow_copy_compatible));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("_copy_from", TORCH_FN(copy_from));
@@ -876,7 +888,7 @@ void claim_cpu_kernels() {
   lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   static const std::unordered_set<std::string> own = {
       "empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_", "_local_scalar_dense",
-      "view", "as_strided", "_reshape_alias", "unfold"};
+      "view", "as_strided", "_reshape_alias", "unfold", "_has_compatible_shallow_copy_type"};
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
