@@ -28,6 +28,9 @@ class TwoLayer(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.gelu(self.a(x))
         print("between the layers")  # BREAK-LINE
+        # attention over h's 4 chunks of 8: the attention kernel is chosen while tracing, on fake tensors
+        q = h.view(1, h.shape[0], 4, 8)
+        h = h + torch.nn.functional.scaled_dot_product_attention(q, q, q).reshape(h.shape)
         return self.b(h * 2 + 1).relu()
 
 

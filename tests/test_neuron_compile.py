@@ -60,6 +60,9 @@ def test_fusion_groups_run_as_one_kernel_each(compiled_run):
     assert len(fusions) and fusions["kernel"].astype(str).str.match(r"^neuron_graph_\d+_k\d+$").all()
     # the first layer's matmul and its GELU epilogue: one group of the forward graph
     assert any({"addmm", "gelu"} <= set(nodes) for nodes in fusions["nodes"])
+    # attention compiled to the kernel the CPU would choose (chosen on fake tensors while tracing)
+    nodes = {n for ns in fusions["nodes"] for n in ns}
+    assert {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"} <= nodes
     kernels = run.device_kernels
     names = kernels["name"].astype(str)
     group_kernels = kernels[names.str.startswith("neuron_graph_")]

@@ -791,12 +791,26 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 // Which attention kernel scaled_dot_product_attention runs: the CPU's choice, from metadata
 // alone (no data is read, so no wait). A backend without this choice runs the math decomposition.
+// The CPU twin of a tensor's metadata (sizes, strides, dtype, requires_grad) over no data: what the
+// choice reads. It works for tensors with no memory too (torch.compile's fake tensors).
+at::Tensor metadata_twin(const at::Tensor& t) {
+  alignas(64) static char nothing[64];
+  at::Tensor twin = at::from_blob(nothing, t.sizes(), t.strides(), at::TensorOptions().dtype(t.dtype()));
+  if (t.requires_grad()) twin.set_requires_grad(true);
+  return twin;
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout, bool causal,
                          std::optional<double> scale, bool gqa) {
-  std::optional<at::Tensor> host_mask = mask.has_value() ? std::optional<at::Tensor>(to_host_view(*mask)) : mask;
+  std::optional<at::Tensor> host_mask = mask.has_value() ? std::optional<at::Tensor>(metadata_twin(*mask)) : mask;
   at::RecordFunctionGuard no_ops(false);  // the backend's decision, not a user op
-  return at::_fused_sdp_choice(host_alias(q), host_alias(k), host_alias(v), host_mask, dropout, causal, scale, gqa);
+  // past any Python mode (torch.compile's fake-tensor mode would see the twins)
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                           c10::DispatchKey::PythonDispatcher}));
+  return at::_fused_sdp_choice(metadata_twin(q), metadata_twin(k), metadata_twin(v), host_mask, dropout, causal,
+                               scale, gqa);
 }
 
 // A dense CPU tensor and a neuron tensor may take each other's place (`param.data = t`): so
