@@ -102,6 +102,15 @@ struct Host {
   }
 };
 
+// A row's span on the calling thread's device report: start, duration, thread, device.
+template <class Row>
+void span(Row& r, int32_t device, int64_t start_ns, int64_t end_ns) {
+  r.ts = start_ns;
+  r.dur = end_ns - start_ns;
+  r.tid = tid();
+  r.device = device;
+}
+
 // The host op open on the calling thread, into a row that records it.
 template <class Row>
 void attribute(Row& r) {
@@ -148,10 +157,7 @@ void api_queue_flushed(int32_t device, int32_t reason, int32_t ops, int64_t star
   if (!on()) return;
   try {
     FlushRow r{};
-    r.ts = start_ns;
-    r.dur = end_ns - start_ns;
-    r.tid = tid();
-    r.device = device;
+    span(r, device, start_ns, end_ns);
     r.reason = (reason >= NEURON_PROF_FLUSH_SYNC && reason <= NEURON_PROF_FLUSH_OTHER) ? reason
                                                                                           : NEURON_PROF_FLUSH_OTHER;
     r.ops = ops;
@@ -167,10 +173,7 @@ void api_kernel_executed(int32_t device, int32_t stream, const char* name, int64
   if (!on()) return;
   try {
     KernelRow r{};
-    r.ts = start_ns;
-    r.dur = end_ns - start_ns;
-    r.tid = tid();
-    r.device = device;
+    span(r, device, start_ns, end_ns);
     r.stream = stream;
     r.name = intern_c(name);
     if (!enqueue_ids || n_ops < 0) n_ops = 0;
@@ -192,10 +195,7 @@ void api_cpu_fallback(int32_t device, const char* op, int64_t bytes_to_host, int
   if (!on()) return;
   try {
     FallbackRow r{};
-    r.ts = start_ns;
-    r.dur = end_ns - start_ns;
-    r.tid = tid();
-    r.device = device;
+    span(r, device, start_ns, end_ns);
     r.op = intern_c(op);
     r.bytes_to_host = bytes_to_host;
     r.bytes_from_host = bytes_from_host;
