@@ -462,17 +462,40 @@ class Run:
         return self._with_step(self._table("queue_flushes").sort_values(["rank", "ts"], ignore_index=True))
 
     @functools.cached_property
+    def kernel_enqueues(self) -> pd.DataFrame:
+        """Which enqueued ops each kernel ran: rank, kernel (``device_kernels.id``), enqueue
+        (``device_enqueues.id``), in the backend's order."""
+        return self._table("kernel_enqueues")
+
+    @functools.cached_property
     def device_kernels(self) -> pd.DataFrame:
         """Kernels a device backend ran: rank, ts, dur, tid (the reporting thread), id, device,
         stream, name, n_ops, enqueue_ids (the ``device_enqueues.id`` of the ops it ran, a list),
         step."""
         df = self._table("device_kernels")
-        links = self._table("kernel_enqueues")
-        ids: dict[tuple[int, int], list[int]] = {}
-        for r, k, e in zip(links["rank"].tolist(), links["kernel"].tolist(), links["enqueue"].tolist()):
-            ids.setdefault((r, k), []).append(e)
-        df["enqueue_ids"] = [ids.get((r, k), []) for r, k in zip(df["rank"].tolist(), df["id"].tolist())]
+        links = self.kernel_enqueues
+        key = lambda r, k: r.astype(np.int64) * (1 << 44) + k.astype(np.int64)  # noqa: E731
+        lk = key(links["rank"].to_numpy(), links["kernel"].to_numpy())
+        order = np.argsort(lk, kind="stable")
+        lk, enq = lk[order], links["enqueue"].to_numpy(np.int64)[order]
+        kk = key(df["rank"].to_numpy(), df["id"].to_numpy())
+        lo, hi = np.searchsorted(lk, kk, side="left"), np.searchsorted(lk, kk, side="right")
+        df["enqueue_ids"] = [enq[a:b].tolist() for a, b in zip(lo.tolist(), hi.tolist())]
         return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+    @functools.cached_property
+    def device_correlation(self) -> pd.DataFrame:
+        """Each enqueued op with its host op (``op_index``: its ``ops`` row) and the kernel that ran
+        it (``analysis.device.correlation``)."""
+        from neuron_prof.analysis.device import correlation
+        return correlation(self.device_enqueues, self.device_kernels, self.kernel_enqueues, self.ops)
+
+    @functools.cached_property
+    def device_steps(self) -> pd.DataFrame:
+        """Per rank, device and complete step: device busy and idle time, the host's waits for it
+        (``analysis.device.device_steps``)."""
+        from neuron_prof.analysis.device import device_steps
+        return device_steps(self.device_kernels, self.queue_flushes, self.step_kinds)
 
     @functools.cached_property
     def fallbacks(self) -> pd.DataFrame:

@@ -1,0 +1,475 @@
+"""The device side of a run: what the eager queue, its kernels and its CPU fallbacks did, and
+what that cost the step.
+
+On an asynchronous device the host's op times say little: an op returns once it is queued, and
+the time shows up later, as a wait, on whatever line needs a value. So these analyses work from
+what the device backend reported through the backend hook API (``Run.device_enqueues``,
+``Run.queue_flushes``, ``Run.device_kernels``, ``Run.fallbacks``) and answer:
+
+- **correlation**: which host op (``Run.ops`` row, so module path and source line) queued each
+  op a kernel ran, and how long it waited in the queue;
+- **device time per step**: per device, busy (the union of its kernels' spans) and idle within
+  each step's wall time, the host's waits for it, and the step's verdict (``VERDICTS``);
+- **stalls**: the host's waits by the user's line that made it wait, and why;
+- **fusion**: ops per kernel, the share of device time that is at most launch cost, and runs of
+  one-op kernels the queue did not fuse, with their lines;
+- **fallbacks**: ops the device left to the CPU, by op and line, with the bytes copied each way,
+  and the share of device ops that ran natively (coverage).
+
+Pandas in, pandas out; no function reads a file. Times are the run's monotonic ns.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.analysis.ops import in_steps
+
+DEVICE_BOUND_BUSY = 0.70
+"""A step is device-bound when its busiest device ran kernels for at least this share of it:
+the host could not have made the step much shorter."""
+HOST_BOUND_BUSY = 0.40
+HOST_BOUND_WAIT = 0.15
+"""A step is host-bound when its busiest device was busy less than ``HOST_BOUND_BUSY`` of it while
+the host waited for the device less than ``HOST_BOUND_WAIT`` of it: the device sat idle,
+waiting for work the host had not queued yet."""
+VERDICTS = ("host-bound", "device-bound", "balanced")
+UNFUSED_MIN_RUN = 3
+"""Consecutive one-op kernels on a device, at least this many, form an unfused sequence."""
+SIGNATURE_OPS = 6
+"""Kernel names shown (and grouped on) per unfused sequence; longer runs end in ``...``."""
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint intervals covering ``[starts, ends)``, in time order."""
+    if not len(starts):
+        return starts.astype(np.int64), ends.astype(np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last]
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    """Per window ``[w0, w1]``: how much of it the union of ``[starts, ends)`` covers (ns)."""
+    a, b = _union(starts, ends)
+    if not len(a):
+        return np.zeros(len(w0), dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(b - a)])  # covered time before interval i
+
+    def upto(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(a, t, side="right") - 1
+        j = np.maximum(i, 0)
+        part = np.clip(t - a[j], 0, b[j] - a[j])
+        return np.where(i >= 0, before[j] + part, 0)
+
+    return (upto(np.asarray(w1, np.int64)) - upto(np.asarray(w0, np.int64))).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- correlation
+
+
+def _thread_key(df: pd.DataFrame) -> np.ndarray:
+    return df["rank"].to_numpy(np.int64) * (1 << 40) + df["tid"].to_numpy(np.int64) % (1 << 40)
+
+
+def _last_at_or_before(keys: np.ndarray, ts: np.ndarray, qkeys: np.ndarray, qts: np.ndarray) -> np.ndarray:
+    """Per query, the position in ``keys``/``ts`` (sorted by key, then ts) of the last element
+    with the query's key and ``ts <= qts``; -1 where there is none. One search per thread."""
+    out = np.full(len(qkeys), -1, dtype=np.int64)
+    if not len(keys):
+        return out
+    uniq, first = np.unique(keys, return_index=True)
+    bounds = np.append(first, len(keys))
+    for i, k in enumerate(uniq):
+        q = np.flatnonzero(qkeys == k)
+        if len(q):
+            lo, hi = bounds[i], bounds[i + 1]
+            pos = np.searchsorted(ts[lo:hi], qts[q], side="right") - 1
+            out[q] = np.where(pos >= 0, pos + lo, -1)
+    return out
+
+
+def enqueuing_ops(enqueues: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """Per enqueue, the position in ``ops`` of the innermost op open on its rank and thread at its
+    time (the op that queued it: its host op), -1 where none was captured."""
+    out = np.full(len(enqueues), -1, dtype=np.int64)
+    if enqueues.empty or ops.empty:
+        return out
+    okey, ots = _thread_key(ops), ops["ts"].to_numpy(np.int64)
+    oend, odepth = ots + ops["dur"].to_numpy(np.int64), ops["depth"].to_numpy()
+    ekey, ets = _thread_key(enqueues), enqueues["ts"].to_numpy(np.int64)
+    for d in range(int(odepth.max()), -1, -1):  # innermost first; ops at one depth of a thread never overlap
+        at = np.flatnonzero(odepth == d)
+        todo = np.flatnonzero(out < 0)
+        if not len(at) or not len(todo):
+            continue
+        order = at[np.lexsort((ots[at], okey[at]))]
+        pos = _last_at_or_before(okey[order], ots[order], ekey[todo], ets[todo])
+        cand = order[np.maximum(pos, 0)]
+        ok = (pos >= 0) & (oend[cand] >= ets[todo])
+        out[todo[ok]] = cand[ok]
+    return out
+
+
+def kernel_of(enqueues: pd.DataFrame, links: pd.DataFrame) -> np.ndarray:
+    """Per enqueue, the id of the kernel that ran it (``Run.kernel_enqueues``), -1 if none did
+    (still queued when capture ended, or run by a kernel reported after it)."""
+    out = np.full(len(enqueues), -1, dtype=np.int64)
+    if enqueues.empty or links.empty:
+        return out
+    e = enqueues["rank"].to_numpy(np.int64) * (1 << 44) + enqueues["id"].to_numpy(np.int64)
+    lk = links["rank"].to_numpy(np.int64) * (1 << 44) + links["enqueue"].to_numpy(np.int64)
+    order = np.argsort(lk, kind="stable")
+    pos = np.clip(np.searchsorted(lk[order], e), 0, len(lk) - 1)
+    hit = lk[order][pos] == e
+    out[hit] = links["kernel"].to_numpy(np.int64)[order][pos][hit]
+    return out
+
+
+CORRELATION_COLUMNS = ["rank", "id", "ts", "tid", "device", "op", "host_op", "module", "source", "user_source",
+                       "source_full", "bwd", "step", "op_index", "kernel", "kernel_name", "kernel_ts",
+                       "kernel_dur", "queued_ns"]
+
+
+def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFrame,
+                ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per enqueued op: its enqueue (``Run.device_enqueues`` columns), ``op_index`` (its
+    host op's position in ``ops``, -1: not captured), ``kernel`` (the id of the kernel that ran
+    it, -1: none), that kernel's name, start and duration, and ``queued_ns`` (from enqueue to the
+    kernel's start: how long the op waited in the queue). Both directions read off it: a kernel's
+    host ops are the rows with its id, a host op's kernels the rows with its ``op_index``."""
+    if enqueues.empty:
+        return pd.DataFrame(columns=CORRELATION_COLUMNS)
+    out = enqueues[[c for c in CORRELATION_COLUMNS[:13]]].copy()
+    out["op_index"] = enqueuing_ops(enqueues, ops)
+    out["kernel"] = kernel_of(enqueues, links)
+    k = kernels.set_index(kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64))
+    key = out["rank"].to_numpy(np.int64) * (1 << 44) + out["kernel"].to_numpy(np.int64)
+    found = out["kernel"].to_numpy() >= 0
+    kts = np.full(len(out), -1, np.int64)
+    kdur = np.full(len(out), -1, np.int64)
+    kname = np.full(len(out), "", dtype=object)
+    if found.any() and len(k):
+        idx = k.index.get_indexer(key[found])
+        ok = idx >= 0
+        sel = np.flatnonzero(found)[ok]
+        kts[sel] = k["ts"].to_numpy(np.int64)[idx[ok]]
+        kdur[sel] = k["dur"].to_numpy(np.int64)[idx[ok]]
+        kname[sel] = k["name"].astype(str).to_numpy(dtype=object)[idx[ok]]
+    out["kernel_name"] = pd.Categorical(kname)
+    out["kernel_ts"], out["kernel_dur"] = kts, kdur
+    out["queued_ns"] = np.where(kts >= 0, kts - out["ts"].to_numpy(np.int64), -1)
+    return out.reset_index(drop=True)[CORRELATION_COLUMNS]
+
+
+# --------------------------------------------------------------------------- device time per step
+
+
+DEVICE_STEP_COLUMNS = ["rank", "device", "step", "ts", "dur", "kernels", "busy_ns", "idle_ns", "busy_pct",
+                       "wait_ns", "wait_pct"]
+
+
+def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device and step (``steps``: ``Run.step_kinds`` or plain steps, complete ones
+    only): ``busy_ns`` (the time within the step's wall time that some kernel of the device ran,
+    whichever step queued it), ``idle_ns``, ``kernels`` (started in the step), ``wait_ns`` (time
+    within the step that a host thread of the rank waited for the device's queue: flushes), and
+    both as a percentage of the step."""
+    done = steps[steps["complete"]] if "complete" in steps.columns else steps
+    if kernels.empty or done.empty:
+        return pd.DataFrame(columns=DEVICE_STEP_COLUMNS)
+    rows = []
+    for (rank, device), k in kernels.groupby(["rank", "device"], observed=True):
+        s = done[done["rank"] == rank]
+        if s.empty:
+            continue
+        w0 = s["ts"].to_numpy(np.int64)
+        w1 = w0 + s["dur"].to_numpy(np.int64)
+        kts = k["ts"].to_numpy(np.int64)
+        busy = _covered(kts, kts + k["dur"].to_numpy(np.int64), w0, w1)
+        f = flushes[(flushes["rank"] == rank) & (flushes["device"].astype(str) == str(device))]
+        fts = f["ts"].to_numpy(np.int64)
+        wait = _covered(fts, fts + f["dur"].to_numpy(np.int64), w0, w1)
+        started = np.searchsorted(np.sort(kts), w1, side="left") - np.searchsorted(np.sort(kts), w0, side="left")
+        dur = (w1 - w0).astype(np.float64)
+        rows.append(pd.DataFrame({
+            "rank": rank, "device": str(device), "step": s["step"].to_numpy(), "ts": w0, "dur": w1 - w0,
+            "kernels": started, "busy_ns": busy, "idle_ns": (w1 - w0) - busy,
+            "busy_pct": np.divide(100 * busy, dur, out=np.zeros(len(s)), where=dur > 0),
+            "wait_ns": wait, "wait_pct": np.divide(100 * wait, dur, out=np.zeros(len(s)), where=dur > 0)}))
+    if not rows:
+        return pd.DataFrame(columns=DEVICE_STEP_COLUMNS)
+    return pd.concat(rows, ignore_index=True)[DEVICE_STEP_COLUMNS].sort_values(["rank", "step", "device"],
+                                                                             ignore_index=True)
+
+
+def verdict(busy_pct: float, wait_pct: float) -> str:
+    """What bounds a step, from its busiest device's busy share and the host's wait share (%)."""
+    if busy_pct >= 100 * DEVICE_BOUND_BUSY:
+        return "device-bound"
+    if busy_pct < 100 * HOST_BOUND_BUSY and wait_pct < 100 * HOST_BOUND_WAIT:
+        return "host-bound"
+    return "balanced"
+
+
+def step_verdicts(per_device: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and step: the busiest device (``device_steps`` rows), its busy and idle time, the
+    host's wait for it, and the step's ``verdict`` (``verdict``)."""
+    cols = ["rank", "step", "device", "dur", "busy_ns", "idle_ns", "busy_pct", "wait_ns", "wait_pct", "verdict"]
+    if per_device.empty:
+        return pd.DataFrame(columns=cols)
+    top = per_device.sort_values(["rank", "step", "busy_ns"], ascending=[True, True, False], kind="stable")
+    top = top.drop_duplicates(["rank", "step"], keep="first")
+    out = top.assign(verdict=[verdict(b, w) for b, w in zip(top["busy_pct"], top["wait_pct"])])
+    return out[cols].reset_index(drop=True)
+
+
+def verdict_summary(verdicts: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, over the ``basis`` steps (the steady steps): how many steps had each verdict, the
+    mean busy, idle and wait ms per step, and the run's verdict (the most common one)."""
+    cols = ["rank", "device", "steps", *VERDICTS, "busy_ms", "idle_ms", "wait_ms", "busy_pct", "wait_pct",
+            "verdict"]
+    v = verdicts[in_steps(verdicts, basis)] if len(verdicts) and len(basis) else verdicts.iloc[0:0]
+    rows = []
+    for rank, g in v.groupby("rank"):
+        counts = g["verdict"].value_counts()
+        rows.append({"rank": int(rank), "device": g["device"].mode().iloc[0], "steps": len(g),
+                     **{x: int(counts.get(x, 0)) for x in VERDICTS},
+                     "busy_ms": g["busy_ns"].mean() / 1e6, "idle_ms": g["idle_ns"].mean() / 1e6,
+                     "wait_ms": g["wait_ns"].mean() / 1e6, "busy_pct": float(g["busy_pct"].mean()),
+                     "wait_pct": float(g["wait_pct"].mean()),
+                     "verdict": max(VERDICTS, key=lambda x: (counts.get(x, 0), x == "balanced"))})
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------- stalls
+
+
+STALL_COLUMNS = ["source", "user_source", "host_op", "reason", "device", "count", "total_ms", "in_steps",
+                 "per_step_ms", "mean_ms", "max_ms", "ops"]
+
+
+def stalls(flushes: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """The host's waits for a device queue, grouped by the line that made it wait (the host op's
+    source and the user's line that led there), the host op, the reason and the device:
+    ``count``, ``total_ms`` over the run, ``in_steps`` (waits in the ``basis`` steps),
+    ``per_step_ms`` (their wait per basis step; None when there are none), ``mean_ms``, ``max_ms``
+    and ``ops`` (queued ops waited for, in all). Most waited first."""
+    if flushes.empty:
+        return pd.DataFrame(columns=STALL_COLUMNS)
+    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    hit = in_steps(flushes, basis) if n else np.zeros(len(flushes), dtype=bool)
+    f = flushes.assign(hit=hit, hit_dur=np.where(hit, flushes["dur"], 0))
+    g = f.groupby(["source", "user_source", "host_op", "reason", "device"], observed=True)
+    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum(),
+                        "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
+                        "mean_ms": g["dur"].mean() / 1e6, "max_ms": g["dur"].max() / 1e6,
+                        "ops": g["ops"].sum()}).reset_index()
+    out = out[out["count"] > 0]
+    for c in ("source", "user_source", "host_op", "reason", "device"):
+        out[c] = out[c].astype(str)
+    out["per_step_ms"] = out["per_step_ms"].astype(object).where(out["in_steps"] > 0, None) if n else None
+    return out.sort_values(["total_ms"], ascending=False, ignore_index=True)[STALL_COLUMNS]
+
+
+def sync_waits(sync: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
+    """Per sync point (``analysis.sync.sync_points`` rows), the time its thread waited for a
+    device queue inside it (ns; 0 where it did not wait, e.g. the queue was already empty)."""
+    if sync.empty or flushes.empty:
+        return np.zeros(len(sync), dtype=np.int64)
+    fk, fts = _thread_key(flushes), flushes["ts"].to_numpy(np.int64)
+    order = np.lexsort((fts, fk))
+    fk, fts = fk[order], fts[order]
+    cum = np.concatenate([[0], np.cumsum(flushes["dur"].to_numpy(np.int64)[order])])
+    sk, s0 = _thread_key(sync), sync["ts"].to_numpy(np.int64)
+    s1 = s0 + sync["dur"].to_numpy(np.int64)
+    # the thread's flushes that start within the op: after the last one before it, up to the last by its end
+    before = _last_at_or_before(fk, fts, sk, s0 - 1)
+    last = _last_at_or_before(fk, fts, sk, s1)
+    lo = np.where(before >= 0, before + 1, np.searchsorted(fk, sk, side="left"))
+    return np.where(last >= lo, cum[last + 1] - cum[lo], 0).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- fusion
+
+
+FUSION_COLUMNS = ["rank", "device", "kernels", "ops", "ops_per_kernel", "one_op_kernels", "one_op_pct",
+                  "busy_ms", "launch_floor_us", "launch_ms", "launch_pct"]
+
+
+def fusion(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and device: kernels, ops they ran, ops per kernel, kernels of one op (the queue
+    fused nothing into them) and their share, device busy time, and launch cost: a device's
+    fixed cost per kernel is at most its shortest kernel (``launch_floor_us``), so
+    ``launch_ms`` (kernels x that) bounds from above the device time spent on launches, and
+    ``launch_pct`` is its share of the busy time: high, and fusing or compiling pays."""
+    if kernels.empty:
+        return pd.DataFrame(columns=FUSION_COLUMNS)
+    rows = []
+    for (rank, device), k in kernels.groupby(["rank", "device"], observed=True):
+        n, ops = len(k), int(k["n_ops"].sum())
+        busy = int(k["dur"].sum())
+        floor = int(k["dur"].min())
+        one = int((k["n_ops"] == 1).sum())
+        rows.append({"rank": int(rank), "device": str(device), "kernels": n, "ops": ops, "ops_per_kernel": ops / n,
+                     "one_op_kernels": one, "one_op_pct": 100 * one / n, "busy_ms": busy / 1e6,
+                     "launch_floor_us": floor / 1e3, "launch_ms": n * floor / 1e6,
+                     "launch_pct": 100 * n * floor / busy if busy else 0.0})
+    return pd.DataFrame(rows, columns=FUSION_COLUMNS)
+
+
+UNFUSED_COLUMNS = ["rank", "device", "kernels", "source", "user_source", "last_source", "occurrences",
+                   "total_kernels", "total_ms", "launch_ms", "per_step", "first_step"]
+
+
+def kernel_sources(kernels: pd.DataFrame, corr: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel (``kernels`` order): the source, user's line and host op of its first and last
+    queued op (``correlation`` rows), "" where unknown."""
+    cols = ["source", "user_source", "host_op"]
+    out = pd.DataFrame(index=range(len(kernels)))
+    if kernels.empty or corr.empty:
+        for c in cols + ["last_source"]:
+            out[c] = ""
+        return out
+    c = corr[corr["kernel"] >= 0]
+    c = c.assign(key=c["rank"].to_numpy(np.int64) * (1 << 44) + c["kernel"].to_numpy(np.int64)).sort_values(["key", "id"])
+    first = c.drop_duplicates("key", keep="first").set_index("key")
+    last = c.drop_duplicates("key", keep="last").set_index("key")
+    key = kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64)
+    for col in cols:
+        out[col] = first[col].astype(str).reindex(key).fillna("").to_numpy(dtype=object)
+    out["last_source"] = last["source"].astype(str).reindex(key).fillna("").to_numpy(dtype=object)
+    return out
+
+
+def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame,
+                      top: int = 10) -> pd.DataFrame:
+    """Runs of at least ``UNFUSED_MIN_RUN`` consecutive one-op kernels on a device, within one
+    step, grouped by what they ran (``kernels``: the first ``SIGNATURE_OPS`` kernel names, "..."
+    after) and where (the first and last op's line): ``occurrences``, ``total_kernels``,
+    ``total_ms`` (device time), ``launch_ms`` (the launch-cost bound of ``fusion``),
+    ``per_step`` (occurrences per ``basis`` step; None when they are not in one) and
+    ``first_step``. The ``top`` by launch cost (what fusing them could save): where a compiled region (``torch.compile
+    (backend="neuron")``) or a custom kernel would save launches."""
+    if kernels.empty:
+        return pd.DataFrame(columns=UNFUSED_COLUMNS)
+    k = kernels.reset_index(drop=True)
+    src = kernel_sources(k, corr)
+    floor = k.groupby(["rank", "device"], observed=True)["dur"].transform("min").to_numpy(np.int64)
+    order = np.lexsort((k["ts"].to_numpy(), k["device"].astype(str).to_numpy(), k["rank"].to_numpy()))
+    one = (k["n_ops"].to_numpy() == 1)[order]
+    grp = (k["rank"].astype(str) + "|" + k["device"].astype(str) + "|" + k["step"].astype(str)).to_numpy()[order]
+    brk = np.ones(len(order), dtype=bool)
+    brk[1:] = (~one[1:]) | (~one[:-1]) | (grp[1:] != grp[:-1])
+    run_id = np.cumsum(brk)
+    run_id[~one] = 0
+    ids, counts = np.unique(run_id[run_id > 0], return_counts=True)
+    long_runs = set(ids[counts >= UNFUSED_MIN_RUN].tolist())
+    if not long_runs:
+        return pd.DataFrame(columns=UNFUSED_COLUMNS)
+    n_basis = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    names = k["name"].astype(str).to_numpy(dtype=object)
+    rows = []
+    for rid in sorted(long_runs):
+        pos = order[run_id == rid]
+        sig = " > ".join(names[pos[:SIGNATURE_OPS]]) + (" > ..." if len(pos) > SIGNATURE_OPS else "")
+        rows.append({"rank": int(k["rank"].iat[pos[0]]), "device": str(k["device"].iat[pos[0]]), "kernels": sig,
+                     "source": src["source"].iat[pos[0]], "user_source": src["user_source"].iat[pos[0]],
+                     "last_source": src["last_source"].iat[pos[-1]], "n": len(pos),
+                     "ms": float(k["dur"].to_numpy()[pos].sum() / 1e6),
+                     "launch": float(floor[pos].sum() / 1e6), "step": int(k["step"].iat[pos[0]])})
+    r = pd.DataFrame(rows)
+    steady = in_steps(r, basis) if n_basis else np.zeros(len(r), dtype=bool)
+    g = r.assign(steady=steady).groupby(["rank", "device", "kernels", "source", "user_source", "last_source"])
+    out = pd.DataFrame({"occurrences": g.size(), "total_kernels": g["n"].sum(), "total_ms": g["ms"].sum(),
+                        "launch_ms": g["launch"].sum(), "steady": g["steady"].sum(),
+                        "first_step": g["step"].min()}).reset_index()
+    out["per_step"] = pd.Series([s / n_basis if n_basis and s else None for s in out["steady"]], dtype=object)
+    return out.sort_values(["launch_ms", "total_ms"], ascending=False, ignore_index=True).head(top)[UNFUSED_COLUMNS]
+
+
+def queue_depth(enqueues: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and device, the queue's depth over time: rank, device, ts, depth. At each enqueue
+    the depth the backend reported (ops queued and not yet run, the new one included); at each
+    kernel's end that less the ops of the kernels that ended since."""
+    cols = ["rank", "device", "ts", "depth"]
+    if enqueues.empty:
+        return pd.DataFrame(columns=cols)
+    parts = []
+    for (rank, device), e in enqueues.groupby(["rank", enqueues["device"].astype(str)], observed=True):
+        k = kernels[(kernels["rank"] == rank) & (kernels["device"].astype(str) == device)]
+        ts = np.concatenate([e["ts"].to_numpy(np.int64), (k["ts"] + k["dur"]).to_numpy(np.int64)])
+        is_enq = np.concatenate([np.ones(len(e), bool), np.zeros(len(k), bool)])
+        reported = np.concatenate([e["queue_depth"].to_numpy(np.int64), np.zeros(len(k), np.int64)])
+        done = np.concatenate([np.zeros(len(e), np.int64), k["n_ops"].to_numpy(np.int64)])
+        order = np.lexsort((~is_enq, ts))  # at one time, the enqueue first
+        ts, is_enq, reported, done = ts[order], is_enq[order], reported[order], done[order]
+        ended = np.cumsum(done)
+        last = np.maximum.accumulate(np.where(is_enq, np.arange(len(ts)), -1))
+        base = np.where(last >= 0, reported[np.maximum(last, 0)], 0)
+        depth = np.clip(base - (ended - np.where(last >= 0, ended[np.maximum(last, 0)], 0)), 0, None)
+        parts.append(pd.DataFrame({"rank": rank, "device": device, "ts": ts, "depth": depth}))
+    return pd.concat(parts, ignore_index=True)[cols]
+
+
+# --------------------------------------------------------------------------- fallbacks and coverage
+
+
+FALLBACK_COLUMNS = ["device", "op", "calls", "sources", "user_sources", "bytes_to_host", "bytes_from_host",
+                    "total_ms", "in_steps", "per_step_ms", "calls_per_step"]
+
+
+def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per device and op that fell back to the CPU: calls, the lines that called it (``sources``;
+    ``user_sources``: the user's lines that led there), bytes copied to the host (inputs) and
+    back (results) in all, time (copies included), and over the ``basis`` steps its time and
+    calls per step (None when none fell in them). Costliest first."""
+    if fallbacks.empty:
+        return pd.DataFrame(columns=FALLBACK_COLUMNS)
+    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    hit = in_steps(fallbacks, basis) if n else np.zeros(len(fallbacks), dtype=bool)
+    f = fallbacks.assign(hit=hit, hit_dur=np.where(hit, fallbacks["dur"], 0),
+                         device=fallbacks["device"].astype(str), op=fallbacks["op"].astype(str))
+    rows = []
+    for (device, op), g in f.groupby(["device", "op"]):
+        k = int(g["hit"].sum())
+        rows.append({"device": device, "op": op, "calls": len(g),
+                     "sources": sorted({str(x) for x in g["source"] if str(x)}),
+                     "user_sources": sorted({str(x) for x in g["user_source"] if str(x)}),
+                     "bytes_to_host": int(g["bytes_to_host"].sum()), "bytes_from_host": int(g["bytes_from_host"].sum()),
+                     "total_ms": g["dur"].sum() / 1e6, "in_steps": k,
+                     "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n and k else None,
+                     "calls_per_step": k / n if n and k else None})
+    return pd.DataFrame(rows, columns=FALLBACK_COLUMNS).sort_values("total_ms", ascending=False, ignore_index=True)
+
+
+COVERAGE_COLUMNS = ["rank", "device", "native_ops", "fallback_ops", "coverage_pct", "fallback_op_kinds"]
+
+
+def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and device: ops it ran natively (queued), ops it left to the CPU, the native share
+    (``coverage_pct``) and how many distinct ops fell back."""
+    parts = []
+    for df, col in ((enqueues, "native_ops"), (fallbacks, "fallback_ops")):
+        if len(df):
+            parts.append(df.groupby(["rank", df["device"].astype(str)]).size().rename(col))
+    if not parts:
+        return pd.DataFrame(columns=COVERAGE_COLUMNS)
+    out = pd.concat(parts, axis=1).fillna(0).astype(np.int64).reset_index()
+    for col in ("native_ops", "fallback_ops"):
+        if col not in out.columns:
+            out[col] = 0
+    total = out["native_ops"] + out["fallback_ops"]
+    out["coverage_pct"] = 100 * out["native_ops"] / total.where(total > 0, 1)
+    kinds = fallbacks.groupby(["rank", fallbacks["device"].astype(str)])["op"].nunique() if len(fallbacks) else None
+    out["fallback_op_kinds"] = [int(kinds.get((r, d), 0)) if kinds is not None else 0
+                                for r, d in zip(out["rank"], out["device"])]
+    return out[COVERAGE_COLUMNS]
