@@ -638,21 +638,21 @@ void run_queued(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
   // (squeeze_, transpose_, resize_) changes the tensor, not what was queued.
   Stack cpu_args, cpu_outs;
   for (const auto& v : args) cpu_args.push_back(map_tensors(v, to_host_view));
+  // An out= tensor is only written: the CPU kernel gets a buffer of its own, copied into the
+  // device tensor after, because some kernels resize out= on the way (mse_loss.out makes it
+  // elementwise before reducing into it), which device memory cannot be. The buffer is the
+  // device's scratch: made and freed on the device thread, where the profiler sees neither.
+  std::vector<std::pair<size_t, at::Tensor>> scratch;  // (argument, its output's meta)
   for (size_t i = 0; i < outs.size(); ++i) {
     int a = aliased_argument(schema, i);
-    // An out= tensor is only written: the CPU kernel gets a buffer of its own, copied into the
-    // device tensor after, because some kernels resize out= on the way (mse_loss.out makes it
-    // elementwise before reducing into it), which device memory cannot be.
     bool out_arg = a >= 0 && schema.arguments()[a].is_out() && args[a].isTensor();
-    if (out_arg) {
-      const at::Tensor& m = meta[i].toTensor();
-      cpu_args[a] = at::empty_strided(m.sizes(), m.strides(), m.options().device(at::kCPU));
-    }
+    if (out_arg) scratch.emplace_back(size_t(a), meta[i].toTensor());
     cpu_outs.push_back(fresh[i] || out_arg ? map_tensors(outs[i], host_alias) : c10::IValue());
   }
   c10::OperatorHandle handle = op;
-  enqueue(d, name, kind_of(name), [handle, keep = args, outs, cpu_args, cpu_outs]() {
+  enqueue(d, name, kind_of(name), [handle, keep = args, outs, cpu_args, cpu_outs, scratch]() {
     Stack cpu = cpu_args;
+    for (const auto& [a, m] : scratch) cpu[a] = at::empty_strided(m.sizes(), m.strides(), m.options().device(at::kCPU));
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu);
     for (size_t i = 0; i < cpu_outs.size(); ++i) {
       if (cpu_outs[i].isTensor()) {
