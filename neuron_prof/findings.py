@@ -10,7 +10,13 @@ from typing import Any, Mapping
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
-PAGES = ("overview", "timeline", "compile", "memory", "collectives", "ops", "diff")
+PAGES = ("overview", "timeline", "device", "compile", "memory", "collectives", "ops", "diff")
+FALLBACK_SHARE = 0.03
+"""CPU fallbacks that cost this share of a steady step or more are a finding of their own (medium)."""
+STALL_SHARE = 0.10
+"""Host waits for the device of this share of a steady step or more are named by line (medium)."""
+LAUNCH_SHARE = 0.30
+"""Launch cost (at most) of this share of a device's busy time or more says fusing would pay (medium)."""
 
 
 def findings(s: dict[str, Any]) -> list[dict[str, str]]:
@@ -61,8 +67,11 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         r = c["recompiles_by_frame"][0]
         add("medium", "compile", f"{c['recompiles']} recompiles; most in {r['func']}: "
                                  f"{(r['reasons'] or ['?'])[0]}")
+    d = s.get("device") or {}
+    if d.get("captured"):
+        _device_findings(d, s["steps"], add)
     sp = s["sync_points"]
-    if sp["by_source"]:
+    if sp["by_source"] and not (d.get("captured") and d.get("stalls")):
         top = sp["by_source"][0]
         rate = f"{top['per_step']:.1f}/step" if top.get("per_step") is not None else "one-off"
         add("medium", "timeline", f"{sp['events']} sync points (the host waits for the device); most at "
@@ -95,6 +104,50 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
         add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
             f": {o['self_pct']:.0f}% of op self time")
     return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+def _device_findings(d: dict[str, Any], steps: list[dict[str, Any]], add) -> None:
+    """What bounds the steps, where the host waits, what fell back to the CPU, whether fusing
+    pays: from the report's Device section; shares are of the rank's median steady step."""
+    median = {x["rank"]: x["median_ms"] for x in steps}
+    for rank in sorted({v["rank"] for v in d["verdict"]}):
+        kinds = [v for v in d["verdict"] if v["rank"] == rank]
+        total = sum(v["steps"] for v in kinds)
+        parts = "; ".join(f"{v['steps']} {v['verdict']} ({v['device']} busy {v['busy_pct']:.0f}%, the host waiting "
+                          f"{v['wait_pct']:.0f}%)" for v in kinds)
+        host = sum(v["steps"] for v in kinds if v["verdict"] == "host-bound")
+        add("medium" if 2 * host >= total else "info", "device",
+            f"of {total} steady steps on rank {rank}: {parts}"
+            + ("; host-bound: the device waits for the host to queue work" if host else ""))
+    for rank, step_ms in sorted(median.items()):
+        mine = [x for x in d["stalls"] if x["rank"] == rank and x.get("per_step_ms")]
+        wait = sum(x["per_step_ms"] for x in mine)
+        if step_ms and mine and wait >= STALL_SHARE * step_ms:
+            top = max(mine, key=lambda x: x["per_step_ms"])
+            add("medium", "device", f"the host waits {wait:.2f} ms per steady step for the device on rank {rank} "
+                                    f"({100 * wait / step_ms:.0f}% of a step); most at "
+                                    f"{top['source'] or '(outside any op)'}{called_from(top)} ({top['host_op'] or '-'}, "
+                                    f"{top['reason']}: {top['per_step_ms']:.2f} ms per step)")
+    cov = {(c["rank"], c["device"]): c for c in d["coverage"]}
+    for rank, device in sorted({(f["rank"], f["device"]) for f in d["fallbacks"]}):
+        rows = [f for f in d["fallbacks"] if (f["rank"], f["device"]) == (rank, device)]
+        cost = sum(f["per_step_ms"] or 0 for f in rows)
+        top, step_ms = rows[0], median.get(rank)
+        share = cost / step_ms if step_ms else 0.0
+        c = cov.get((rank, device))
+        native = f"; {c['coverage_pct']:.1f}% of its ops ran natively" if c else ""
+        add("medium" if share >= FALLBACK_SHARE else "info", "device",
+            f"{sum(f['calls'] for f in rows)} ops ({len(rows)} kind{'s' if len(rows) > 1 else ''}) fell back from "
+            f"{device} to the CPU on rank {rank}, {cost:.2f} ms per steady step ({100 * share:.1f}% of a step); "
+            f"most: {top['op']} at {', '.join(top['sources'][:2]) or '?'}, copying "
+            f"{format_bytes(top['bytes_to_host'])} to the host and {format_bytes(top['bytes_from_host'])} back{native}")
+    for f in d["fusion"]:
+        if f["launch_pct"] >= 100 * LAUNCH_SHARE:
+            run = next((u for u in d["unfused"] if u["device"] == f["device"] and u["rank"] == f["rank"]), None)
+            where = f"; most at {run['source']} ({run['kernels']})" if run else ""
+            add("medium", "device", f"launches cost up to {f['launch_pct']:.0f}% of {f['device']}'s busy time on rank "
+                                    f"{f['rank']}: {f['ops_per_kernel']:.2f} ops per kernel, {f['one_op_pct']:.0f}% of "
+                                    f"kernels run one op{where}: fusing (torch.compile) would pay")
 
 
 def steps_text(steps: list[int]) -> str:

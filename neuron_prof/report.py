@@ -8,6 +8,7 @@ import pandas as pd
 
 from neuron_prof.analysis import collectives as colls
 from neuron_prof.analysis import compile as comp
+from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, run_time_ops, run_time_rows,
                                      step_phases)
@@ -43,6 +44,9 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     top_level = run_time_ops(ops, keep, compile_ns, run.op_run_self_ns, top_level=True)
     phase_ns = phase_time(ops, step_phases(ops, run.op_parent), run.op_run_self_ns, keep)
     sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
+    flushes = run.queue_flushes
+    measured = run.device_kernels.size or flushes.size or run.fallbacks.size
+    sync_waits = dev.sync_waits(sync, flushes) if measured else None
     runs = comp.region_runs(ops, run.op_parent, run.op_compile[1])
     scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
     sites = comp.graph_break_sites(run.graph_breaks, scope_runs, n_scope)
@@ -67,10 +71,12 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
                                  [["rank", "step", "step_ms", "compile_ms"]]),
         "step_breakdown": _records(step_breakdown(top_level, scope, phase_ns)),
         "time_split": _records(time_split(top_level, scope, sync, comm_ops(ops, run.op_parent, keep, compile_ns),
-                                          exposed)),
+                                          exposed, flushes if measured else None)),
         "ops": {"captured_steps": n_scope, "basis": basis, "events": int(len(ops)),
                 "compile_events": int(inside.sum()), "top_by_self_time": _records(stats)},
-        "sync_points": {"events": int(len(sync)), "by_source": _records(sync_summary(sync, scope))},
+        "sync_points": {"events": int(len(sync)), "waits_measured": bool(measured),
+                        "by_source": _records(sync_summary(sync, scope, sync_waits))},
+        "device": _device(run, kinds, scope, basis, top) if measured else {"captured": False},
         "compile": {
             "frames_compiled": int(len(run.compiles)),
             "compile_ms": float((run.compile_spans["end"] - run.compile_spans["ts"]).sum() / 1e6),
@@ -98,6 +104,104 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "command_exit": meta.get("exit"),  # record's runs: {"code": N} or {"signal": N}
         },
     }
+
+
+STEPS_SHOWN = 12
+"""Steps listed in the Device section's text (the --json lists every complete step)."""
+
+
+def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top: int) -> dict[str, Any]:
+    """The Device section: per step what bounded it, the host's waits by line, fusion, fallbacks
+    and coverage (``analysis.device``); per-step figures over the steady captured steps."""
+    kernels, corr = run.device_kernels, run.device_correlation
+    verdicts = dev.step_verdicts(run.device_steps)
+    if len(verdicts):
+        flags = kinds.set_index(["rank", "step"])[["warmup", "steady"]]
+        verdicts = verdicts.join(flags, on=["rank", "step"])
+    return {
+        "captured": True, "basis": basis, "basis_steps": int(scope.groupby("rank").size().max()) if len(scope) else 0,
+        "thresholds": {"device_bound_busy_pct": 100 * dev.DEVICE_BOUND_BUSY,
+                       "host_bound_busy_pct": 100 * dev.HOST_BOUND_BUSY,
+                       "host_bound_wait_pct": 100 * dev.HOST_BOUND_WAIT},
+        "verdict": _records(dev.verdict_summary(verdicts, scope)),
+        "steps": _records(verdicts.assign(dur_ms=verdicts["dur"] / 1e6, busy_ms=verdicts["busy_ns"] / 1e6,
+                                          idle_ms=verdicts["idle_ns"] / 1e6, wait_ms=verdicts["wait_ns"] / 1e6)
+                          .drop(columns=["dur", "busy_ns", "idle_ns", "wait_ns"])) if len(verdicts) else [],
+        "stalls": _records(dev.stalls(run.queue_flushes, scope)),
+        "fusion": _records(dev.fusion(kernels)),
+        "unfused": _records(dev.unfused_sequences(kernels, corr, scope, top)),
+        "fallbacks": _records(dev.fallback_summary(run.fallbacks, scope)),
+        "coverage": _records(dev.coverage(run.device_enqueues, run.fallbacks)),
+    }
+
+
+def _render_device(d: dict[str, Any]) -> list[str]:
+    """The Device section: nothing for a run on a device that reports no queue."""
+    if not d["captured"]:
+        return []
+    over = f"{d['basis_steps']} {_basis_name(d['basis'])} captured steps"
+    heads = ", ".join(f"rank {f['rank']} {f['device']}: {f['kernels']} kernels running {f['ops']} ops"
+                      for f in d["fusion"]) or "no kernel reported"
+    out = ["", f"Device ({heads}; per-step figures over {over})"]
+    t = d["thresholds"]
+    for v in d["verdict"]:
+        out.append(f"  rank {v['rank']}: {v['steps']} {v['verdict']} steps ({100 * v['share']:.0f}%): step "
+                   f"{v['step_ms']:.2f} ms, {v['device']} busy {v['busy_ms']:.2f} ms ({v['busy_pct']:.0f}%), idle "
+                   f"{v['idle_ms']:.2f} ms, the host waiting for it {v['wait_ms']:.2f} ms ({v['wait_pct']:.0f}%)")
+    out.append(f"  (device-bound: the busiest device runs kernels {t['device_bound_busy_pct']:.0f}% of the step or "
+               f"more; host-bound: it is busy under {t['host_bound_busy_pct']:.0f}% while the host waits under "
+               f"{t['host_bound_wait_pct']:.0f}%: the device waits for work; else balanced)")
+    shown = d["steps"] if len(d["steps"]) <= STEPS_SHOWN else \
+        sorted(d["steps"], key=lambda x: -x["dur_ms"])[:STEPS_SHOWN]
+    if shown:
+        rows = [{**x, "kind": "warm-up" if x.get("warmup") else ""} for x in sorted(shown, key=lambda x: (x["rank"], x["step"]))]
+        out += _table(rows, [("rank", "rank", ""), ("step", "step", ""), ("kind", "", ""), ("device", "device", ""),
+                             ("verdict", "verdict", ""), ("dur_ms", "step ms", ".2f"), ("busy_ms", "busy ms", ".2f"),
+                             ("busy_pct", "%", ".0f"), ("idle_ms", "idle ms", ".2f"), ("wait_ms", "host waits ms", ".2f"),
+                             ("wait_pct", "%", ".0f")])
+        if len(d["steps"]) > len(shown):
+            out.append(f"  (the {len(shown)} longest of {len(d['steps'])} steps; --json lists all)")
+    out.append("  Stalls: the host waiting for the device, by the line that waited")
+    if d["stalls"]:
+        rows = [{**x, "source": x["source"] or "(outside any op)"} for x in _most(d["stalls"], "total_ms")]
+        out += _table(rows, [("rank", "rank", ""), ("source", "source line", ""), *_called_from(rows),
+                             ("host_op", "op", ""), ("reason", "why", ""), ("device", "device", ""), ("count", "waits", "d"),
+                             ("per_step_ms", "ms/step", ".3f"), ("mean_ms", "mean ms", ".3f"),
+                             ("max_ms", "max ms", ".3f"), ("total_ms", "total ms", ".3f"), ("ops", "ops waited for", "d")])
+        out.append("  (why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback "
+                   "needs the inputs; synchronize = torch.<device>.synchronize()" + _more(d["stalls"]) + ")")
+    else:
+        out.append("  none: the host never waited for a queued op")
+    for f in d["fusion"]:
+        out.append(f"  Fusion on rank {f['rank']} {f['device']}: {f['ops_per_kernel']:.2f} ops per kernel, "
+                   f"{f['one_op_pct']:.0f}% of kernels ran one op; launch cost at most {f['launch_pct']:.0f}% of "
+                   f"{f['busy_ms']:.1f} ms busy ({f['kernels']} kernels x the shortest, {f['launch_floor_us']:.1f} us)")
+    if d["unfused"]:
+        out.append(f"  Unfused runs ({dev.UNFUSED_MIN_RUN}+ one-op kernels in a row; where torch.compile(backend=...) "
+                   "or a custom kernel would save launches)")
+        rows = [{**x, "where": x["source"] + (f" .. {x['last_source']}" if x["last_source"] != x["source"] else "")}
+                for x in d["unfused"]]
+        out += _table(rows, [("where", "source lines", ""), ("kernels", "kernels", ""),
+                             ("occurrences", "times", "d"), ("per_step", "/step", ".1f"),
+                             ("total_kernels", "kernels", "d"), ("total_ms", "device ms", ".2f"),
+                             ("launch_ms", "launch ms (at most)", ".2f")])
+    cov = ", ".join(f"rank {c['rank']} {c['device']} {c['coverage_pct']:.1f}% of {c['native_ops'] + c['fallback_ops']}"
+                    for c in d["coverage"])
+    out.append(f"  CPU fallbacks (coverage: the share of device ops run natively: {cov})")
+    if d["fallbacks"]:
+        rows = [{**x, "lines": ", ".join(x["sources"][:3]) + (" ..." if len(x["sources"]) > 3 else ""),
+                 "to_host": format_bytes(x["bytes_to_host"]), "from_host": format_bytes(x["bytes_from_host"])}
+                for x in _most(d["fallbacks"], "total_ms")]
+        out += _table(rows, [("rank", "rank", ""), ("op", "op", ""), ("device", "device", ""),
+                             ("lines", "source lines", ""),
+                             ("calls", "calls", "d"), ("calls_per_step", "/step", ".1f"),
+                             ("to_host", "to host", ""), ("from_host", "from host", ""),
+                             ("per_step_ms", "ms/step", ".3f"), ("total_ms", "total ms", ".3f")])
+        out.append("  (bytes over the run: inputs copied off the device, results copied back; time includes the copies"
+                   + _more(d["fallbacks"]) + ")")
+    else:
+        out.append("  none: every op ran on the device")
+    return out
 
 
 def _detail_cuts(run: Run) -> list[dict[str, Any]]:
@@ -419,10 +523,15 @@ def render_text(s: dict[str, Any]) -> str:
                        for x in sp["by_source"]],
                       [("source", "source line", ""), ("name", "op", ""), ("count", "count", "d"),
                        ("per_step", f"/{_basis_name(s['ops']['basis'])} step", ".1f"),
-                       ("elsewhere", "elsewhere", "d"), ("total_ms", "total ms", ".3f"), ("kind", "why", "")])
-        out.append("  (elsewhere: in start-up, warm-up steps or set-up, never a per-step rate)")
+                       ("elsewhere", "elsewhere", "d"), ("total_ms", "total ms", ".3f"),
+                       *([("wait_ms_per_step", "waited ms/step", ".3f"), ("wait_ms", "waited ms", ".3f")]
+                         if sp["waits_measured"] else []), ("kind", "why", "")])
+        out.append("  (elsewhere: in start-up, warm-up steps or set-up, never a per-step rate"
+                   + ("; waited: the host's measured wait for the device inside them" if sp["waits_measured"] else "")
+                   + ")")
     else:
         out.append("  none")
+    out += _render_device(s["device"])
     out += _render_compile(s["compile"])
     out += _render_memory(s["memory"])
     out += _render_collectives(s["collectives"], s["run"]["world_size"])

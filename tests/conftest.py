@@ -57,6 +57,21 @@ def demo_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+DEVICE_STEPS = 8
+
+
+@pytest.fixture(scope="session")
+def device_run(tmp_path_factory) -> Path:
+    """One capture of examples/device_defects.py on the emulated `neuron` device (``DEVICE_STEPS``
+    steps, every one captured; even steps host-bound, odd ones device-bound), made in a process
+    of its own: enabling the device renames PyTorch's PrivateUse1 backend for the process."""
+    run_dir = tmp_path_factory.mktemp("device_runs") / "defects"
+    done = subprocess.run([sys.executable, "-m", "neuron_prof.examples.device_defects", str(run_dir),
+                           str(DEVICE_STEPS)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
 MEMORY_STEPS = 8
 
 

@@ -233,33 +233,34 @@ def step_verdicts(per_device: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdict_summary(verdicts: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, over the ``basis`` steps (the steady steps): how many steps had each verdict, the
-    mean busy, idle and wait ms per step, and the run's verdict (the most common one)."""
-    cols = ["rank", "device", "steps", *VERDICTS, "busy_ms", "idle_ms", "wait_ms", "busy_pct", "wait_pct",
-            "verdict"]
+    """Per rank and verdict, over the ``basis`` steps (the steady steps): how many steps had it,
+    their share of the rank's basis steps, their busiest device, and their mean step, busy, idle
+    and wait ms and busy and wait shares. Most steps first."""
+    cols = ["rank", "verdict", "device", "steps", "share", "step_ms", "busy_ms", "idle_ms", "wait_ms", "busy_pct",
+            "wait_pct"]
     v = verdicts[in_steps(verdicts, basis)] if len(verdicts) and len(basis) else verdicts.iloc[0:0]
-    rows = []
-    for rank, g in v.groupby("rank"):
-        counts = g["verdict"].value_counts()
-        rows.append({"rank": int(rank), "device": g["device"].mode().iloc[0], "steps": len(g),
-                     **{x: int(counts.get(x, 0)) for x in VERDICTS},
-                     "busy_ms": g["busy_ns"].mean() / 1e6, "idle_ms": g["idle_ns"].mean() / 1e6,
-                     "wait_ms": g["wait_ns"].mean() / 1e6, "busy_pct": float(g["busy_pct"].mean()),
-                     "wait_pct": float(g["wait_pct"].mean()),
-                     "verdict": max(VERDICTS, key=lambda x: (counts.get(x, 0), x == "balanced"))})
-    return pd.DataFrame(rows, columns=cols)
+    if v.empty:
+        return pd.DataFrame(columns=cols)
+    total = v.groupby("rank").size()
+    g = v.groupby(["rank", "verdict"])
+    out = pd.DataFrame({"device": g["device"].agg(lambda x: x.mode().iloc[0]), "steps": g.size(),
+                        "step_ms": g["dur"].mean() / 1e6, "busy_ms": g["busy_ns"].mean() / 1e6,
+                        "idle_ms": g["idle_ns"].mean() / 1e6, "wait_ms": g["wait_ns"].mean() / 1e6,
+                        "busy_pct": g["busy_pct"].mean(), "wait_pct": g["wait_pct"].mean()}).reset_index()
+    out["share"] = out["steps"] / out["rank"].map(total)
+    return out.sort_values(["rank", "steps"], ascending=[True, False], ignore_index=True)[cols]
 
 
 # --------------------------------------------------------------------------- stalls
 
 
-STALL_COLUMNS = ["source", "user_source", "host_op", "reason", "device", "count", "total_ms", "in_steps",
+STALL_COLUMNS = ["rank", "source", "user_source", "host_op", "reason", "device", "count", "total_ms", "in_steps",
                  "per_step_ms", "mean_ms", "max_ms", "ops"]
 
 
 def stalls(flushes: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
-    """The host's waits for a device queue, grouped by the line that made it wait (the host op's
-    source and the user's line that led there), the host op, the reason and the device:
+    """The host's waits for a device queue, grouped by rank, the line that made it wait (the host
+    op's source and the user's line that led there), the host op, the reason and the device:
     ``count``, ``total_ms`` over the run, ``in_steps`` (waits in the ``basis`` steps),
     ``per_step_ms`` (their wait per basis step; None when there are none), ``mean_ms``, ``max_ms``
     and ``ops`` (queued ops waited for, in all). Most waited first."""
@@ -268,7 +269,7 @@ def stalls(flushes: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     n = int(basis.groupby("rank").size().max()) if len(basis) else 0
     hit = in_steps(flushes, basis) if n else np.zeros(len(flushes), dtype=bool)
     f = flushes.assign(hit=hit, hit_dur=np.where(hit, flushes["dur"], 0))
-    g = f.groupby(["source", "user_source", "host_op", "reason", "device"], observed=True)
+    g = f.groupby(["rank", "source", "user_source", "host_op", "reason", "device"], observed=True)
     out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum(),
                         "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
                         "mean_ms": g["dur"].mean() / 1e6, "max_ms": g["dur"].max() / 1e6,
@@ -423,12 +424,12 @@ def queue_depth(enqueues: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- fallbacks and coverage
 
 
-FALLBACK_COLUMNS = ["device", "op", "calls", "sources", "user_sources", "bytes_to_host", "bytes_from_host",
+FALLBACK_COLUMNS = ["rank", "device", "op", "calls", "sources", "user_sources", "bytes_to_host", "bytes_from_host",
                     "total_ms", "in_steps", "per_step_ms", "calls_per_step"]
 
 
 def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
-    """Per device and op that fell back to the CPU: calls, the lines that called it (``sources``;
+    """Per rank, device and op that fell back to the CPU: calls, the lines that called it (``sources``;
     ``user_sources``: the user's lines that led there), bytes copied to the host (inputs) and
     back (results) in all, time (copies included), and over the ``basis`` steps its time and
     calls per step (None when none fell in them). Costliest first."""
@@ -439,9 +440,9 @@ def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFra
     f = fallbacks.assign(hit=hit, hit_dur=np.where(hit, fallbacks["dur"], 0),
                          device=fallbacks["device"].astype(str), op=fallbacks["op"].astype(str))
     rows = []
-    for (device, op), g in f.groupby(["device", "op"]):
+    for (rank, device, op), g in f.groupby(["rank", "device", "op"]):
         k = int(g["hit"].sum())
-        rows.append({"device": device, "op": op, "calls": len(g),
+        rows.append({"rank": int(rank), "device": device, "op": op, "calls": len(g),
                      "sources": sorted({str(x) for x in g["source"] if str(x)}),
                      "user_sources": sorted({str(x) for x in g["user_source"] if str(x)}),
                      "bytes_to_host": int(g["bytes_to_host"].sum()), "bytes_from_host": int(g["bytes_from_host"].sum()),

@@ -141,7 +141,7 @@ TIME_KINDS = ("compute", "communication", "sync", "compile", "idle")
 
 
 def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm: pd.DataFrame,
-               exposed: pd.DataFrame | None = None) -> pd.DataFrame:
+               exposed: pd.DataFrame | None = None, waits: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where a step's time goes, per rank, mean ms per step of ``steps`` (as ``step_breakdown``):
     ``communication``, ``sync`` (sync points: the host waiting for the device;
     ``analysis.sync.sync_points``), ``compute`` (the rest of the top-level ops' run time),
@@ -154,7 +154,13 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
     collectives that no compute overlapped) it is that exposed time, and ``idle`` is what is left
     of the step after compute, sync, compile and it: a rank that waits for an asynchronous
     collective (DDP's gradient all-reduce) waits outside any op, on no op's clock, and a
-    collective that compute overlapped costs the step nothing."""
+    collective that compute overlapped costs the step nothing.
+
+    ``waits``: where a device backend measured the host's waits for its queue
+    (``Run.queue_flushes``), a rank that has them takes ``sync`` from them instead: every wait,
+    by whatever op (a sync point, a full queue, a CPU fallback) or outside any op
+    (``torch.<device>.synchronize()``); a wait inside an op leaves that op's time, one outside
+    any leaves ``idle``."""
     cols = ["rank", "steps", "step_ms", *(f"{k}_ms" for k in TIME_KINDS)]
     if steps.empty or top.empty:
         return pd.DataFrame(columns=cols)
@@ -176,8 +182,15 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
         if has_exposed and len(mine):
             communication = int(mine["exposed_ns"].sum())
             idle = max(s["dur"].sum() - (ops_ns - comm_ns) - comp - communication, 0)
+        waited = sy  # the host's waits: in ops (sy) and outside any (left out of idle)
+        measured = waits[(waits["rank"] == rank) & waits["step"].isin(s["step"])] if waits is not None else None
+        if measured is not None and len(measured):
+            inside = measured["host_op"].astype(str).to_numpy() != ""
+            sy = int(measured["dur"].to_numpy()[inside].sum())
+            outside = int(measured["dur"].to_numpy()[~inside].sum())
+            idle, waited = max(idle - outside, 0), sy + outside
         ms = {"compute": (ops_ns - comm_ns - sy) / n / 1e6, "communication": communication / n / 1e6,
-              "sync": sy / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
+              "sync": waited / n / 1e6, "compile": comp / n / 1e6, "idle": idle / n / 1e6}
         rows.append({"rank": rank, "steps": n, "step_ms": s["dur"].sum() / n / 1e6,
                      **{f"{k}_ms": max(v, 0.0) for k, v in ms.items()}})
     return pd.DataFrame(rows, columns=cols)

@@ -26,7 +26,7 @@ SYNC_OPS: dict[str, str] = {
 }
 _COPY_OPS = ("aten::copy_", "aten::_to_copy")
 OPTIMIZER_RANGE = "Optimizer.step#"  # torch.optim wraps step() in a record_function of this name
-SYNC_COLUMNS = ["rank", "step", "ts", "dur", "name", "kind", "source", "user_source", "source_full", "module", "thread",
+SYNC_COLUMNS = ["rank", "step", "ts", "dur", "name", "kind", "source", "user_source", "source_full", "module", "thread", "tid",
                 "devices"]
 
 
@@ -86,19 +86,32 @@ def _categories(col: pd.Series) -> tuple[list[str], np.ndarray]:
     return [str(c) for c in cat.cat.categories], cat.cat.codes.to_numpy()
 
 
-def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame, wait_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Sync points grouped by source line and op: ``count`` and ``total_ms`` over the run,
     ``in_steps`` (how many fell in ``steps``: the steady steps) and ``per_step`` (``in_steps``
     per such step, None when there are none). A sync point outside them (start-up, the first
-    step, DDP or data set-up) is one-off: ``count - in_steps``, never a per-step rate."""
+    step, DDP or data set-up) is one-off: ``count - in_steps``, never a per-step rate.
+
+    ``wait_ns``: per sync point, the host's measured wait for the device inside it
+    (``analysis.device.sync_waits``), on devices whose backend reports it: adds what each sync
+    point costs, ``wait_ms`` over the run and ``wait_ms_per_step`` over ``steps``, and orders
+    the lines by it (else: by how often they sync in ``steps``)."""
     cols = ["source", "name", "kind", "count", "total_ms", "in_steps", "per_step"]
+    if wait_ns is not None:
+        cols += ["wait_ms", "wait_ms_per_step"]
     if sync.empty:
         return pd.DataFrame(columns=cols)
     n = int(steps.groupby("rank").size().max()) if len(steps) else 0
     hit = in_steps(sync, steps) if n else np.zeros(len(sync), dtype=bool)
-    g = sync.assign(hit=hit).groupby(["source", "name", "kind"], observed=True)
-    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum()}).reset_index()
+    waits = np.zeros(len(sync), dtype=np.int64) if wait_ns is None else np.asarray(wait_ns, dtype=np.int64)
+    g = sync.assign(hit=hit, wait=waits, hit_wait=np.where(hit, waits, 0)).groupby(["source", "name", "kind"],
+                                                                                   observed=True)
+    out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum(),
+                        "wait_ms": g["wait"].sum() / 1e6, "wait_ms_per_step": g["hit_wait"].sum() / 1e6 / max(n, 1)}
+                       ).reset_index()
     out = out[out["count"] > 0]
     out["per_step"] = (out["in_steps"] / n).where(out["in_steps"] > 0) if n else np.nan
     out["per_step"] = out["per_step"].astype(object).where(out["per_step"].notna(), None)
-    return out.sort_values(["in_steps", "count", "total_ms"], ascending=False, ignore_index=True)[cols]
+    out["wait_ms_per_step"] = out["wait_ms_per_step"].astype(object).where(out["in_steps"] > 0, None)
+    order = ["wait_ms", "in_steps", "count", "total_ms"] if wait_ns is not None else ["in_steps", "count", "total_ms"]
+    return out.sort_values(order, ascending=False, ignore_index=True)[cols]
