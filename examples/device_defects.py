@@ -10,13 +10,13 @@ Each step trains a small MLP with SGD, and:
 - FALLBACK-LINE: ``torch.cumsum`` of the batch, an op the device lacks: it runs on the CPU
   (PyTorch's ``cpu_fallback`` runs ``cumsum.out``: the input and the output buffer are copied to
   the host, the result back);
-- even steps are **host-bound**: HOST-LINE does ``HOST_WORK_MS`` of Python work before each of
-  ``HOST_OPS`` tiny device ops, so the device waits for work;
-- odd steps are **device-bound**: DEVICE-LINE queues ``BIG_MATMULS`` ``BIG`` x ``BIG`` matmuls,
-  which the device runs long after the host has queued them;
-- MATMUL-LINE queues one more matmul, CAT-LINE a ``torch.cat`` (no epilogue joins it), and
-  FUSED-LINE a chain of ``CHAIN`` pointwise ops that wait in the queue behind them and so fuse
-  into one kernel;
+- MATMUL-LINE queues four ``BIG`` x ``BIG`` matmuls, CAT-LINE a ``torch.cat`` (no epilogue joins
+  it), and FUSED-LINE a chain of ``CHAIN`` pointwise ops that wait in the queue behind them and so
+  fuse into one kernel;
+- even steps are then **host-bound**: HOST-LINE does ``HOST_WORK_MS`` of Python work before each
+  of ``HOST_OPS`` tiny device ops, so the device waits for work;
+- odd steps are **device-bound**: DEVICE-LINE queues ``BIG_MATMULS`` more matmuls, which the
+  device runs long after the host has queued them;
 - STALL-LINE reads a value with ``.item()``: the host waits for everything queued.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 BATCH, IN, HIDDEN, OUT = 32, 64, 128, 8
 BIG, BIG_MATMULS = 384, 12
-HOST_OPS, HOST_WORK_MS = 16, 1.5
+HOST_OPS, HOST_WORK_MS = 16, 4.0
 CHAIN = ("aten::mul", "aten::add", "aten::tanh", "aten::mul", "aten::sub", "aten::relu")
 """The ops FUSED-LINE queues, in order."""
 LAUNCH_US = 20.0
@@ -65,19 +65,19 @@ def train(steps: int = 8, prof=None) -> list[float]:
         loss.backward()
         opt.step()
         with torch.no_grad():
-            acc = torch.zeros(BATCH, device=dev)
+            h = a @ b @ b @ b @ b  # MATMUL-LINE
+            h = torch.cat([h, torch.zeros(1, BIG, device=dev)])  # CAT-LINE
+            z = ((h * 0.5 + 1.0).tanh() * 2.0 - 1.0).relu()  # FUSED-LINE
+            acc = z.mean()
             if device_bound(step):
-                h = a
                 for _ in range(BIG_MATMULS):
-                    h = h @ b  # DEVICE-LINE
+                    h = h[:BIG] @ b  # DEVICE-LINE
+                acc = acc + h.mean()
             else:
                 for _ in range(HOST_OPS):
                     host_work(HOST_WORK_MS)
                     acc = acc + 1  # HOST-LINE
-            h = a @ b  # MATMUL-LINE
-            h = torch.cat([h, acc.new_zeros(1, BIG)])  # CAT-LINE
-            z = ((h * 0.5 + 1.0).tanh() * 2.0 - 1.0).relu()  # FUSED-LINE
-            metrics.append((loss.detach() + z.mean()).item())  # STALL-LINE
+            metrics.append((loss.detach() + acc).item())  # STALL-LINE
         if prof is not None:
             prof.step()
     return metrics

@@ -1,0 +1,175 @@
+"""The device analyses and the report's Device section on a real capture of
+examples/device_defects.py on the emulated `neuron` device: the stall at its line waiting about the
+device time queued before it, the CPU fallback with its exact bytes, the chain fused into one
+kernel of exactly its ops, host-bound and device-bound steps named so, every queued op joined to
+its host op and its kernel; and a CPU run without a device, which has no Device section."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import neuron_prof
+from conftest import DEVICE_STEPS, cli, line_of
+from neuron_prof.analysis import device as dev
+from neuron_prof.analysis.sync import sync_points
+from neuron_prof.examples import device_defects as ex
+from neuron_prof.report import render_text, summarize
+
+EXAMPLE = "examples/device_defects.py"
+
+
+def _line(marker: str) -> str:
+    return f"{EXAMPLE}:{line_of(Path(ex.__file__), '# ' + marker)}"
+
+
+@pytest.fixture(scope="module")
+def run(device_run):
+    return neuron_prof.load(device_run)
+
+
+@pytest.fixture(scope="module")
+def summary(run):
+    return summarize(run)
+
+
+def _steady(run) -> pd.DataFrame:
+    k = run.step_kinds
+    return k[k["steady"]]
+
+
+def test_every_queued_op_is_joined_to_its_host_op_and_its_kernel(run):
+    corr = run.device_correlation
+    assert len(corr) == len(run.device_enqueues) > 0
+    assert (corr["op_index"] >= 0).all(), "an enqueue without the host op that made it"
+    host_names = run.ops["name"].astype(str).to_numpy()[corr["op_index"].to_numpy()]
+    assert (host_names == corr["host_op"].astype(str).to_numpy()).all()
+    ops = run.ops.iloc[corr["op_index"].to_numpy()]
+    # the host op was open on the enqueuing thread at the enqueue
+    assert (ops["tid"].to_numpy() == corr["tid"].to_numpy()).all()
+    assert ((ops["ts"].to_numpy() <= corr["ts"].to_numpy())
+            & (corr["ts"].to_numpy() <= (ops["ts"] + ops["dur"]).to_numpy())).all()
+    # every op ran (the last .item() drained the queue), in the kernel that lists it, after it was queued
+    assert (corr["kernel"] >= 0).all()
+    listed = {(int(k), int(e)) for k, ids in zip(run.device_kernels["id"], run.device_kernels["enqueue_ids"])
+              for e in ids}
+    assert {(int(k), int(e)) for k, e in zip(corr["kernel"], corr["id"])} == listed
+    assert (corr["queued_ns"] >= 0).all()
+
+
+def test_the_chain_fuses_into_one_kernel_of_exactly_its_ops(run):
+    corr = run.device_correlation
+    fused = corr[corr["source"].astype(str) == _line("FUSED-LINE")]
+    per_step = fused.groupby("step")["kernel"].unique()
+    assert sorted(per_step.index) == list(range(DEVICE_STEPS))
+    # from step 1 on: in step 0 each op's shape function runs for the first time (hundreds of us:
+    # the device may catch up with the host in the middle of the chain and take part of it)
+    for step, kernels in per_step.iloc[1:].items():
+        assert len(kernels) == 1, f"step {step}: the chain ran in kernels {kernels}"
+        rows = corr[corr["kernel"] == kernels[0]].sort_values("id")
+        assert rows["op"].astype(str).tolist() == list(ex.CHAIN), step
+        assert (rows["source"].astype(str) == _line("FUSED-LINE")).all()
+
+
+def test_host_bound_and_device_bound_steps_are_named_so(run, summary):
+    verdicts = dev.step_verdicts(run.device_steps).set_index("step")["verdict"]
+    for step in range(1, DEVICE_STEPS):  # step 0 is warm-up: lazy set-up of everything
+        want = "device-bound" if ex.device_bound(step) else "host-bound"
+        assert verdicts[step] == want, (step, dev.step_verdicts(run.device_steps).to_dict("records"))
+    shown = {x["step"]: x["verdict"] for x in summary["device"]["steps"]}
+    assert shown == verdicts.to_dict()
+    by_kind = {v["verdict"]: v for v in summary["device"]["verdict"]}
+    assert by_kind["device-bound"]["steps"] == sum(ex.device_bound(s) for s in range(1, DEVICE_STEPS))
+    assert by_kind["device-bound"]["busy_pct"] > by_kind["host-bound"]["busy_pct"]
+
+
+def test_the_stall_is_at_its_line_and_waits_about_the_device_time_queued_before_it(run, summary):
+    top = summary["device"]["stalls"][0]
+    assert (top["source"], top["reason"], top["host_op"]) == (_line("STALL-LINE"), "sync", "aten::_local_scalar_dense")
+    flushes = run.queue_flushes[run.queue_flushes["source"].astype(str) == _line("STALL-LINE")]
+    bound = {s for s in range(1, DEVICE_STEPS) if ex.device_bound(s)}
+    assert bound <= set(flushes["step"]), "a device-bound step whose .item() did not wait"
+    assert top["count"] == len(flushes)
+    corr, kernels = run.device_correlation, run.device_kernels.set_index("id")
+    for f in flushes.itertuples():
+        queued = corr[corr["ts"] < f.ts]["kernel"].unique()  # everything queued before the wait began ...
+        k = kernels.loc[queued]
+        k = k[k["ts"] + k["dur"] > f.ts]  # ... that had not finished then
+        remaining = int((k["ts"] + k["dur"] - np.maximum(k["ts"], f.ts)).sum())
+        assert 0.8 * remaining <= f.dur <= 1.25 * remaining + 1_000_000, (f.step, f.dur, remaining)
+    # the sync point's cost is that measured wait
+    sync = {x["source"]: x for x in summary["sync_points"]["by_source"]}
+    assert sync[_line("STALL-LINE")]["wait_ms"] == pytest.approx(flushes["dur"].sum() / 1e6)
+    assert summary["sync_points"]["by_source"][0]["source"] == _line("STALL-LINE")
+
+
+def test_the_fallback_is_listed_with_its_line_and_the_exact_bytes_copied(run, summary):
+    x_bytes = ex.BATCH * ex.IN * 4  # float32
+    f = run.fallbacks
+    assert f["op"].astype(str).unique().tolist() == ["aten::cumsum"]
+    # PyTorch's cpu_fallback runs cumsum.out: the input and the out= buffer go to the host, the result back
+    assert (f["bytes_to_host"] == 2 * x_bytes).all() and (f["bytes_from_host"] == x_bytes).all()
+    (row,) = summary["device"]["fallbacks"]
+    assert row["sources"] == [_line("FALLBACK-LINE")]
+    assert (row["calls"], row["bytes_to_host"], row["bytes_from_host"]) == (
+        DEVICE_STEPS, DEVICE_STEPS * 2 * x_bytes, DEVICE_STEPS * x_bytes)
+    assert row["calls_per_step"] == 1.0
+    (cov,) = summary["device"]["coverage"]
+    assert (cov["native_ops"], cov["fallback_ops"]) == (len(run.device_enqueues), DEVICE_STEPS)
+    assert cov["coverage_pct"] == pytest.approx(100 * cov["native_ops"] / (cov["native_ops"] + DEVICE_STEPS))
+
+
+def test_fusion_and_the_unfused_host_bound_adds(run, summary):
+    (fus,) = summary["device"]["fusion"]
+    k = run.device_kernels
+    assert (fus["kernels"], fus["ops"]) == (len(k), int(k["n_ops"].sum()))
+    assert fus["launch_floor_us"] >= ex.LAUNCH_US  # every kernel pays the launch cost at least
+    # in host-bound steps the device is idle: each HOST-LINE add runs as soon as it is queued, alone
+    unfused = summary["device"]["unfused"]
+    host = [u for u in unfused if _line("HOST-LINE") in (u["source"], u["last_source"])]
+    assert host and all("add > add > add" in u["kernels"] for u in host)
+    assert sum(u["total_kernels"] for u in host) >= ex.HOST_OPS
+
+
+def test_time_split_takes_sync_from_the_measured_waits(run, summary):
+    (split,) = summary["time_split"]
+    steady = _steady(run)
+    f = run.queue_flushes
+    waits = f[f["step"].isin(steady["step"])]["dur"].sum() / len(steady) / 1e6
+    assert split["sync_ms"] == pytest.approx(waits)
+
+
+def test_the_report_shows_the_device_section_and_its_findings(device_run, summary):
+    text = render_text(summary)
+    assert "\nDevice (rank 0 neuron:0: " in text
+    assert "host-bound steps" in text and "device-bound steps" in text
+    found = [line for line in text.split("\n\n")[1].splitlines() if "waits" in line and _line("STALL-LINE") in line]
+    assert found, text[:3000]
+    done = cli("report", device_run, "--json")
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)["device"]
+    assert d["captured"] and d["stalls"][0]["source"] == _line("STALL-LINE")
+    assert d["fallbacks"][0]["bytes_to_host"] == summary["device"]["fallbacks"][0]["bytes_to_host"]
+
+
+def test_a_cpu_run_has_no_device_section(demo_run):
+    s = summarize(neuron_prof.load(demo_run))
+    assert s["device"] == {"captured": False}
+    assert not s["sync_points"]["waits_measured"]
+    text = render_text(s)
+    assert "\nDevice (" not in text and "waited ms" not in text
+
+
+def test_busy_time_is_the_union_of_kernels_within_each_step():
+    kernels = pd.DataFrame({"rank": 0, "device": "neuron:0", "ts": [0, 5, 20, 95], "dur": [10, 10, 10, 10]})
+    flushes = pd.DataFrame({"rank": 0, "device": "neuron:0", "ts": [10], "dur": [15]})
+    steps = pd.DataFrame({"rank": 0, "step": [0, 1], "ts": [0, 50], "dur": [50, 50], "complete": True})
+    s = dev.device_steps(kernels, flushes, steps)
+    # [0, 15) overlapping kernels count once, [20, 30) and, of [95, 105), the part inside step 1
+    assert s["busy_ns"].tolist() == [25, 5] and s["kernels"].tolist() == [3, 1]
+    assert s["wait_ns"].tolist() == [15, 0]
+    assert [dev.verdict(b, w) for b, w in zip(s["busy_pct"], s["wait_pct"])] == ["balanced", "host-bound"]
+    assert dev.verdict(70, 0) == "device-bound" and dev.verdict(39, 14) == "host-bound"
