@@ -99,6 +99,9 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = TinyLM()
+    # the device computes with DEVICE_THREADS, its CPU fallbacks with the host's threads: the
+    # same everywhere, so that a parallel reduction's order is the same on both
+    torch.set_num_threads(neuron.DEVICE_THREADS)
     cpu_losses, cpu_state = train(model, "cpu")
     dev_losses, dev_state = train(model, "neuron")
     facts["losses"] = {"cpu": cpu_losses, "neuron": dev_losses}

@@ -13,6 +13,7 @@
 //   fallback ops the device does not implement (kUnimplemented, or no Meta kernel): the queue
 //            drains and torch's CPU fallback copies the inputs to the host and the results back.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -45,6 +46,8 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+
+extern "C" void omp_set_num_threads(int);  // libgomp's, loaded with libtorch_cpu
 #include <vector>
 
 #include "neuron_prof_backend.h"
@@ -199,6 +202,11 @@ void Queue::run_worker() {
   at::RecordFunctionGuard no_ops(false);  // the device's work is not the host's ops
   c10::AutoGradMode no_grad(false);
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  // The device computes on one core of its own (neuron.DEVICE_THREADS): a second OpenMP team of the CPU's size would
+  // fight the host's for the cores, and every kernel would wait out scheduler time slices
+  // (on 2 cores, kernels took whole multiples of ~8 ms). lazy_init first: it would reset it.
+  at::internal::lazy_init_num_threads();
+  omp_set_num_threads(1);
   for (;;) {
     Kernel* k;
     {

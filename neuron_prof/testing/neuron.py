@@ -12,8 +12,8 @@ work, and ops on neuron tensors behave as on an asynchronous device:
   naming the requested size.
 - **The eager queue**: an op computes its outputs' shapes on the host (the op's Meta kernel),
   allocates them, enqueues the work and returns; one device thread per device runs the queue in
-  order, each op by the op's CPU kernel over the device's memory, so results are bitwise those of
-  the CPU. Consecutive queued ops are fused into one kernel by a rule on op kinds in queue order:
+  order, each op by the op's CPU kernel over the device's memory with ``DEVICE_THREADS``
+  intra-op threads, so results are bitwise those of the CPU with as many. Consecutive queued ops are fused into one kernel by a rule on op kinds in queue order:
   pointwise ops (and copies) join a kernel that has not started and holds pointwise ops, or one
   matmul or reduction followed by pointwise ops (an epilogue), up to ``max_fused`` ops. Each
   kernel pays ``launch_us`` of launch cost (a spin on the device thread), so fusing pays, and
@@ -44,6 +44,10 @@ from collections.abc import Iterator
 import torch
 
 BACKEND = "neuron"
+DEVICE_THREADS = 1
+"""Intra-op threads each device thread computes with (``torch.set_num_threads``): a device of its
+own, not a second team fighting the host's for the cores. Results are bitwise the CPU's computing
+with this many threads (a parallel reduction's order depends on the thread count)."""
 UNIMPLEMENTED = ("aten::embedding_dense_backward", "aten::cumsum", "aten::sort", "aten::topk",
                  "aten::linalg_vector_norm")
 """Ops left out of the device on purpose (as in ``_neuron.cpp``): they fall back to the CPU."""
