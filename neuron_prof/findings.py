@@ -124,10 +124,15 @@ def _device_findings(d: dict[str, Any], steps: list[dict[str, Any]], add) -> Non
         wait = sum(x["per_step_ms"] for x in mine)
         if step_ms and mine and wait >= STALL_SHARE * step_ms:
             top = max(mine, key=lambda x: x["per_step_ms"])
-            add("medium", "device", f"the host waits {wait:.2f} ms per steady step for the device on rank {rank} "
-                                    f"({100 * wait / step_ms:.0f}% of a step); most at "
-                                    f"{top['source'] or '(outside any op)'}{called_from(top)} ({top['host_op'] or '-'}, "
-                                    f"{top['reason']}: {top['per_step_ms']:.2f} ms per step)")
+            kinds = {v["verdict"]: v["steps"] for v in d["verdict"] if v["rank"] == rank}
+            bound = 2 * kinds.get("device-bound", 0) > sum(kinds.values())
+            add("info" if bound else "medium", "device",
+                f"the host waits {wait:.2f} ms per steady step for the device on rank {rank} "
+                f"({100 * wait / step_ms:.0f}% of a step); most at {top['source'] or '(outside any op)'}"
+                f"{called_from(top)} ({top['host_op'] or '-'}, {top['reason']}: {top['per_step_ms']:.2f} ms per step)"
+                + ("; the steps are device-bound, so this is the device's own time showing on the host: a faster "
+                   "device side (fusion, compiling), not fewer syncs, shortens them" if bound else
+                   "; the host could run ahead of the device there instead: move or drop the sync"))
     cov = {(c["rank"], c["device"]): c for c in d["coverage"]}
     for rank, device in sorted({(f["rank"], f["device"]) for f in d["fallbacks"]}):
         rows = [f for f in d["fallbacks"] if (f["rank"], f["device"]) == (rank, device)]

@@ -128,6 +128,7 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
                                           idle_ms=verdicts["idle_ns"] / 1e6, wait_ms=verdicts["wait_ns"] / 1e6)
                           .drop(columns=["dur", "busy_ns", "idle_ns", "wait_ns"])) if len(verdicts) else [],
         "stalls": _records(dev.stalls(run.queue_flushes, scope)),
+        "top_kernels": _records(dev.top_kernels(kernels, corr, scope, top)),
         "fusion": _records(dev.fusion(kernels)),
         "unfused": _records(dev.unfused_sequences(kernels, corr, scope, top)),
         "fallbacks": _records(dev.fallback_summary(run.fallbacks, scope)),
@@ -145,7 +146,7 @@ def _render_device(d: dict[str, Any]) -> list[str]:
     out = ["", f"Device ({heads}; per-step figures over {over})"]
     t = d["thresholds"]
     for v in d["verdict"]:
-        out.append(f"  rank {v['rank']}: {v['steps']} {v['verdict']} steps ({100 * v['share']:.0f}%): step "
+        out.append(f"  rank {v['rank']}: {v['steps']} {v['verdict']} step{'s' if v['steps'] != 1 else ''} ({100 * v['share']:.0f}%): step "
                    f"{v['step_ms']:.2f} ms, {v['device']} busy {v['busy_ms']:.2f} ms ({v['busy_pct']:.0f}%), idle "
                    f"{v['idle_ms']:.2f} ms, the host waiting for it {v['wait_ms']:.2f} ms ({v['wait_pct']:.0f}%)")
     out.append(f"  (device-bound: the busiest device runs kernels {t['device_bound_busy_pct']:.0f}% of the step or "
@@ -172,6 +173,13 @@ def _render_device(d: dict[str, Any]) -> list[str]:
                    "needs the inputs; synchronize = torch.<device>.synchronize()" + _more(d["stalls"]) + ")")
     else:
         out.append("  none: the host never waited for a queued op")
+    if d["top_kernels"]:
+        out.append("  Top kernels by device time (source: the line that queued the longest one's first op)")
+        out += _table(d["top_kernels"], [("rank", "rank", ""), ("device", "device", ""), ("name", "kernel", ""),
+                                         ("kernels", "runs", "d"), ("ops", "ops", "d"),
+                                         ("per_step_ms", "ms/step", ".3f"), ("mean_us", "mean us", ".1f"),
+                                         ("pct", "% busy", ".1f"), ("total_ms", "total ms", ".2f"),
+                                         ("source", "source line", "")])
     for f in d["fusion"]:
         out.append(f"  Fusion on rank {f['rank']} {f['device']}: {f['ops_per_kernel']:.2f} ops per kernel, "
                    f"{f['one_op_pct']:.0f}% of kernels ran one op; launch cost at most {f['launch_pct']:.0f}% of "
@@ -505,6 +513,9 @@ def render_text(s: dict[str, Any]) -> str:
     o = s["ops"]
     out += ["", f"Top ops by self time ({o['captured_steps']} {_basis_name(o['basis'])} captured steps, "
                 f"{o['events']} op events; the {o['compile_events']} ops run while compiling are left out)"]
+    if s["device"]["captured"]:
+        out.append("  (host time: on an asynchronous device an op's time is queueing its work; the device's own "
+                   "time is under Device, Top kernels)")
     if o["top_by_self_time"]:
         cols = [("name", "op", ""), ("module", "module", ""), ("calls", "calls", "d"),
                 ("self_ms", "self ms", ".2f"), ("self_pct", "%", ".1f"), ("total_ms", "total ms", ".2f")]

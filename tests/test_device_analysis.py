@@ -173,3 +173,13 @@ def test_busy_time_is_the_union_of_kernels_within_each_step():
     assert s["wait_ns"].tolist() == [15, 0]
     assert [dev.verdict(b, w) for b, w in zip(s["busy_pct"], s["wait_pct"])] == ["balanced", "host-bound"]
     assert dev.verdict(70, 0) == "device-bound" and dev.verdict(39, 14) == "host-bound"
+
+
+def test_top_kernels_are_the_matmuls_from_their_lines(run, summary):
+    top = summary["device"]["top_kernels"]
+    k = run.device_kernels
+    mm = k[k["name"].astype(str) == "mm"]
+    assert top[0]["name"] == "mm" and top[0]["kernels"] == len(mm)
+    assert top[0]["total_ms"] == pytest.approx(mm["dur"].sum() / 1e6)
+    assert top[0]["source"] in (_line("MATMUL-LINE"), _line("DEVICE-LINE"))
+    assert sum(x["pct"] for x in top) <= 100 + 1e-9

@@ -178,12 +178,12 @@ DEVICE_STEP_COLUMNS = ["rank", "device", "step", "ts", "dur", "kernels", "busy_n
 
 
 def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, device and step (``steps``: ``Run.step_kinds`` or plain steps, complete ones
-    only): ``busy_ns`` (the time within the step's wall time that some kernel of the device ran,
+    """Per rank, device and step (``steps``: ``Run.step_kinds`` or plain steps; complete steps
+    captured in detail only: the backend reports nothing outside them): ``busy_ns`` (the time within the step's wall time that some kernel of the device ran,
     whichever step queued it), ``idle_ns``, ``kernels`` (started in the step), ``wait_ns`` (time
     within the step that a host thread of the rank waited for the device's queue: flushes), and
     both as a percentage of the step."""
-    done = steps[steps["complete"]] if "complete" in steps.columns else steps
+    done = steps[steps["complete"] & steps["active"]]
     if kernels.empty or done.empty:
         return pd.DataFrame(columns=DEVICE_STEP_COLUMNS)
     rows = []
@@ -300,6 +300,35 @@ def sync_waits(sync: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- fusion
+
+
+TOP_KERNEL_COLUMNS = ["rank", "device", "name", "kernels", "ops", "total_ms", "per_step_ms", "mean_us", "pct",
+                      "source", "user_source"]
+
+
+def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, top: int = 10) -> pd.DataFrame:
+    """Where device time goes: kernels by name per rank and device, with their count, ops, device
+    time over the run and per ``basis`` step (None when none ran in one), mean duration, share of
+    the device's busy time, and the line that queued the first op of the longest of them. The
+    ``top`` by device time: on an asynchronous device this, not the host ops' time, is the cost."""
+    if kernels.empty:
+        return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
+    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    k = kernels.reset_index(drop=True)
+    src = kernel_sources(k, corr)
+    hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
+    k = k.assign(name=k["name"].astype(str), device=k["device"].astype(str), hit_dur=np.where(hit, k["dur"], 0),
+                 source=src["source"].to_numpy(), user_source=src["user_source"].to_numpy())
+    busy = k.groupby(["rank", "device"])["dur"].transform("sum")
+    k["share"] = k["dur"] / busy
+    g = k.groupby(["rank", "device", "name"])
+    longest = k.loc[g["dur"].idxmax(), ["rank", "device", "name", "source", "user_source"]]
+    out = pd.DataFrame({"kernels": g.size(), "ops": g["n_ops"].sum(), "total_ms": g["dur"].sum() / 1e6,
+                        "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
+                        "mean_us": g["dur"].mean() / 1e3, "pct": 100 * g["share"].sum()}).reset_index()
+    out = out.merge(longest, on=["rank", "device", "name"], how="left")
+    out["per_step_ms"] = out["per_step_ms"].astype(object).where(out["per_step_ms"] > 0, None) if n else None
+    return out.sort_values("total_ms", ascending=False, ignore_index=True).head(top)[TOP_KERNEL_COLUMNS]
 
 
 FUSION_COLUMNS = ["rank", "device", "kernels", "ops", "ops_per_kernel", "one_op_kernels", "one_op_pct",
