@@ -166,7 +166,8 @@ def test_a_cpu_run_has_no_device_section(demo_run):
 def test_busy_time_is_the_union_of_kernels_within_each_step():
     kernels = pd.DataFrame({"rank": 0, "device": "neuron:0", "ts": [0, 5, 20, 95], "dur": [10, 10, 10, 10]})
     flushes = pd.DataFrame({"rank": 0, "device": "neuron:0", "ts": [10], "dur": [15]})
-    steps = pd.DataFrame({"rank": 0, "step": [0, 1], "ts": [0, 50], "dur": [50, 50], "complete": True})
+    steps = pd.DataFrame({"rank": 0, "step": [0, 1, 2], "ts": [0, 50, 100], "dur": [50, 50, 50], "complete": True,
+                          "active": [True, True, False]})  # step 2 not captured: the device reported nothing
     s = dev.device_steps(kernels, flushes, steps)
     # [0, 15) overlapping kernels count once, [20, 30) and, of [95, 105), the part inside step 1
     assert s["busy_ns"].tolist() == [25, 5] and s["kernels"].tolist() == [3, 1]
