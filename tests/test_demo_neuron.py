@@ -27,4 +27,9 @@ def test_demo_trains_on_the_emulated_neuron_device(tmp_path):
     assert "on neuron" in text and "--device neuron" in text
     assert re.search(r"^Steps ", text, re.M) and re.search(r"^\s*0\s+8\s+1\s+7\s+5\s", text, re.M), text
     assert re.search(r"train_transformer\.py:\d+\s+aten::_local_scalar_dense", text), text
+    # the Device section: what bounded the captured steps, the kernels, the embedding's fallback
+    device = text[text.index("\nDevice (rank 0 neuron:0: "):text.index("\nCompile")]
+    assert re.search(r"rank 0: \d+ (host-bound|device-bound|balanced) steps? \(", device), device
+    assert "Top kernels by device time" in device and "Fusion on rank 0 neuron:0" in device
+    assert re.search(r"aten::embedding_dense_backward\s+neuron:0\s+examples/train_transformer\.py:\d+\s+5\s", device), device
     assert (out / "trace.perfetto-trace").exists()
