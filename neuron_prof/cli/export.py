@@ -73,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         coll = f"{counts['collectives']} collectives, {counts['collective_flows']} cross-rank flows, " \
             if counts["collectives"] else ""
+        device = f"{counts['device_kernels']} device kernels with {counts['device_flows']} flows from host ops, " \
+            f"{counts['queue_flushes']} host waits, {counts['fallbacks']} CPU fallbacks, " if counts["device_kernels"] else ""
         print(f"{out}  ({counts['ranks']} ranks, {counts['op_slices']} op slices, {counts['steps']} steps, "
-              f"{coll}{counts['sync_points']} sync points; {took:.2f}s)", file=sys.stderr)
+              f"{coll}{device}{counts['sync_points']} sync points; {took:.2f}s)", file=sys.stderr)
     print(out)
     return 0

@@ -7,7 +7,10 @@ first run of the graph it produced) and, where the memory collector ran, memory 
 per device (total and per category) as counters, a Memory events track with each step's peak and any
 out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as slices spanning their
 lifetime; where the collectives collector ran, collective tracks per process group with flows
-across ranks (``trace_collectives``). Every rank's events are on rank 0's clock (``clock``: the
+across ranks (``trace_collectives``); where a device backend reported its queue, a track per
+device stream with its kernels, flows from the host ops that queued them, the host's waits for
+the queue and its CPU fallbacks on the thread tracks, and a queue-depth counter
+(``trace_device``). Every rank's events are on rank 0's clock (``clock``: the
 offsets measured at capture start and end), shown as rank 0's time of day, so ranks on different
 hosts line up.
 """
@@ -24,6 +27,7 @@ from neuron_prof.analysis.steps import own_work
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.clock import RankClock, TraceClock
 from neuron_prof.export.trace_collectives import CollectiveTracks
+from neuron_prof.export.trace_device import DeviceTracks
 from neuron_prof.export.tracewriter import TraceWriter, lanes
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
@@ -54,9 +58,11 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
-              "memory_samples": 0, "memory_events": 0, "large_allocations": 0, "collectives": 0}
+              "memory_samples": 0, "memory_events": 0, "large_allocations": 0, "collectives": 0,
+              "device_kernels": 0, "queue_flushes": 0, "fallbacks": 0, "queue_depth_samples": 0}
     trace_clock = TraceClock.of_run(run)
     collectives = CollectiveTracks(run, trace_clock)
+    device = DeviceTracks(run, trace_clock)
     allocs = run.memory_allocations
     # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
     mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
@@ -72,7 +78,8 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         proc = writer.process(pid, f"rank {rank} ({rd.meta.get('hostname', '?')}, pid {rd.meta.get('pid', '?')})")
         names = {int(t): str(n) for t, n in zip(threads.loc[threads["rank"] == rank, "tid"],
                                                 threads.loc[threads["rank"] == rank, "name"])}
-        r_ops = ops[ops["rank"] == rank]
+        op_rows = np.flatnonzero(ops["rank"].to_numpy() == rank)
+        r_ops = ops.iloc[op_rows]
         r_marks = marks[marks["rank"] == rank]
         lookup = _thread_tracks(writer, proc, np.concatenate([r_ops["tid"].to_numpy(), r_marks["tid"].to_numpy()]),
                                 names)
@@ -93,6 +100,8 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         r_ooms = ooms[ooms["rank"] == rank]
         last_event = _last_event(r_ops, r_marks, r_steps, r_allocs, r_ooms)
         counts["collectives"] += collectives.write(writer, proc, rank, last_event)
+        for name, n in device.write(writer, proc, rank, op_rows, op_ids).items():
+            counts[name] += n
         r_sync = sync[sync["rank"] == rank]
         if len(r_sync):
             writer.instants(writer.track(proc, "Sync points"), clock.at(r_sync["ts"]),
@@ -110,6 +119,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         counts["steps"] += len(r_steps)
         counts["sync_points"] += len(r_sync)
     counts["collective_flows"] = collectives.write_flows(writer)
+    counts["device_flows"] = device.write_flows(writer)
     writer.close()
     return counts
 
