@@ -30,8 +30,9 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
                "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO / "tests" / "artifacts" / "viewer"
 # (url_path, title) as viewer/app.py declares them; the first is the default page
-PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("compile", "Graph breaks / Compile"),
-         ("memory", "Memory"), ("collectives", "Collectives"), ("ops", "Ops"), ("diff", "Diff")]
+PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("device", "Device"),
+         ("compile", "Graph breaks / Compile"), ("memory", "Memory"), ("collectives", "Collectives"), ("ops", "Ops"),
+         ("diff", "Diff")]
 START_TIMEOUT_S = 120
 RENDER_TIMEOUT_MS = 90_000
 VIEWPORT = {"width": 1400, "height": 900}
@@ -305,6 +306,38 @@ def test_deep_link_as_first_request(browser, memory_runs, tmp_path):
             wait_rendered(pg)
             check_clean(pg, "/memory as the first request")
             check_navigation(pg, v)
+        finally:
+            context.close()
+
+
+def test_device_page_on_a_device_run(browser, device_run, memory_runs, tmp_path):
+    """The shared server's run is a CPU run (its Device page says it has no device data), so the
+    Device page is also opened on a capture on the emulated device: every section, its charts,
+    no error; picking another step redraws the lanes for it."""
+    with serve(device_run, memory_runs("clean"), tmp_path) as v:
+        context = browser.new_context(viewport=VIEWPORT)
+        try:
+            pg = context.new_page()
+            pg.set_default_timeout(RENDER_TIMEOUT_MS)
+            pg.errors = []
+            pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+            pg.goto(page_url(v, "device"), wait_until="domcontentloaded")
+            wait_rendered(pg)
+            check_clean(pg, "/device on a device run")
+            text = main_text(pg)
+            for head in ("What bounds each step", "A step on the host and on the device",
+                         "Where the host waits for the device", "Fusion", "CPU fallbacks"):
+                assert head in text, f"{head!r} not on the page: {text}"
+            assert "From the start of step 1 " in text and ">>" in text, text  # the lanes and the stall's source
+            assert pg.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 2
+            assert screenshot(pg, "device-run").stat().st_size > 10_000
+            box = pg.get_by_role("combobox", name="step", exact=True)
+            box.click()
+            box.press("ArrowDown")  # opens the list (a click only focuses the combobox)
+            pg.get_by_role("option", name=re.compile(r"^step 2 ")).click()
+            pg.get_by_text(re.compile("From the start of step 2 ")).wait_for(state="visible")
+            wait_rendered(pg)
+            check_clean(pg, "/device after picking step 2")
         finally:
             context.close()
 

@@ -11,6 +11,7 @@ VIEWS_DIR = Path(__file__).resolve().parent / "views"  # not pages/: Streamlit w
 PAGES = (  # (page script, title, icon)
     ("overview", "Overview", ":material/dashboard:"),
     ("timeline", "Timeline", ":material/view_timeline:"),
+    ("device", "Device", ":material/developer_board:"),
     ("compile", "Graph breaks / Compile", ":material/call_split:"),
     ("memory", "Memory", ":material/memory:"),
     ("collectives", "Collectives", ":material/hub:"),

@@ -4,9 +4,6 @@ guards, compile time by frame and phase, compile caches, fusion groups, compiled
 Every table is a ``neuron_prof.analysis.compile`` function over the run (the report's numbers)."""
 from __future__ import annotations
 
-import io
-import os
-from itertools import islice
 from pathlib import Path
 
 import pandas as pd
@@ -16,14 +13,10 @@ import streamlit as st
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import in_steps
 from neuron_prof.analysis.steps import basis_steps
-from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import open_regular
 from neuron_prof.viewer import data
+from neuron_prof.viewer.source import show_source
 from neuron_prof.viewer.text import md, plot_array
 
-CONTEXT_LINES = 6  # source lines shown on each side of a break
-MAX_SOURCE_BYTES = 8 * 2**20  # don't open anything larger as "source"
-MAX_LINE_CHARS = 300
 
 
 @st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
@@ -37,40 +30,6 @@ def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
 def _recorded_files(run, stack_ids) -> set[str]:
     """Every file named by the given recorded stacks: the only files this page will ever open."""
     return {f for rank, sid in stack_ids for f, _, _ in run.stack(int(rank), int(sid))}
-
-
-def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
-def _source_window(file: str, line: int, allowed: set[str], cwd: str | None,
-                   run_dir: Path) -> tuple[str, list[tuple[int, str]]] | None:
-    """Up to CONTEXT_LINES lines either side of ``line`` of a recorded file, or None when the
-    rule (README, "Security") says no: the file must be named by the break's recorded stacks, end
-    in .py, lie outside the run directory both as written and once links are resolved (a run
-    carries no source, so a file in it is the run's maker speaking, e.g. a link to a secret), and
-    be a regular file opened without following a final link, at most MAX_SOURCE_BYTES."""
-    if file not in allowed or not file.endswith(".py") or line < 1:
-        return None
-    p = Path(file)
-    if not p.is_absolute() and cwd:
-        p = Path(cwd) / p
-    run_real = os.path.realpath(run_dir)
-    real = os.path.realpath(p)
-    if any(_inside(x, d) for x in (os.path.abspath(p), real) for d in (os.path.abspath(run_dir), run_real)):
-        return None
-    first = max(line - CONTEXT_LINES, 1)
-    try:
-        with open_regular(real) as raw:  # the resolved path: a link swapped in now is refused, not followed
-            if os.fstat(raw.fileno()).st_size > MAX_SOURCE_BYTES:
-                return None
-            src = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-            lines = list(islice(src, first - 1, line + CONTEXT_LINES))
-    except (OSError, NeuronProfError):
-        return None
-    if len(lines) < line - first + 1:
-        return None  # the file no longer has that line: it changed since the capture
-    return str(p), [(first + i, text.rstrip("\n")[:MAX_LINE_CHARS]) for i, text in enumerate(lines)]
 
 
 def _show_site(run, site: dict) -> None:
@@ -97,16 +56,7 @@ def _show_site(run, site: dict) -> None:
             return
         file, _, line = frames[0]
         allowed = _recorded_files(run, rows[["rank", "stack"]].drop_duplicates().itertuples(index=False))
-        window = _source_window(file, line, allowed, run.meta.get("cwd"), run.path)
-        if window is None:
-            st.caption(f"source of {md(file)} is not readable here (moved, changed, not a regular .py file, or inside the "
-                       "run directory)")
-            return
-        shown, lines = window
-        st.caption(f"{md(shown)}, line {line} (marked `>>`)")
-        width = len(str(lines[-1][0]))
-        st.code("\n".join(f"{'>>' if n == line else '  '} {n:>{width}} | {text}" for n, text in lines),
-                language=None)
+        show_source(file, line, allowed, run.meta.get("cwd"), run.path)
 
 
 run = data.load()

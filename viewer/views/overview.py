@@ -5,17 +5,48 @@ import time
 
 import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from neuron_prof.analysis.steps import step_stats
 from neuron_prof.findings import findings
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import step_time_chart
-from neuron_prof.viewer.text import md
+from neuron_prof.viewer.text import md, plot
 
 _ICONS = {"high": ":material/error:", "medium": ":material/warning:", "info": ":material/info:"}
-_PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "compile": "Graph breaks / Compile",
+_PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "device": "Device", "compile": "Graph breaks / Compile",
                 "memory": "Memory", "collectives": "Collectives", "ops": "Ops", "diff": "Diff"}
+
+
+def _device_split(d: dict) -> pd.DataFrame:
+    """Per rank, the busiest device's busy and idle ms per steady step and the host's wait for it
+    (the report's Device verdict rows, which are means over their steps, weighted by them); empty
+    when the run has no device data."""
+    v = pd.DataFrame(d.get("verdict") or []) if d.get("captured") else pd.DataFrame()
+    if v.empty:
+        return v
+    w = v.assign(busy=v["busy_ms"] * v["steps"], idle=v["idle_ms"] * v["steps"], wait=v["wait_ms"] * v["steps"])
+    g = w.groupby("rank")
+    n = g["steps"].sum()
+    return pd.DataFrame({"device": g["device"].first(), "steps": n, "busy_ms": g["busy"].sum() / n,
+                         "idle_ms": g["idle"].sum() / n, "wait_ms": g["wait"].sum() / n}).reset_index()
+
+
+def _split_with_device(long: pd.DataFrame, device: pd.DataFrame) -> go.Figure:
+    """The host's split of a step per rank and, under it, its busiest device's busy and idle time:
+    one bar each, the host's labelled "host", the device's by its name."""
+    host = long.assign(row=[f"rank {r} · host" for r in long["rank"]])
+    dev = device.melt(id_vars=["rank", "device"], value_vars=["busy_ms", "idle_ms"], var_name="kind",
+                      value_name="ms per step")
+    dev = dev.assign(kind="device " + dev["kind"].str[:-3],
+                     row=[f"rank {r} · {plot(d)}" for r, d in zip(dev["rank"], dev["device"])])
+    both = pd.concat([host.assign(lane=0), dev.assign(lane=1)], ignore_index=True)
+    fig = px.bar(both, x="ms per step", y="row", color="kind", orientation="h", labels={"row": ""})
+    order = both.sort_values(["rank", "lane"], kind="stable")["row"].unique().tolist()
+    fig.update_yaxes(categoryorder="array", categoryarray=order[::-1])  # rank 0's host bar on top
+    return fig
+
 
 run = data.load()
 meta = run.meta
@@ -75,7 +106,18 @@ else:
     long = split.melt(id_vars=["rank"], value_vars=[c for c in split.columns if c.endswith("_ms") and c != "step_ms"],
                       var_name="kind", value_name="ms per step")
     long["kind"] = long["kind"].str[:-3]
-    fig = px.bar(long, x="ms per step", y=long["rank"].astype(str), color="kind", orientation="h",
-                 labels={"y": "rank"})
+    device = _device_split(s["device"])
+    if device.empty:
+        fig = px.bar(long, x="ms per step", y=long["rank"].astype(str), color="kind", orientation="h",
+                     labels={"y": "rank"})
+    else:
+        fig = _split_with_device(long, device)
     st.plotly_chart(fig, width="stretch")
     st.dataframe(split.rename(columns=lambda c: c.replace("_ms", " ms")).round(3), hide_index=True)
+    if len(device):
+        st.dataframe(device.rename(columns={"busy_ms": "device busy ms", "idle_ms": "device idle ms",
+                                            "wait_ms": "host waits ms"}).round(3), hide_index=True)
+        st.caption("On an asynchronous device the host's **sync** is its measured wait for the device (the queue "
+                   "flushes), and the second bar of each rank is the device itself: its busiest device running "
+                   "kernels (busy) or idle, per steady step; both over the same steps.")
+        st.page_link("views/device.py", label="see Device")

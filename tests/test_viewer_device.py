@@ -1,0 +1,224 @@
+"""The viewer's Device page (Streamlit AppTest) on examples/device_defects.py captured on the
+emulated `neuron` device: every table shows the report's numbers, the stall and the fallback are
+at their marked lines, the per-step chart carries each step's verdict (even steps host-bound, odd
+ones device-bound), the lanes of a step draw its fused chain's kernel and lines from the host ops
+to the kernels that ran their work, the selected stall's source is its line (and a stall whose
+file is gone says so); a CPU run says how to get device data; the Overview puts the device's time
+next to the host's split."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+import neuron_prof  # noqa: E402
+from neuron_prof.examples import device_defects as ex  # noqa: E402
+from neuron_prof.findings import findings  # noqa: E402
+from neuron_prof.report import summarize  # noqa: E402
+from neuron_prof.units import format_bytes  # noqa: E402
+
+from conftest import DEVICE_STEPS, line_of, plotly_array, shown, viewer_page, write_script  # noqa: E402
+
+EXAMPLE = Path(ex.__file__)
+WAITING_SCRIPT = """
+import sys
+import torch
+import neuron_prof
+from neuron_prof.testing import neuron
+
+neuron.enable()
+x = torch.randn(128, 128).to("neuron")
+with neuron_prof.profile(sys.argv[1]) as prof:
+    for _ in range(3):
+        (x @ x).relu().sum().item()  # WAIT-LINE
+        prof.step()
+"""
+
+
+def _lineno(marker: str) -> int:
+    return line_of(EXAMPLE, "# " + marker)  # the marked line, not the docstring naming it
+
+
+def _line(marker: str) -> str:
+    return f"examples/device_defects.py:{_lineno(marker)}"
+
+
+@pytest.fixture(scope="module")
+def summary(device_run) -> dict:
+    return summarize(neuron_prof.load(device_run))
+
+
+@pytest.fixture(scope="module")
+def run(device_run):
+    return neuron_prof.load(device_run)
+
+
+def _page(monkeypatch, run_dir: Path):
+    return viewer_page(monkeypatch, run_dir, "device", title="Device")
+
+
+def _figures(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def _traces(at, name: str) -> list[dict]:
+    return [t for f in _figures(at) for t in f["data"] if t.get("name") == name]
+
+
+def _table(at, column: str):
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def _flows(at) -> list[tuple[str, str, str]]:
+    """The op -> kernel lines drawn: (host lane, device lane, hover text) per line."""
+    (t,) = _traces(at, "op → kernel")
+    y, text = list(t["y"]), list(t["customdata"])
+    assert y[2::3] == [None] * (len(y) // 3)  # one segment per flow, None between them
+    return list(zip(y[0::3], y[1::3], text[0::3]))
+
+
+def test_a_cpu_run_says_it_has_no_device_data_and_how_to_get_it(demo_run, monkeypatch):
+    at = _page(monkeypatch, demo_run)
+    assert [i.value.split(".")[0] for i in at.info] == ["This run has no device data"]
+    msg = at.info[0].value
+    assert "neuron_prof.testing.neuron.enable()" in msg and "hook API" in msg and "README" in msg
+    assert not at.dataframe and not at.get("plotly_chart") and not at.selectbox and not at.metric
+
+
+def test_findings_and_metrics_are_the_reports(device_run, summary, monkeypatch):
+    at = _page(monkeypatch, device_run)
+    said = [shown(x.value) for x in [*at.warning, *at.info]]
+    want = [f["text"] for f in findings(summary) if f["page"] == "device"]
+    assert want and sorted(said) == sorted(want)
+    d = summary["device"]
+    metrics = {m.label: m.value for m in at.metric}
+    (cov,) = d["coverage"]
+    assert metrics["coverage"] == f"{cov['coverage_pct']:.1f}%"
+    top = max(d["verdict"], key=lambda v: v["steps"])
+    assert metrics["most steps are"] == top["verdict"] == "device-bound"  # 4 of the 7 steady steps
+    steps = sum(v["steps"] for v in d["verdict"])
+    assert metrics["device busy"] == f"{sum(v['busy_pct'] * v['steps'] for v in d['verdict']) / steps:.0f}% of a step"
+    verdicts = _table(at, "busiest device")
+    assert verdicts[["rank", "verdict", "steps"]].to_dict("records") == [
+        {"rank": v["rank"], "verdict": v["verdict"], "steps": v["steps"]} for v in d["verdict"]]
+
+
+def test_the_stalls_table_names_the_stall_line_and_shows_its_source(device_run, summary, monkeypatch):
+    at = _page(monkeypatch, device_run)
+    stalls = _table(at, "ops waited for")
+    first = stalls.iloc[0]
+    assert (first["source line"], first["why"], first["op"]) == (_line("STALL-LINE"), "sync",
+                                                                 "aten::_local_scalar_dense")
+    want = summary["device"]["stalls"]
+    assert stalls["source line"].tolist() == [x["source"] for x in want]
+    assert stalls["total ms"].tolist() == [x["total_ms"] for x in want]
+    assert stalls["waits"].tolist() == [x["count"] for x in want]
+    # the selected stall (the first) with its source: its line marked, as the file has it now
+    assert at.selectbox(key="dev_stall").value == 0
+    (code,) = [c.value for c in at.code if ">>" in c.value]
+    marked = next(row for row in code.splitlines() if row.startswith(">>"))
+    n = _lineno("STALL-LINE")
+    assert marked.split("|", 1)[1].strip() == EXAMPLE.read_text().splitlines()[n - 1].strip()
+    assert f" {n} |" in marked and "# STALL-LINE" in marked
+    # picking the other stall (the fallback's wait) shows its own line
+    at.selectbox(key="dev_stall").set_value(1).run()
+    assert not at.exception
+    (code,) = [c.value for c in at.code if ">>" in c.value]
+    assert "# FALLBACK-LINE" in next(row for row in code.splitlines() if row.startswith(">>"))
+
+
+def test_a_stall_whose_source_is_gone_says_so(tmp_path, monkeypatch):
+    """The source is read from the file the run names, as it is now: a script deleted since the
+    capture is said to be unreadable, and no lines are made up."""
+    script = write_script(tmp_path / "waits.py", WAITING_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    waited = line_of(script, "# WAIT-LINE")
+    script.unlink()
+    at = _page(monkeypatch, tmp_path / "run")
+    assert _table(at, "ops waited for").iloc[0]["source line"].endswith(f"waits.py:{waited}")
+    assert not [c for c in at.code if ">>" in c.value]
+    assert any(shown(c.value) == f"source of {script} is not readable here (moved, changed, not a regular .py file, "
+               "or inside the run directory)" for c in at.caption)
+
+
+def test_the_fallbacks_table_has_the_cumsum_with_its_bytes_and_the_coverage(device_run, summary, monkeypatch):
+    at = _page(monkeypatch, device_run)
+    table = _table(at, "to host")
+    (row,) = table.to_dict("records")
+    (want,) = summary["device"]["fallbacks"]
+    x_bytes = ex.BATCH * ex.IN * 4  # float32: cumsum.out copies the input and the out= buffer, the result back
+    assert (row["op"], row["source lines"], row["calls"]) == ("aten::cumsum", _line("FALLBACK-LINE"), DEVICE_STEPS)
+    assert row["to host"] == format_bytes(want["bytes_to_host"]) == format_bytes(DEVICE_STEPS * 2 * x_bytes)
+    assert row["from host"] == format_bytes(want["bytes_from_host"]) == format_bytes(DEVICE_STEPS * x_bytes)
+    assert (row["total ms"], row["per step"]) == (want["total_ms"], want["calls_per_step"])
+    (cov,) = _table(at, "coverage %").to_dict("records")
+    (c,) = summary["device"]["coverage"]
+    assert (cov["ops run natively"], cov["ops fallen back"], cov["coverage %"]) == (
+        c["native_ops"], c["fallback_ops"], c["coverage_pct"])
+
+
+def test_the_per_step_chart_shows_each_steps_verdict(device_run, summary, monkeypatch):
+    at = _page(monkeypatch, device_run)
+    drawn = {}
+    for t in _figures(at)[0]["data"]:
+        if t["type"] == "bar" and t["name"].startswith("busy · "):
+            drawn.update({int(s): t["name"].removeprefix("busy · ") for s in plotly_array(t["x"])})
+    assert drawn == {x["step"]: x["verdict"] for x in summary["device"]["steps"]}
+    assert sorted(drawn) == list(range(DEVICE_STEPS))
+    for step in range(1, DEVICE_STEPS):  # step 0 is warm-up
+        assert drawn[step] == ("device-bound" if ex.device_bound(step) else "host-bound"), step
+    (wait,) = _traces(at, "host waits for the device")[:1]
+    assert plotly_array(wait["y"]).tolist() == [x["wait_pct"] for x in summary["device"]["steps"]]
+
+
+def test_the_lanes_draw_the_fused_kernel_and_flows_from_host_ops_to_kernels(device_run, run, monkeypatch):
+    at = _page(monkeypatch, device_run)
+    step = at.selectbox(key="dev_step")
+    assert step.value == 1  # the first steady step
+    fused = [c for t in _traces(at, "fused kernel") for c in t["customdata"]]
+    assert any(c.startswith("kernel mul+add+tanh+mul+sub+relu · 6 ops") for c in fused), fused
+    flows = _flows(at)
+    corr = run.device_correlation
+    mine = corr[(corr["step"] == 1) & (corr["op_index"] >= 0) & (corr["kernel"] >= 0)]
+    assert len(flows) == len(mine) > 0
+    assert all(h.startswith("host · ") and d == "device · neuron:0" for h, d, _ in flows)
+    chain = [text for _, _, text in flows if "kernel mul+add+tanh+mul+sub+relu ran" in text]
+    assert len(chain) == len(ex.CHAIN) and all(_line("FUSED-LINE") in text for text in chain)
+    assert f"all {len(mine)} op → kernel lines" in next(c.value for c in at.caption if "op → kernel" in c.value)
+    # another device-bound step (its .item() always waits): its kernels, the fallback and the wait on the host lane
+    step.set_value(3).run()
+    assert not at.exception
+    (fb,) = _traces(at, "CPU fallback")
+    assert len(fb["customdata"]) == 1 and _line("FALLBACK-LINE") in fb["customdata"][0]
+    waits = [c for t in _traces(at, "host waits for the device") if t["type"] == "bar" for c in t["customdata"]]
+    assert any(_line("STALL-LINE") in c and "(sync:" in c for c in waits), waits
+    kernels = run.device_kernels
+    drawn = sum(len(t["customdata"]) for n in ("fused kernel", "one-op kernel") for t in _traces(at, n))
+    assert drawn >= (kernels["step"] == 3).sum()  # those started in it, and those running its work after it
+
+
+def test_the_overview_puts_the_device_next_to_the_host_split(device_run, summary, monkeypatch):
+    at = viewer_page(monkeypatch, device_run, "overview", title="Overview")
+    bars = {t["name"]: (list(t["y"]), plotly_array(t["x"]).tolist()) for f in _figures(at) for t in f["data"]
+            if t["type"] == "bar"}
+    verdict = summary["device"]["verdict"]
+    n = sum(v["steps"] for v in verdict)
+    busy = sum(v["busy_ms"] * v["steps"] for v in verdict) / n
+    idle = sum(v["idle_ms"] * v["steps"] for v in verdict) / n
+    assert bars["device busy"][0] == ["rank 0 · neuron:0"] and bars["device busy"][1] == pytest.approx([busy])
+    assert bars["device idle"][1] == pytest.approx([idle])
+    (split,) = summary["time_split"]
+    assert bars["sync"] == (["rank 0 · host"], pytest.approx([split["sync_ms"]]))
+    assert busy + idle == pytest.approx(split["step_ms"])  # the same steady steps
+    table = _table(at, "device busy ms")
+    assert table["host waits ms"].tolist() == [round(sum(v["wait_ms"] * v["steps"] for v in verdict) / n, 3)]
+    assert any("measured wait for the device" in shown(c.value) for c in at.caption)
+    assert any(link.label == "see Device" for link in at.get("page_link"))

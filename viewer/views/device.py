@@ -1,0 +1,386 @@
+"""Device: what bounded each step on an asynchronous device (its busy and idle time, the host's
+waits for it), one step's host ops and device kernels side by side with a line from each op to the
+kernel that ran its work, the host's waits by line with the source around them, fusion, and the
+ops that fell back to the CPU.
+
+On an asynchronous device an op returns once it is queued, so the host's op times say little:
+every table and the per-step chart are the report's Device section (``report.summarize(run)
+["device"]``, computed by ``neuron_prof.analysis.device``), so the page and ``neuron-prof report``
+say the same numbers. The lanes are one step of one rank, sliced out of the run's device tables
+before any per-row work and cached, and at most ``MAX_BARS`` bars per kind and ``MAX_FLOWS``
+lines go to the browser, so the page stays quick on a run of a million kernels.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from neuron_prof.analysis import timeline as tla
+from neuron_prof.findings import findings, user_line
+from neuron_prof.units import format_bytes
+from neuron_prof.viewer import data
+from neuron_prof.viewer.source import show_source
+from neuron_prof.viewer.text import md, plot, plot_array
+
+MAX_BARS = 2000  # per kind (host ops, waits, fallbacks, kernels) in the lanes: the longest are drawn
+MAX_FLOWS = 300  # op -> kernel lines in the lanes: the ops that waited longest in the queue
+VERDICT_COLORS = {"device-bound": "#4C78A8", "host-bound": "#F58518", "balanced": "#72B7B2"}
+IDLE_COLOR, WAIT_COLOR, FALLBACK_COLOR, OP_COLOR = "#d9d9d9", "#d62728", "#9467bd", "#4C78A8"
+KERNEL_COLORS = {"fused kernel": "#2ca02c", "one-op kernel": "#98df8a"}
+HOW = ("Device data (the eager queue, its kernels, the host's waits for it and CPU fallbacks) comes from a device "
+       "backend that reports through neuron_prof's backend hook API (`collectors/neuron_prof_backend.h`, read by the "
+       "`device` collector, on by default); CPU and CUDA runs have none. To try it without the hardware, enable the "
+       "emulated `neuron` device, `neuron_prof.testing.neuron.enable()`, before moving the model to `\"neuron\"` (or "
+       "run `neuron-prof demo --device neuron`); the README's sections on the backend hook API and the emulated "
+       "`neuron` device say more.")
+
+
+def _table(rows: list[dict], columns: dict[str, str]) -> None:
+    """``rows`` (summary records) as a grid of ``columns`` (key -> header): cells are literal text."""
+    st.dataframe(pd.DataFrame(rows, columns=list(columns)).rename(columns=columns), hide_index=True)
+
+
+def _share(verdicts: list[dict], key: str) -> float | None:
+    """The mean of ``key`` (a per-step share) over every rank's basis steps: the report's verdict
+    rows are means over their steps, so they are weighted by them."""
+    steps = sum(v["steps"] for v in verdicts)
+    return sum(v[key] * v["steps"] for v in verdicts) / steps if steps else None
+
+
+def _metrics(d: dict[str, Any]) -> None:
+    """What bounds most steps, how busy the device is and how long the host waits for it, and the
+    share of device ops that ran natively: the four figures to read before any chart."""
+    v = d["verdict"]
+    counts = pd.DataFrame(v).groupby("verdict")["steps"].sum().sort_values(ascending=False) if v else pd.Series()
+    busy, wait = _share(v, "busy_pct"), _share(v, "wait_pct")
+    cov = d["coverage"]
+    native, total = sum(c["native_ops"] for c in cov), sum(c["native_ops"] + c["fallback_ops"] for c in cov)
+    per_rank = "; ".join(f"rank {x['rank']}: {x['steps']} {x['verdict']}" for x in v)
+    cols = st.columns(4)
+    cols[0].metric("most steps are", counts.index[0] if len(counts) else "-",
+                   help=f"over the {d['basis_steps']} {d['basis']} captured steps of each rank: {per_rank}" if v else
+                   "no steady captured step")
+    cols[1].metric("device busy", f"{busy:.0f}% of a step" if busy is not None else "-",
+                   help="the busiest device's kernels, as a share of the step, averaged over the steps")
+    cols[2].metric("host waits", f"{wait:.0f}% of a step" if wait is not None else "-",
+                   help="the host's measured waits for the device (queue flushes), as a share of the step")
+    cols[3].metric("coverage", f"{100 * native / total:.1f}%" if total else "-",
+                   help=f"of {total:,} device ops, {native:,} ran natively, the rest fell back to the CPU")
+
+
+def _step_chart(steps: pd.DataFrame, thresholds: dict[str, float]) -> go.Figure:
+    """Per complete step of one rank (the report's ``steps`` rows): the busiest device's busy
+    share (coloured by the step's verdict, hatched for warm-up steps) stacked with its idle share,
+    and the host's wait for it as a line; the verdict thresholds as dashed lines. In % of the step
+    so a warm-up step of seconds does not flatten the rest (its ms are in the hover)."""
+    fig = go.Figure()
+    warm = steps["warmup"].fillna(False).astype(bool).to_numpy()
+    hover = plot_array([f"step {s}{' (warm-up)' if w else ''}: {v} · {dur:.2f} ms · {dev} busy {b:.2f} ms "
+                        f"({bp:.0f}%), idle {i:.2f} ms · the host waited {wt:.2f} ms ({wp:.0f}%)"
+                        for s, w, v, dur, dev, b, bp, i, wt, wp in
+                        zip(steps["step"], warm, steps["verdict"], steps["dur_ms"], steps["device"],
+                            steps["busy_ms"], steps["busy_pct"], steps["idle_ms"], steps["wait_ms"], steps["wait_pct"])])
+    pattern = np.where(warm, "/", "")
+    for verdict, color in VERDICT_COLORS.items():
+        k = (steps["verdict"] == verdict).to_numpy()
+        if k.any():
+            fig.add_trace(go.Bar(x=steps["step"][k], y=steps["busy_pct"][k], name=f"busy · {verdict}",
+                                 marker={"color": color, "pattern": {"shape": pattern[k].tolist()}},
+                                 customdata=hover[k], hovertemplate="%{customdata}<extra></extra>"))
+    fig.add_trace(go.Bar(x=steps["step"], y=100 - steps["busy_pct"], name="idle", marker_color=IDLE_COLOR,
+                         customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=steps["step"], y=steps["wait_pct"], name="host waits for the device",
+                             mode="lines+markers", line_color=WAIT_COLOR, customdata=hover,
+                             hovertemplate="%{customdata}<extra></extra>"))
+    for key, label in (("device_bound_busy_pct", "device-bound above"), ("host_bound_busy_pct", "host-bound below")):
+        fig.add_hline(y=thresholds[key], line_dash="dash", line_color="#7f7f7f", annotation_text=label,
+                      annotation_position="top left")
+    fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="% of the step", yaxis_range=[0, 105],
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 30})
+    return fig
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _choices(path: str, mtime: float, rank: int) -> pd.DataFrame:
+    """The rank's steps the lanes can show (``analysis.timeline.step_choices``), without what came
+    before the first step: this page is about steps."""
+    run = data.load(Path(path))
+    c = tla.step_choices(run.step_kinds, run.ops, rank, run.spans)
+    return c[c["step"] != tla.BEFORE_FIRST_STEP].reset_index(drop=True)
+
+
+def _longest(df: pd.DataFrame) -> pd.DataFrame:
+    return tla.longest_ops(df, MAX_BARS)
+
+
+@st.cache_data(max_entries=32, show_spinner="slicing the step ...")
+def _step_slice(path: str, mtime: float, rank: int, step: int) -> dict[str, Any]:
+    """One step of one rank for the lanes, every table filtered by rank and step before any
+    per-row work: the host threads that talked to the device (queued, waited, fell back) with
+    their top-level ops, waits and fallbacks; the kernels from the step's start to the end of the
+    last kernel that ran work queued in it; and the flows (enqueued op -> its kernel; the
+    ``MAX_FLOWS`` that waited longest in the queue). Bars: the ``MAX_BARS`` longest per kind.
+    ``counts``: how many of each there were, to say what was left out."""
+    run = data.load(Path(path))
+    kinds = run.step_kinds
+    s = kinds[(kinds["rank"] == rank) & (kinds["step"] == step)].iloc[0]
+    t0, end = int(s["ts"]), int(s["ts"] + s["dur"])
+    corr, flushes, falls = (df[(df["rank"] == rank) & (df["step"] == step)]
+                            for df in (run.device_correlation, run.queue_flushes, run.fallbacks))
+    ran = corr[corr["kernel"] >= 0]
+    if len(ran):
+        end = max(end, int((ran["kernel_ts"] + ran["kernel_dur"]).max()))
+    ops = run.ops
+    ops = ops[(ops["rank"] == rank) & (ops["step"] == step) & (ops["depth"] == 0)]
+    tids = {int(t) for df in (corr, flushes, falls) for t in df["tid"].unique()}
+    ops = ops[ops["tid"].isin(tids)] if tids else ops
+    tids = tids or {int(t) for t in ops["tid"].unique()}
+    k = run.device_kernels
+    k = k[(k["rank"] == rank) & (k["ts"] <= end) & (k["ts"] + k["dur"] >= t0)]
+    flows = ran[ran["op_index"] >= 0]
+    counts = {"ops": len(ops), "flushes": len(flushes), "fallbacks": len(falls), "kernels": len(k), "flows": len(flows)}
+    flows = flows.nlargest(MAX_FLOWS, "queued_ns") if len(flows) > MAX_FLOWS else flows
+    host = run.ops.iloc[flows["op_index"].to_numpy()]
+    names = {int(t): str(n) for t, n in zip(ops["tid"], ops["thread"])}
+    return {"t0": t0, "end": end, "counts": counts, "threads": {t: names.get(t, f"tid {t}") for t in sorted(tids)},
+            "ops": _longest(ops)[["tid", "ts", "dur", "name", "module", "source"]],
+            "flushes": _longest(flushes)[["tid", "ts", "dur", "device", "reason", "ops", "host_op", "source"]],
+            "fallbacks": _longest(falls)[["tid", "ts", "dur", "device", "op", "bytes_to_host", "bytes_from_host",
+                                          "source"]],
+            "kernels": _longest(k)[["ts", "dur", "device", "name", "n_ops"]],
+            "flows": pd.DataFrame({"tid": flows["tid"].to_numpy(), "ts": flows["ts"].to_numpy(),
+                                   "op": host["name"].astype(str).to_numpy(),
+                                   "source": host["source"].astype(str).to_numpy(),
+                                   "device": flows["device"].astype(str).to_numpy(),
+                                   "kernel": flows["kernel_name"].astype(str).to_numpy(),
+                                   "kernel_ts": flows["kernel_ts"].to_numpy(), "queued_ns": flows["queued_ns"].to_numpy()})}
+
+
+def _bars(fig: go.Figure, lane: np.ndarray, df: pd.DataFrame, t0: int, name: str, color: str, width: float,
+          hover: np.ndarray) -> None:
+    """One trace of horizontal bars on the lanes (``hover``: escaped text per bar)."""
+    if len(df):
+        fig.add_trace(go.Bar(orientation="h", y=lane, x=df["dur"].to_numpy() / 1e6, base=(df["ts"].to_numpy() - t0) / 1e6,
+                             width=width, name=name, marker_color=color, customdata=hover,
+                             hovertemplate="%{customdata}<extra>" + name + "</extra>"))
+
+
+def _host_lane(threads: dict, tids: pd.Series) -> np.ndarray:
+    return plot_array([f"host · {threads.get(t, f'tid {t}')}" for t in tids])
+
+
+def _device_lane(devices: pd.Series) -> np.ndarray:
+    return plot_array([f"device · {d}" for d in devices.astype(str)])
+
+
+def _lane_chart(sl: dict[str, Any], step: int) -> go.Figure:
+    """The step's host threads over its device(s): top-level ops, and over them the host's waits
+    for the device (red) and CPU fallbacks; the device's kernels, fused or of one op; a grey line
+    from where each host op queued an op to the start of the kernel that ran it. ms from the
+    step's start."""
+    t0, th = sl["t0"], sl["threads"]
+    fig = go.Figure()
+    o, f, fb, k, fl = sl["ops"], sl["flushes"], sl["fallbacks"], sl["kernels"], sl["flows"]
+    _bars(fig, _host_lane(th, o["tid"]), o, t0, "host op", OP_COLOR, 0.8,
+          plot_array([f"{n}" + (f" in {m}" if m else "") + f" · {s} · {d / 1e6:.3f} ms"
+                      for n, m, s, d in zip(o["name"], o["module"].astype(str), o["source"], o["dur"])]))
+    _bars(fig, _host_lane(th, fb["tid"]), fb, t0, "CPU fallback", FALLBACK_COLOR, 0.5,
+          plot_array([f"{op} ran on the CPU for {dev}: {format_bytes(a)} to the host, {format_bytes(b)} back · {s} · "
+                      f"{d / 1e6:.3f} ms" for op, dev, a, b, s, d in
+                      zip(fb["op"], fb["device"], fb["bytes_to_host"], fb["bytes_from_host"], fb["source"], fb["dur"])]))
+    _bars(fig, _host_lane(th, f["tid"]), f, t0, "host waits for the device", WAIT_COLOR, 0.5,
+          plot_array([f"waited {d / 1e6:.3f} ms for {dev} ({r}: {n} queued ops) in {op} · {s}"
+                      for d, dev, r, n, op, s in zip(f["dur"], f["device"], f["reason"], f["ops"], f["host_op"],
+                                                     f["source"])]))
+    for name, mask in (("fused kernel", k["n_ops"] > 1), ("one-op kernel", k["n_ops"] <= 1)):
+        kk = k[mask.to_numpy()]
+        _bars(fig, _device_lane(kk["device"]), kk, t0, name, KERNEL_COLORS[name], 0.8,
+              plot_array([f"kernel {n} · {c} ops · {d / 1e6:.3f} ms" for n, c, d in
+                          zip(kk["name"], kk["n_ops"], kk["dur"])]))
+    if len(fl):
+        _flows(fig, fl, th, t0)
+    host_lanes = [f"host · {plot(t)}" for t in th.values()]
+    lanes = host_lanes + sorted({f"device · {plot(d)}" for d in k["device"].astype(str)} |
+                                {f"device · {plot(d)}" for d in fl["device"]})
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=lanes[::-1])
+    fig.update_xaxes(title_text=f"ms since step {step} began", range=[0, (sl["end"] - t0) / 1e6])
+    fig.update_layout(barmode="overlay", height=200 + 70 * len(lanes), margin={"t": 30},
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
+    return fig
+
+
+def _flows(fig: go.Figure, fl: pd.DataFrame, threads: dict, t0: int) -> None:
+    """The op -> kernel lines as one trace: each a segment from the host lane at the enqueue to
+    the device lane at the kernel's start, ``None`` between segments."""
+    n = len(fl)
+    x = np.full(3 * n, None, dtype=object)
+    y = np.full(3 * n, None, dtype=object)
+    x[0::3], x[1::3] = (fl["ts"].to_numpy() - t0) / 1e6, (fl["kernel_ts"].to_numpy() - t0) / 1e6
+    y[0::3], y[1::3] = _host_lane(threads, fl["tid"]), _device_lane(fl["device"])
+    text = plot_array([f"{op} at {s} queued work that kernel {kn} ran {q / 1e6:.3f} ms later"
+                       for op, s, kn, q in zip(fl["op"], fl["source"], fl["kernel"], fl["queued_ns"])])
+    hover = np.full(3 * n, None, dtype=object)
+    hover[0::3], hover[1::3] = text, text
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="op → kernel", line={"color": "rgba(90,90,90,0.45)",
+                                                                                 "width": 1},
+                             customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+
+
+def _lanes_caption(sl: dict[str, Any], step: int) -> str:
+    """What the lanes drew, and what they left out."""
+    c = sl["counts"]
+    drawn = {"ops": len(sl["ops"]), "flushes": len(sl["flushes"]), "fallbacks": len(sl["fallbacks"]),
+             "kernels": len(sl["kernels"]), "flows": len(sl["flows"])}
+    words = {"ops": "top-level host ops", "flushes": "host waits", "fallbacks": "CPU fallbacks", "kernels": "kernels",
+             "flows": "op → kernel lines"}
+    parts = [f"{drawn[x]:,} {words[x]}" if drawn[x] == c[x] else f"the {drawn[x]:,} longest of {c[x]:,} {words[x]}"
+             for x in ("ops", "flushes", "fallbacks", "kernels")]
+    flows = (f"all {c['flows']:,} {words['flows']}" if drawn["flows"] == c["flows"] else
+             f"{drawn['flows']:,} of the {c['flows']:,} {words['flows']} (those whose op waited longest in the queue)")
+    return (f"From the start of step {step} to the end of the last kernel that ran work queued in it. Drawn: "
+            + ", ".join(parts) + f"; {flows}: each from where a host op queued an op to the kernel that ran it.")
+
+
+def _show_stall_source(run, stall: dict[str, Any]) -> None:
+    """The source lines around the line a stall waited on, read from its file when the source
+    rule allows (the file its flushes recorded), else a caption saying it is not readable here."""
+    f = run.queue_flushes
+    rows = f[(f["rank"] == stall["rank"]) & (f["source"].astype(str) == stall["source"])
+             & (f["user_source"].astype(str) == stall["user_source"]) & (f["host_op"].astype(str) == stall["host_op"])
+             & (f["reason"].astype(str) == stall["reason"]) & (f["device"].astype(str) == stall["device"])]
+    full = rows["source_full"].astype(str).mode()
+    file, _, line = (full.iloc[0] if len(full) else "").rpartition(":")
+    if not file or not line.isdigit():
+        st.caption("this wait was outside any op of the user's: there is no source line to show")
+        return
+    allowed = {fr for sid in rows["stack"].unique() for fr, _, _ in run.stack(int(stall["rank"]), int(sid))}
+    show_source(file, int(line), allowed, run.meta.get("cwd"), run.path)
+
+
+def _stalls(run, d: dict[str, Any]) -> None:
+    st.subheader("Where the host waits for the device")
+    stalls = d["stalls"]
+    if not stalls:
+        st.caption("none: the host never waited for a queued op")
+        return
+    _table([{**x, "source": x["source"] or "(outside any op)", "called_from": user_line(x)} for x in stalls],
+           {"rank": "rank", "source": "source line", "called_from": "called from", "host_op": "op", "reason": "why",
+            "device": "device", "count": "waits", "per_step_ms": "ms/step", "mean_ms": "mean ms", "max_ms": "max ms",
+            "total_ms": "total ms", "ops": "ops waited for"})
+    st.caption("why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback needs the "
+               "inputs; synchronize = torch.<device>.synchronize(); ms/step over the steady captured steps")
+    i = st.selectbox("source of the wait", range(len(stalls)), key="dev_stall",
+                     format_func=lambda i: f"{stalls[i]['source'] or '(outside any op)'} · {stalls[i]['reason']} · "
+                                           f"{stalls[i]['total_ms']:.2f} ms in all")
+    _show_stall_source(run, stalls[i])
+
+
+def _fusion(d: dict[str, Any]) -> None:
+    st.subheader("Fusion")
+    if d["fusion"]:
+        _table(d["fusion"], {"rank": "rank", "device": "device", "kernels": "kernels", "ops": "ops",
+                             "ops_per_kernel": "ops per kernel", "one_op_kernels": "one-op kernels",
+                             "one_op_pct": "one-op %", "busy_ms": "busy ms", "launch_floor_us": "shortest kernel µs",
+                             "launch_ms": "launch ms (at most)", "launch_pct": "launch % of busy (at most)"})
+        st.caption("a kernel's fixed launch cost is at most the device's shortest kernel: kernels x that bounds the "
+                   "device time spent on launches")
+    if d["unfused"]:
+        st.markdown("**Unfused runs**: one-op kernels in a row, where `torch.compile` or a custom kernel would save "
+                    "launches")
+        _table([{**x, "where": x["source"] + (f" .. {x['last_source']}" if x["last_source"] != x["source"] else "")}
+                for x in d["unfused"]],
+               {"rank": "rank", "device": "device", "where": "source lines", "kernels": "kernels",
+                "occurrences": "times", "per_step": "per step", "total_kernels": "kernels in all",
+                "total_ms": "device ms", "launch_ms": "launch ms (at most)", "first_step": "first step"})
+
+
+def _fallbacks(d: dict[str, Any]) -> None:
+    st.subheader("CPU fallbacks")
+    if d["fallbacks"]:
+        _table([{**x, "lines": ", ".join(x["sources"]), "to_host": format_bytes(x["bytes_to_host"]),
+                 "from_host": format_bytes(x["bytes_from_host"])} for x in d["fallbacks"]],
+               {"rank": "rank", "device": "device", "op": "op", "lines": "source lines", "calls": "calls",
+                "calls_per_step": "per step", "to_host": "to host", "from_host": "from host",
+                "per_step_ms": "ms/step", "total_ms": "total ms"})
+        st.caption("bytes over the run: inputs copied off the device, results copied back; the time includes the "
+                   "copies")
+    else:
+        st.caption("none: every op ran on the device")
+    if d["coverage"]:
+        _table(d["coverage"], {"rank": "rank", "device": "device", "native_ops": "ops run natively",
+                               "fallback_ops": "ops fallen back", "coverage_pct": "coverage %",
+                               "fallback_op_kinds": "kinds fallen back"})
+
+
+def _finding(f: dict[str, str]) -> None:
+    """A finding of the report as a box: a warning for high and medium, a note for info."""
+    if f["severity"] == "info":
+        st.info(md(f["text"]), icon=":material/info:")
+    else:
+        st.warning(md(f["text"]), icon=":material/error:" if f["severity"] == "high" else ":material/warning:")
+
+
+def _step_label(choices: pd.DataFrame, verdicts: dict[int, str]) -> dict[int, str]:
+    return {int(s): f"step {s}" + ("" if done else " (partial)") + (" · warm-up" if warm else "")
+            + (f" · {verdicts[s]}" if s in verdicts else "") + f" · {dur / 1e6:.1f} ms"
+            for s, done, warm, dur in zip(choices["step"], choices["complete"], choices["warmup"], choices["dur"])}
+
+
+@st.fragment
+def _lanes(path: Path, rank: int, verdicts: dict[int, str]) -> None:
+    """The step selector and its lanes, as a fragment: picking a step reruns only this, not the
+    page's tables and its per-step chart (on a run of a thousand steps, most of what the browser
+    would otherwise redraw)."""
+    st.subheader("A step on the host and on the device")
+    key, mtime = str(path), data.stamp(path)
+    choices = _choices(key, mtime, rank)
+    if choices.empty:
+        st.caption("this rank has no step to show")
+        return
+    steps = [int(s) for s in choices["step"]]
+    labels = _step_label(choices, verdicts)
+    step = st.selectbox("step", steps, index=steps.index(tla.default_step(choices)), key="dev_step",
+                        format_func=labels.get)
+    sl = _step_slice(key, mtime, rank, step)
+    st.plotly_chart(_lane_chart(sl, step), width="stretch", key="dev_lanes")
+    st.caption(_lanes_caption(sl, step))
+
+
+st.title("Device")
+path = data.run_path()
+run = data.load(path)
+report = data.summary(path)
+d = report["device"]
+if not d["captured"]:
+    data.no_data("device data", HOW)
+    st.stop()
+for f in findings(report):
+    if f["page"] == "device":  # what bounds the steps, the host's waits, fallbacks, launches: as the report says
+        _finding(f)
+_metrics(d)
+
+st.subheader("What bounds each step")
+if d["verdict"]:
+    _table(d["verdict"], {"rank": "rank", "verdict": "verdict", "steps": "steps", "device": "busiest device",
+                          "step_ms": "step ms", "busy_ms": "busy ms", "busy_pct": "busy %", "idle_ms": "idle ms",
+                          "wait_ms": "host waits ms", "wait_pct": "host waits %"})
+t = d["thresholds"]
+st.caption(f"over the {d['basis_steps']} {md(d['basis'])} captured steps: device-bound when the busiest device runs "
+           f"kernels {t['device_bound_busy_pct']:.0f}% of the step or more; host-bound when it is busy under "
+           f"{t['host_bound_busy_pct']:.0f}% while the host waits for it under {t['host_bound_wait_pct']:.0f}% (the "
+           "device waits for work); else balanced")
+steps = pd.DataFrame(d["steps"])
+ranks = sorted(int(r) for r in steps["rank"].unique()) if len(steps) else sorted(run.ranks)
+rank = st.selectbox("rank", ranks, key="dev_rank")
+mine = steps[steps["rank"] == rank].sort_values("step") if len(steps) else steps
+if len(mine):
+    st.plotly_chart(_step_chart(mine, t), width="stretch", key="dev_steps")
+_lanes(path, rank, {int(s): v for s, v in zip(mine["step"], mine["verdict"])} if len(mine) else {})
+_stalls(run, d)
+_fusion(d)
+_fallbacks(d)
