@@ -8,6 +8,7 @@ innermost frame with its full path), so analyses work on plain columns.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -480,7 +481,15 @@ class Run:
         lk, enq = lk[order], links["enqueue"].to_numpy(np.int64)[order]
         kk = key(df["rank"].to_numpy(), df["id"].to_numpy())
         lo, hi = np.searchsorted(lk, kk, side="left"), np.searchsorted(lk, kk, side="right")
-        df["enqueue_ids"] = [enq[a:b].tolist() for a, b in zip(lo.tolist(), hi.tolist())]
+        flat = enq.tolist()
+        collecting = gc.isenabled()
+        gc.disable()  # a list per kernel: the cyclic collector walked the millions made so far, again and again
+        try:
+            ids = [flat[a:b] for a, b in zip(lo.tolist(), hi.tolist())]
+        finally:
+            if collecting:
+                gc.enable()
+        df["enqueue_ids"] = ids
         return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
 
     @functools.cached_property

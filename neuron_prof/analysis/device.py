@@ -73,6 +73,26 @@ def _covered(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.ndarra
     return (upto(np.asarray(w1, np.int64)) - upto(np.asarray(w0, np.int64))).astype(np.int64)
 
 
+def _str_codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``col.astype(str)`` as codes into its distinct values, sorted: (codes, values). A
+    categorical column is converted once per category: pandas' ``astype(str)`` builds a string
+    array of every row, which at a million rows costs more than the analysis."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy()
+        if not len(codes) or codes.min() >= 0:
+            cats = np.asarray(col.cat.categories.astype(str), dtype=object)
+            remap, values = pd.factorize(cats, sort=True)
+            return remap[codes].astype(np.int64), np.asarray(values, dtype=object)
+    codes, values = pd.factorize(col.astype(str).to_numpy(dtype=object), sort=True, use_na_sentinel=False)
+    return codes.astype(np.int64), np.asarray(values, dtype=object)
+
+
+def _str_values(col: pd.Series) -> np.ndarray:
+    """``col.astype(str).to_numpy(dtype=object)``, a categorical column converted per category."""
+    codes, values = _str_codes(col)
+    return values[codes] if len(values) else np.empty(len(col), dtype=object)
+
+
 # --------------------------------------------------------------------------- correlation
 
 
@@ -86,7 +106,8 @@ def _last_at_or_before(keys: np.ndarray, ts: np.ndarray, qkeys: np.ndarray, qts:
     out = np.full(len(qkeys), -1, dtype=np.int64)
     if not len(keys):
         return out
-    uniq, first = np.unique(keys, return_index=True)
+    first = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))  # keys are sorted
+    uniq = keys[first]
     bounds = np.append(first, len(keys))
     for i, k in enumerate(uniq):
         q = np.flatnonzero(qkeys == k)
@@ -151,19 +172,19 @@ def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFra
     out = enqueues[[c for c in CORRELATION_COLUMNS[:13]]].copy()
     out["op_index"] = enqueuing_ops(enqueues, ops)
     out["kernel"] = kernel_of(enqueues, links)
-    k = kernels.set_index(kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64))
+    kindex = pd.Index(kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64))
     key = out["rank"].to_numpy(np.int64) * (1 << 44) + out["kernel"].to_numpy(np.int64)
     found = out["kernel"].to_numpy() >= 0
     kts = np.full(len(out), -1, np.int64)
     kdur = np.full(len(out), -1, np.int64)
     kname = np.full(len(out), "", dtype=object)
-    if found.any() and len(k):
-        idx = k.index.get_indexer(key[found])
+    if found.any() and len(kernels):
+        idx = kindex.get_indexer(key[found])
         ok = idx >= 0
         sel = np.flatnonzero(found)[ok]
-        kts[sel] = k["ts"].to_numpy(np.int64)[idx[ok]]
-        kdur[sel] = k["dur"].to_numpy(np.int64)[idx[ok]]
-        kname[sel] = k["name"].astype(str).to_numpy(dtype=object)[idx[ok]]
+        kts[sel] = kernels["ts"].to_numpy(np.int64)[idx[ok]]
+        kdur[sel] = kernels["dur"].to_numpy(np.int64)[idx[ok]]
+        kname[sel] = _str_values(kernels["name"])[idx[ok]]
     out["kernel_name"] = pd.Categorical(kname)
     out["kernel_ts"], out["kernel_dur"] = kts, kdur
     out["queued_ns"] = np.where(kts >= 0, kts - out["ts"].to_numpy(np.int64), -1)
@@ -315,18 +336,26 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
         return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
     n = int(basis.groupby("rank").size().max()) if len(basis) else 0
     k = kernels.reset_index(drop=True)
-    src = kernel_sources(k, corr)
     hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
-    k = k.assign(name=k["name"].astype(str), device=k["device"].astype(str), hit_dur=np.where(hit, k["dur"], 0),
-                 source=src["source"].to_numpy(), user_source=src["user_source"].to_numpy())
+    # grouped on codes that sort as the names do (not on a million strings), named afterwards
+    dev_code, dev_names = _str_codes(k["device"])
+    name_code, names = _str_codes(k["name"])
+    k = pd.DataFrame({"rank": k["rank"].to_numpy(), "device": dev_code, "name": name_code, "dur": k["dur"].to_numpy(),
+                      "n_ops": k["n_ops"].to_numpy(), "hit_dur": np.where(hit, k["dur"], 0)})
     busy = k.groupby(["rank", "device"])["dur"].transform("sum")
     k["share"] = k["dur"] / busy
     g = k.groupby(["rank", "device", "name"])
-    longest = k.loc[g["dur"].idxmax(), ["rank", "device", "name", "source", "user_source"]]
+    longest = g["dur"].idxmax().to_numpy()
     out = pd.DataFrame({"kernels": g.size(), "ops": g["n_ops"].sum(), "total_ms": g["dur"].sum() / 1e6,
                         "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
                         "mean_us": g["dur"].mean() / 1e3, "pct": 100 * g["share"].sum()}).reset_index()
-    out = out.merge(longest, on=["rank", "device", "name"], how="left")
+    out["device"], out["name"] = dev_names[out["device"].to_numpy()], names[out["name"].to_numpy()]
+    if corr.empty:  # the line that queued the longest one's first op (``kernel_sources``)
+        out["source"] = out["user_source"] = np.full(len(out), "", dtype=object)
+    else:
+        named, first_op, _ = _kernel_ops(kernels.iloc[longest], corr)
+        out["source"] = _strings_at(corr["source"], first_op, named)
+        out["user_source"] = _strings_at(corr["user_source"], first_op, named)
     out["per_step_ms"] = out["per_step_ms"].astype(object).where(out["per_step_ms"] > 0, None) if n else None
     return out.sort_values("total_ms", ascending=False, ignore_index=True).head(top)[TOP_KERNEL_COLUMNS]
 
@@ -360,6 +389,43 @@ UNFUSED_COLUMNS = ["rank", "device", "kernels", "source", "user_source", "last_s
                    "total_kernels", "total_ms", "launch_ms", "per_step", "first_step"]
 
 
+def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per kernel (``kernels`` order): whether ``correlation`` rows name it, and the positions in
+    ``corr`` of its first and last queued op by enqueue id (meaningful where it is named)."""
+    kern = corr["kernel"].to_numpy(np.int64)
+    rows = np.flatnonzero(kern >= 0)
+    ck = corr["rank"].to_numpy(np.int64)[rows] * (1 << 44) + kern[rows]
+    o = np.lexsort((corr["id"].to_numpy()[rows], ck))  # per kernel, its ops by enqueue id
+    rows, ck = rows[o], ck[o]
+    new = np.ones(len(ck), dtype=bool)
+    new[1:] = ck[1:] != ck[:-1]
+    last = np.ones(len(ck), dtype=bool)
+    last[:-1] = new[1:]
+    keys = ck[new]  # sorted, one per kernel named
+    key = kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64)
+    if not len(keys):
+        nowhere = np.zeros(len(key), dtype=np.int64)
+        return np.zeros(len(key), dtype=bool), nowhere, nowhere
+    pos = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+    return keys[pos] == key, rows[new][pos], rows[last][pos]
+
+
+def _strings_at(col: pd.Series, rows: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    """``col.astype(str)`` at ``rows`` where ``hit``, "" elsewhere and where it is missing; a
+    categorical column converted per category."""
+    out = np.full(len(rows), "", dtype=object)
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy()[rows[hit]]
+        cats = np.asarray(col.cat.categories.astype(str), dtype=object)
+        if len(cats):
+            out[hit] = np.where(codes >= 0, cats[np.maximum(codes, 0)], "")
+        return out
+    values = col.astype(str).to_numpy(dtype=object)[rows[hit]]
+    values[pd.isna(values)] = ""
+    out[hit] = values
+    return out
+
+
 def kernel_sources(kernels: pd.DataFrame, corr: pd.DataFrame) -> pd.DataFrame:
     """Per kernel (``kernels`` order): the source, user's line and host op of its first and last
     queued op (``correlation`` rows), "" where unknown."""
@@ -369,14 +435,10 @@ def kernel_sources(kernels: pd.DataFrame, corr: pd.DataFrame) -> pd.DataFrame:
         for c in cols + ["last_source"]:
             out[c] = ""
         return out
-    c = corr[corr["kernel"] >= 0]
-    c = c.assign(key=c["rank"].to_numpy(np.int64) * (1 << 44) + c["kernel"].to_numpy(np.int64)).sort_values(["key", "id"])
-    first = c.drop_duplicates("key", keep="first").set_index("key")
-    last = c.drop_duplicates("key", keep="last").set_index("key")
-    key = kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64)
+    hit, first, last = _kernel_ops(kernels, corr)
     for col in cols:
-        out[col] = first[col].astype(str).reindex(key).fillna("").to_numpy(dtype=object)
-    out["last_source"] = last["source"].astype(str).reindex(key).fillna("").to_numpy(dtype=object)
+        out[col] = _strings_at(corr[col], first, hit)
+    out["last_source"] = _strings_at(corr["source"], last, hit)
     return out
 
 
@@ -392,31 +454,54 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
     if kernels.empty:
         return pd.DataFrame(columns=UNFUSED_COLUMNS)
     k = kernels.reset_index(drop=True)
-    src = kernel_sources(k, corr)
     floor = k.groupby(["rank", "device"], observed=True)["dur"].transform("min").to_numpy(np.int64)
-    order = np.lexsort((k["ts"].to_numpy(), k["device"].astype(str).to_numpy(), k["rank"].to_numpy()))
+    dev_code, dev_names = _str_codes(k["device"])  # codes in the names' order: sorts as the names do
+    order = np.lexsort((k["ts"].to_numpy(), dev_code, k["rank"].to_numpy()))
+    n = len(order)
     one = (k["n_ops"].to_numpy() == 1)[order]
-    grp = (k["rank"].astype(str) + "|" + k["device"].astype(str) + "|" + k["step"].astype(str)).to_numpy()[order]
-    brk = np.ones(len(order), dtype=bool)
-    brk[1:] = (~one[1:]) | (~one[:-1]) | (grp[1:] != grp[:-1])
-    run_id = np.cumsum(brk)
-    run_id[~one] = 0
-    ids, counts = np.unique(run_id[run_id > 0], return_counts=True)
-    long_runs = set(ids[counts >= UNFUSED_MIN_RUN].tolist())
-    if not long_runs:
+    rank = k["rank"].to_numpy(np.int64)[order]
+    dev = dev_code[order]
+    step = k["step"].to_numpy(np.int64)[order]
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = (~one[1:]) | (~one[:-1]) | (rank[1:] != rank[:-1]) | (dev[1:] != dev[:-1]) | (step[1:] != step[:-1])
+    # a run of one-op kernels: from a break at a one-op kernel to the next break
+    bpos = np.flatnonzero(brk)
+    starts = np.flatnonzero(one & brk)
+    ends = np.append(bpos, n)[np.searchsorted(bpos, starts) + 1]
+    long = ends - starts >= UNFUSED_MIN_RUN
+    starts, ends = starts[long], ends[long]
+    if not len(starts):
         return pd.DataFrame(columns=UNFUSED_COLUMNS)
     n_basis = int(basis.groupby("rank").size().max()) if len(basis) else 0
-    names = k["name"].astype(str).to_numpy(dtype=object)
-    rows = []
-    for rid in sorted(long_runs):
-        pos = order[run_id == rid]
-        sig = " > ".join(names[pos[:SIGNATURE_OPS]]) + (" > ..." if len(pos) > SIGNATURE_OPS else "")
-        rows.append({"rank": int(k["rank"].iat[pos[0]]), "device": str(k["device"].iat[pos[0]]), "kernels": sig,
-                     "source": src["source"].iat[pos[0]], "user_source": src["user_source"].iat[pos[0]],
-                     "last_source": src["last_source"].iat[pos[-1]], "n": len(pos),
-                     "ms": float(k["dur"].to_numpy()[pos].sum() / 1e6),
-                     "launch": float(floor[pos].sum() / 1e6), "step": int(k["step"].iat[pos[0]])})
-    r = pd.DataFrame(rows)
+    first, last = order[starts], order[ends - 1]
+    # signatures: the first SIGNATURE_OPS names, joined once per distinct sequence of names
+    name_code, names = _str_codes(k["name"])
+    name_code = name_code[order]
+    at = starts[:, None] + np.arange(SIGNATURE_OPS)[None, :]
+    seqs = np.column_stack([np.where(at < ends[:, None], name_code[np.minimum(at, n - 1)], -1),
+                            ends - starts > SIGNATURE_OPS])
+    by = np.lexsort(seqs.T[::-1])
+    distinct = np.ones(len(by), dtype=bool)
+    distinct[1:] = (seqs[by][1:] != seqs[by][:-1]).any(axis=1)
+    sig_of = np.empty(len(by), dtype=np.int64)
+    sig_of[by] = np.cumsum(distinct) - 1
+    sigs = np.array([" > ".join(names[c] for c in row[:SIGNATURE_OPS] if c >= 0) + (" > ..." if row[-1] else "")
+                     for row in seqs[by][distinct]], dtype=object)
+    # lines: of the first kernel's first op and the last kernel's last op (``kernel_sources``)
+    if corr.empty:
+        source = user_source = last_source = np.full(len(first), "", dtype=object)
+    else:
+        hit, first_op, last_op = _kernel_ops(k, corr)
+        source = _strings_at(corr["source"], first_op[first], hit[first])
+        user_source = _strings_at(corr["user_source"], first_op[first], hit[first])
+        last_source = _strings_at(corr["source"], last_op[last], hit[last])
+    dur = np.concatenate([[0], np.cumsum(k["dur"].to_numpy(np.int64)[order])])
+    launch = np.concatenate([[0], np.cumsum(floor[order])])
+    r = pd.DataFrame({"rank": k["rank"].to_numpy(np.int64)[first], "device": dev_names[dev_code[first]],
+                      "kernels": sigs[sig_of], "source": source, "user_source": user_source,
+                      "last_source": last_source, "n": ends - starts,
+                      "ms": (dur[ends] - dur[starts]) / 1e6, "launch": (launch[ends] - launch[starts]) / 1e6,
+                      "step": k["step"].to_numpy(np.int64)[first]})
     steady = in_steps(r, basis) if n_basis else np.zeros(len(r), dtype=bool)
     g = r.assign(steady=steady).groupby(["rank", "device", "kernels", "source", "user_source", "last_source"])
     out = pd.DataFrame({"occurrences": g.size(), "total_kernels": g["n"].sum(), "total_ms": g["ms"].sum(),
@@ -434,19 +519,26 @@ def queue_depth(enqueues: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
     if enqueues.empty:
         return pd.DataFrame(columns=cols)
     parts = []
-    for (rank, device), e in enqueues.groupby(["rank", enqueues["device"].astype(str)], observed=True):
-        k = kernels[(kernels["rank"] == rank) & (kernels["device"].astype(str) == device)]
-        ts = np.concatenate([e["ts"].to_numpy(np.int64), (k["ts"] + k["dur"]).to_numpy(np.int64)])
-        is_enq = np.concatenate([np.ones(len(e), bool), np.zeros(len(k), bool)])
-        reported = np.concatenate([e["queue_depth"].to_numpy(np.int64), np.zeros(len(k), np.int64)])
-        done = np.concatenate([np.zeros(len(e), np.int64), k["n_ops"].to_numpy(np.int64)])
-        order = np.lexsort((~is_enq, ts))  # at one time, the enqueue first
-        ts, is_enq, reported, done = ts[order], is_enq[order], reported[order], done[order]
-        ended = np.cumsum(done)
-        last = np.maximum.accumulate(np.where(is_enq, np.arange(len(ts)), -1))
-        base = np.where(last >= 0, reported[np.maximum(last, 0)], 0)
-        depth = np.clip(base - (ended - np.where(last >= 0, ended[np.maximum(last, 0)], 0)), 0, None)
-        parts.append(pd.DataFrame({"rank": rank, "device": device, "ts": ts, "depth": depth}))
+    ecode, enames = _str_codes(enqueues["device"])
+    kcode, knames = _str_codes(kernels["device"]) if len(kernels) else (np.zeros(0, np.int64), np.zeros(0, object))
+    erank, krank = enqueues["rank"].to_numpy(), kernels["rank"].to_numpy()
+    for rank in np.unique(erank).tolist():
+        for code in np.unique(ecode[erank == rank]):  # the devices in name order, as a groupby sorts them
+            device = enames[code]
+            e = enqueues.iloc[np.flatnonzero((erank == rank) & (ecode == code))]
+            kc = np.flatnonzero(knames == device)
+            k = kernels.iloc[np.flatnonzero((krank == rank) & (kcode == (kc[0] if len(kc) else -1)))]
+            ts = np.concatenate([e["ts"].to_numpy(np.int64), (k["ts"] + k["dur"]).to_numpy(np.int64)])
+            is_enq = np.concatenate([np.ones(len(e), bool), np.zeros(len(k), bool)])
+            reported = np.concatenate([e["queue_depth"].to_numpy(np.int64), np.zeros(len(k), np.int64)])
+            done = np.concatenate([np.zeros(len(e), np.int64), k["n_ops"].to_numpy(np.int64)])
+            order = np.lexsort((~is_enq, ts))  # at one time, the enqueue first
+            ts, is_enq, reported, done = ts[order], is_enq[order], reported[order], done[order]
+            ended = np.cumsum(done)
+            last = np.maximum.accumulate(np.where(is_enq, np.arange(len(ts)), -1))
+            base = np.where(last >= 0, reported[np.maximum(last, 0)], 0)
+            depth = np.clip(base - (ended - np.where(last >= 0, ended[np.maximum(last, 0)], 0)), 0, None)
+            parts.append(pd.DataFrame({"rank": rank, "device": device, "ts": ts, "depth": depth}))
     return pd.concat(parts, ignore_index=True)[cols]
 
 
@@ -490,7 +582,8 @@ def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for df, col in ((enqueues, "native_ops"), (fallbacks, "fallback_ops")):
         if len(df):
-            parts.append(df.groupby(["rank", df["device"].astype(str)]).size().rename(col))
+            pairs = df.groupby(["rank", "device"], observed=True, dropna=False).size().rename("n").reset_index()
+            parts.append(pairs.groupby(["rank", pairs["device"].astype(str)])["n"].sum().rename(col))
     if not parts:
         return pd.DataFrame(columns=COVERAGE_COLUMNS)
     out = pd.concat(parts, axis=1).fillna(0).astype(np.int64).reset_index()
