@@ -475,11 +475,11 @@ class Run:
         step."""
         df = self._table("device_kernels")
         links = self.kernel_enqueues
-        key = lambda r, k: r.astype(np.int64) * (1 << 44) + k.astype(np.int64)  # noqa: E731
-        lk = key(links["rank"].to_numpy(), links["kernel"].to_numpy())
+        from neuron_prof.analysis.device import rank_key
+        lk = rank_key(links["rank"], links["kernel"])
         order = np.argsort(lk, kind="stable")
         lk, enq = lk[order], links["enqueue"].to_numpy(np.int64)[order]
-        kk = key(df["rank"].to_numpy(), df["id"].to_numpy())
+        kk = rank_key(df["rank"], df["id"])
         lo, hi = np.searchsorted(lk, kk, side="left"), np.searchsorted(lk, kk, side="right")
         flat = enq.tolist()
         collecting = gc.isenabled()

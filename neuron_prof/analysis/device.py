@@ -40,6 +40,16 @@ SIGNATURE_OPS = 6
 """Kernel names shown (and grouped on) per unfused sequence; longer runs end in ``...``."""
 
 
+def rank_key(rank, ids) -> np.ndarray:
+    """One int64 per (rank, id): a backend's enqueue and kernel ids are unique within a process."""
+    return np.asarray(rank, dtype=np.int64) * (1 << 44) + np.asarray(ids, dtype=np.int64)
+
+
+def _steps_per_rank(basis: pd.DataFrame) -> int:
+    """The most ``basis`` steps one rank has: what per-step figures divide by (0: none)."""
+    return int(basis.groupby("rank").size().max()) if len(basis) else 0
+
+
 # --------------------------------------------------------------------------- intervals
 
 
@@ -146,8 +156,8 @@ def kernel_of(enqueues: pd.DataFrame, links: pd.DataFrame) -> np.ndarray:
     out = np.full(len(enqueues), -1, dtype=np.int64)
     if enqueues.empty or links.empty:
         return out
-    e = enqueues["rank"].to_numpy(np.int64) * (1 << 44) + enqueues["id"].to_numpy(np.int64)
-    lk = links["rank"].to_numpy(np.int64) * (1 << 44) + links["enqueue"].to_numpy(np.int64)
+    e = rank_key(enqueues["rank"], enqueues["id"])
+    lk = rank_key(links["rank"], links["enqueue"])
     order = np.argsort(lk, kind="stable")
     pos = np.clip(np.searchsorted(lk[order], e), 0, len(lk) - 1)
     hit = lk[order][pos] == e
@@ -172,8 +182,8 @@ def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFra
     out = enqueues[[c for c in CORRELATION_COLUMNS[:13]]].copy()
     out["op_index"] = enqueuing_ops(enqueues, ops)
     out["kernel"] = kernel_of(enqueues, links)
-    kindex = pd.Index(kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64))
-    key = out["rank"].to_numpy(np.int64) * (1 << 44) + out["kernel"].to_numpy(np.int64)
+    kindex = pd.Index(rank_key(kernels["rank"], kernels["id"]))
+    key = rank_key(out["rank"], out["kernel"])
     found = out["kernel"].to_numpy() >= 0
     kts = np.full(len(out), -1, np.int64)
     kdur = np.full(len(out), -1, np.int64)
@@ -287,7 +297,7 @@ def stalls(flushes: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     and ``ops`` (queued ops waited for, in all). Most waited first."""
     if flushes.empty:
         return pd.DataFrame(columns=STALL_COLUMNS)
-    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    n = _steps_per_rank(basis)
     hit = in_steps(flushes, basis) if n else np.zeros(len(flushes), dtype=bool)
     f = flushes.assign(hit=hit, hit_dur=np.where(hit, flushes["dur"], 0))
     g = f.groupby(["rank", "source", "user_source", "host_op", "reason", "device"], observed=True)
@@ -334,7 +344,7 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
     ``top`` by device time: on an asynchronous device this, not the host ops' time, is the cost."""
     if kernels.empty:
         return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
-    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    n = _steps_per_rank(basis)
     k = kernels.reset_index(drop=True)
     hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
     # grouped on codes that sort as the names do (not on a million strings), named afterwards
@@ -394,7 +404,7 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame) -> tuple[np.ndarray, 
     ``corr`` of its first and last queued op by enqueue id (meaningful where it is named)."""
     kern = corr["kernel"].to_numpy(np.int64)
     rows = np.flatnonzero(kern >= 0)
-    ck = corr["rank"].to_numpy(np.int64)[rows] * (1 << 44) + kern[rows]
+    ck = rank_key(corr["rank"].to_numpy()[rows], kern[rows])
     o = np.lexsort((corr["id"].to_numpy()[rows], ck))  # per kernel, its ops by enqueue id
     rows, ck = rows[o], ck[o]
     new = np.ones(len(ck), dtype=bool)
@@ -402,7 +412,7 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame) -> tuple[np.ndarray, 
     last = np.ones(len(ck), dtype=bool)
     last[:-1] = new[1:]
     keys = ck[new]  # sorted, one per kernel named
-    key = kernels["rank"].to_numpy(np.int64) * (1 << 44) + kernels["id"].to_numpy(np.int64)
+    key = rank_key(kernels["rank"], kernels["id"])
     if not len(keys):
         nowhere = np.zeros(len(key), dtype=np.int64)
         return np.zeros(len(key), dtype=bool), nowhere, nowhere
@@ -472,7 +482,7 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
     starts, ends = starts[long], ends[long]
     if not len(starts):
         return pd.DataFrame(columns=UNFUSED_COLUMNS)
-    n_basis = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    n_basis = _steps_per_rank(basis)
     first, last = order[starts], order[ends - 1]
     # signatures: the first SIGNATURE_OPS names, joined once per distinct sequence of names
     name_code, names = _str_codes(k["name"])
@@ -556,7 +566,7 @@ def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFra
     calls per step (None when none fell in them). Costliest first."""
     if fallbacks.empty:
         return pd.DataFrame(columns=FALLBACK_COLUMNS)
-    n = int(basis.groupby("rank").size().max()) if len(basis) else 0
+    n = _steps_per_rank(basis)
     hit = in_steps(fallbacks, basis) if n else np.zeros(len(fallbacks), dtype=bool)
     f = fallbacks.assign(hit=hit, hit_dur=np.where(hit, fallbacks["dur"], 0),
                          device=fallbacks["device"].astype(str), op=fallbacks["op"].astype(str))

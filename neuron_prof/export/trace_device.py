@@ -28,15 +28,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.device import enqueuing_ops, queue_depth
+from neuron_prof.analysis.device import enqueuing_ops, queue_depth, rank_key
 from neuron_prof.export.clock import TraceClock
 from neuron_prof.export.tracewriter import TraceWriter, lanes
 from neuron_prof.run import Run
 
 OPS_SEPARATOR = ", "
 """Between the op names of a kernel's ``ops`` arg."""
-_KEY = 1 << 44
-"""rank * _KEY + kernel id: one int64 key per kernel across ranks (as ``analysis.device``)."""
 
 
 def _text(col: pd.Series) -> np.ndarray:
@@ -46,12 +44,12 @@ def _text(col: pd.Series) -> np.ndarray:
 
 def _kernel_rows(kernels: pd.DataFrame, rank: pd.Series, kernel: pd.Series) -> np.ndarray:
     """Per (rank, kernel id), the kernel's row in ``kernels``; -1 where it has none."""
-    keys = kernels["rank"].to_numpy(np.int64) * _KEY + kernels["id"].to_numpy(np.int64)
+    keys = rank_key(kernels["rank"], kernels["id"])
     kernel = kernel.to_numpy(np.int64)
     if not len(keys):
         return np.full(len(kernel), -1, np.int64)
     order = np.argsort(keys, kind="stable")
-    q = rank.to_numpy(np.int64) * _KEY + kernel
+    q = rank_key(rank, kernel)
     pos = np.minimum(np.searchsorted(keys[order], q), len(keys) - 1)
     return np.where((keys[order][pos] == q) & (kernel >= 0), order[pos], -1)
 
