@@ -185,11 +185,13 @@ def markdown_run(canary, tmp_path_factory) -> tuple[Path, list[str], str]:
                f"![x](http://127.0.0.1:{port}/leak) <img src=http://127.0.0.1:{port}/img> "
                f"[link](http://127.0.0.1:{port}/l) **b**"]
     model = torch.nn.Sequential()
-    model.add_module(module, torch.nn.Linear(8, 8))
+    # big enough that its addmm is the top op by self time, which the Overview's finding names
+    # with its module (at 8x8, autograd's AccumulateGrad took the top place in some runs)
+    model.add_module(module, torch.nn.Linear(256, 256))
     run_dir = tmp_path_factory.mktemp("markdown") / "run"
     with neuron_prof.profile(run_dir, command=command) as prof:
         for _ in range(4):
-            model(torch.randn(4, 8)).sum().backward()
+            model(torch.randn(64, 256)).sum().backward()
             prof.step()
     return run_dir, command, module
 
