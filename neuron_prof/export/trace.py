@@ -28,7 +28,7 @@ from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.clock import RankClock, TraceClock
 from neuron_prof.export.trace_collectives import CollectiveTracks
 from neuron_prof.export.trace_device import DeviceTracks
-from neuron_prof.export.tracewriter import TraceWriter, lanes
+from neuron_prof.export.tracewriter import TraceWriter, lanes, string_args
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -187,11 +187,6 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, cl
     return len(compiles)
 
 
-def _strings(col: pd.Series) -> np.ndarray:
-    """A (categorical) column as the object array of strings the writer takes for string args."""
-    return col.astype(str).to_numpy(dtype=object)
-
-
 def _write_memory_counters(writer: TraceWriter, proc: int, clock: RankClock, tl: pd.DataFrame) -> int:
     """Live bytes per device: the total, and each category that ever held bytes (an always-zero
     category track would only push the useful ones out of view)."""
@@ -228,15 +223,15 @@ def _write_memory_events(writer: TraceWriter, proc: int, clock: RankClock, peaks
             names.append(f"peak step {step}" + (f" on {device}" if several else "") + f": {format_bytes(int(size))}"
                          + (f", {where}" if where else ""))
         writer.instants(track, clock.at(peaks["ts"]), np.array(names, dtype=object),
-                        {"bytes": peaks["bytes"].to_numpy(np.int64), "device": _strings(peaks["device"]),
-                         "op": _strings(peaks["op"]), "source": _strings(peaks["source_full"]),
-                         "module": _strings(peaks["module"]), "category": _strings(peaks["category"]),
+                        {"bytes": peaks["bytes"].to_numpy(np.int64), "device": string_args(peaks["device"]),
+                         "op": string_args(peaks["op"]), "source": string_args(peaks["source_full"]),
+                         "module": string_args(peaks["module"]), "category": string_args(peaks["category"]),
                          "alloc_bytes": peaks["alloc_bytes"].to_numpy(np.int64)})
     if len(ooms):
         writer.instants(track, clock.at(ooms["ts"]),
                         np.full(len(ooms), "out of memory", dtype=object),
-                        {"message": _strings(ooms["message"]), "bytes": ooms["bytes"].to_numpy(np.int64),
-                         "device": _strings(ooms["device"])})
+                        {"message": string_args(ooms["message"]), "bytes": ooms["bytes"].to_numpy(np.int64),
+                         "device": string_args(ooms["device"])})
     return len(peaks) + len(ooms)
 
 
@@ -266,8 +261,8 @@ def _write_large_allocations(writer: TraceWriter, proc: int, clock: RankClock, r
         names = np.array([f"{format_bytes(int(b))} {op or alloc_op}".rstrip() for b, op, alloc_op in
                           zip(g["bytes"], g["top_op"].astype(str), g["op"].astype(str))], dtype=object)
         writer.slices(tracks[lane], *clock.span(start, end - start), names,
-                      {"bytes": g["bytes"].to_numpy(np.int64), "op": _strings(g["op"]),
-                       "source": _strings(g["source_full"]), "module": _strings(g["module"]),
-                       "category": _strings(g["category"]), "step": g["step"].to_numpy(np.int64),
+                      {"bytes": g["bytes"].to_numpy(np.int64), "op": string_args(g["op"]),
+                       "source": string_args(g["source_full"]), "module": string_args(g["module"]),
+                       "category": string_args(g["category"]), "step": g["step"].to_numpy(np.int64),
                        "freed": np.where(never, "no (live when capture ended)", "").astype(object)})
     return len(big)

@@ -30,16 +30,11 @@ import pandas as pd
 
 from neuron_prof.analysis.device import enqueuing_ops, queue_depth, rank_key
 from neuron_prof.export.clock import TraceClock
-from neuron_prof.export.tracewriter import TraceWriter, lanes
+from neuron_prof.export.tracewriter import TraceWriter, lanes, string_args
 from neuron_prof.run import Run
 
 OPS_SEPARATOR = ", "
 """Between the op names of a kernel's ``ops`` arg."""
-
-
-def _text(col: pd.Series) -> np.ndarray:
-    """A (categorical) column as the object array of strings the writer takes for string args."""
-    return col.astype(str).to_numpy(dtype=object)
 
 
 def _kernel_rows(kernels: pd.DataFrame, rank: pd.Series, kernel: pd.Series) -> np.ndarray:
@@ -68,7 +63,7 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame, rows: np.ndarray
     first = np.ones(len(sel), bool)
     first[1:] = krow[1:] != krow[:-1]
     place = np.arange(len(sel)) - np.maximum.accumulate(np.where(first, np.arange(len(sel)), 0))
-    names = _text(corr["op"])[sel]
+    names = string_args(corr["op"])[sel]
     # a join per kernel would be a Python call per kernel: the texts grow one op position at a
     # time instead, each pass over the kernels that long (all passes together touch each op once)
     by_place = np.argsort(place, kind="stable")
@@ -77,8 +72,8 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame, rows: np.ndarray
     for j in range(1, int(place.max()) + 1):
         now = by_place[bounds[j]:bounds[j + 1]]
         text[krow[now]] = text[krow[now]] + OPS_SEPARATOR + names[now]
-    source[krow[first]] = _text(corr["source_full"])[sel[first]]
-    module[krow[first]] = _text(corr["module"])[sel[first]]
+    source[krow[first]] = string_args(corr["source_full"])[sel[first]]
+    module[krow[first]] = string_args(corr["module"])[sel[first]]
     return text, source, module
 
 
@@ -268,7 +263,7 @@ class DeviceTracks:
             return 0
         f = self.flushes.iloc[idx]
         start, end = (s[idx] for s in self.wait_span)
-        names = "wait for " + _text(f["device"]) + " (" + _text(f["reason"]) + ")"
+        names = "wait for " + string_args(f["device"]) + " (" + string_args(f["reason"]) + ")"
         writer.slices(self._thread_tracks(writer, proc, rank, f["tid"].to_numpy()),
                       *self.clock.of(rank).span(start, end - start), names,
                       {"reason": f["reason"], "ops": f["ops"].to_numpy(np.int64), "source": f["source_full"],
@@ -282,7 +277,7 @@ class DeviceTracks:
         f = self.fallbacks.iloc[idx]
         start, end = (s[idx] for s in self.fallback_span)
         writer.slices(self._thread_tracks(writer, proc, rank, f["tid"].to_numpy()),
-                      *self.clock.of(rank).span(start, end - start), "CPU fallback " + _text(f["op"]),
+                      *self.clock.of(rank).span(start, end - start), "CPU fallback " + string_args(f["op"]),
                       {"bytes_to_host": f["bytes_to_host"].to_numpy(np.int64),
                        "bytes_from_host": f["bytes_from_host"].to_numpy(np.int64),
                        "source": f["source_full"], "device": f["device"]})

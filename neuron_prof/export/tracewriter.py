@@ -257,6 +257,11 @@ def nest_repair(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.
     return end - ts, reps, order
 
 
+def string_args(col: pd.Series) -> np.ndarray:
+    """A (categorical) column as the object array of strings the writer takes for string args."""
+    return col.astype(str).to_numpy(dtype=object)
+
+
 def lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Greedy interval partitioning: in start order each interval takes the lowest lane free by its
     start, so intervals on one lane never overlap (slices on one track must nest) and there are
