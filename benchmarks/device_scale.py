@@ -471,8 +471,6 @@ def analyses():
         "top_kernels": (lambda r: {"k": r.device_kernels, "c": r.device_correlation, "b": _basis(r)},
                         lambda r, i: dev.top_kernels(i["k"], i["c"], i["b"], 10)),
         "fusion": (lambda r: {"k": r.device_kernels}, lambda r, i: dev.fusion(i["k"])),
-        "kernel_sources": (lambda r: {"k": r.device_kernels, "c": r.device_correlation},
-                           lambda r, i: dev.kernel_sources(i["k"], i["c"])),
         "unfused_sequences": (lambda r: {"k": r.device_kernels, "c": r.device_correlation, "b": _basis(r)},
                               lambda r, i: dev.unfused_sequences(i["k"], i["c"], i["b"], 10)),
         "queue_depth": (lambda r: {"e": r.device_enqueues, "k": r.device_kernels},
@@ -484,7 +482,7 @@ def analyses():
 
 
 ANALYSES = ("enqueuing_ops", "kernel_of", "correlation", "device_steps", "step_verdicts", "verdict_summary", "stalls",
-            "sync_waits", "top_kernels", "fusion", "kernel_sources", "unfused_sequences", "queue_depth",
+            "sync_waits", "top_kernels", "fusion", "unfused_sequences", "queue_depth",
             "fallback_summary", "coverage")
 IN_ALL = tuple(a for a in ANALYSES if a not in ("enqueuing_ops", "kernel_of"))  # parts of correlation
 

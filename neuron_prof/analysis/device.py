@@ -360,7 +360,7 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
                         "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
                         "mean_us": g["dur"].mean() / 1e3, "pct": 100 * g["share"].sum()}).reset_index()
     out["device"], out["name"] = dev_names[out["device"].to_numpy()], names[out["name"].to_numpy()]
-    if corr.empty:  # the line that queued the longest one's first op (``kernel_sources``)
+    if corr.empty:  # the line that queued the longest one's first op
         out["source"] = out["user_source"] = np.full(len(out), "", dtype=object)
     else:
         named, first_op, _ = _kernel_ops(kernels.iloc[longest], corr)
@@ -436,22 +436,6 @@ def _strings_at(col: pd.Series, rows: np.ndarray, hit: np.ndarray) -> np.ndarray
     return out
 
 
-def kernel_sources(kernels: pd.DataFrame, corr: pd.DataFrame) -> pd.DataFrame:
-    """Per kernel (``kernels`` order): the source, user's line and host op of its first and last
-    queued op (``correlation`` rows), "" where unknown."""
-    cols = ["source", "user_source", "host_op"]
-    out = pd.DataFrame(index=range(len(kernels)))
-    if kernels.empty or corr.empty:
-        for c in cols + ["last_source"]:
-            out[c] = ""
-        return out
-    hit, first, last = _kernel_ops(kernels, corr)
-    for col in cols:
-        out[col] = _strings_at(corr[col], first, hit)
-    out["last_source"] = _strings_at(corr["source"], last, hit)
-    return out
-
-
 def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame,
                       top: int = 10) -> pd.DataFrame:
     """Runs of at least ``UNFUSED_MIN_RUN`` consecutive one-op kernels on a device, within one
@@ -497,7 +481,7 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
     sig_of[by] = np.cumsum(distinct) - 1
     sigs = np.array([" > ".join(names[c] for c in row[:SIGNATURE_OPS] if c >= 0) + (" > ..." if row[-1] else "")
                      for row in seqs[by][distinct]], dtype=object)
-    # lines: of the first kernel's first op and the last kernel's last op (``kernel_sources``)
+    # lines: of the first kernel's first op and the last kernel's last op
     if corr.empty:
         source = user_source = last_source = np.full(len(first), "", dtype=object)
     else:
