@@ -4,7 +4,10 @@
 
 Generates N slices with realistic nesting (4 threads, depth up to 5, ~300 distinct names,
 3 string annotations: shapes, dtypes, module; some empty) in a non-sorted (level) order, and
-prints slices/s for the Perfetto and Chrome JSON writers. ``--object`` passes names/args as
+prints slices/s for the Perfetto and Chrome JSON writers. Names and annotations are drawn
+independently, so nearly every slice's (name, annotations) is its own: the worst case for the
+Perfetto writer, which encodes each distinct packet tail once (a captured run repeats its ops
+step after step: ``benchmarks/export_run.py``). ``--object`` passes names/args as
 numpy object arrays instead of pandas Categorical. ``--check`` validates the Perfetto output with
 neuron_prof's strict reader (``neuron-prof inspect``'s checks; slow).
 """

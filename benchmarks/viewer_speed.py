@@ -2,7 +2,7 @@
 and the Memory page's time per interaction on a run with 1M allocations.
 
     .venv/bin/python benchmarks/viewer_speed.py [--ops 10000000] [--allocs 1000000] [--steps 100]
-        [--keep DIR] [--only generate|overview|memory|profile]... [--json OUT]
+        [--keep DIR] [--only generate|overview|report|memory|profile]... [--json OUT]
 
 Generates two synthetic runs with the real writer (``neuron_prof.store.RankWriter``: journaled
 per step, compacted into the Arrow streams, closed with a manifest, as a capture does):
@@ -23,8 +23,13 @@ per step, compacted into the Arrow streams, closed with a manifest, as a capture
 Then measures, with ``neuron-prof view``'s server (``neuron_prof.cli.view.start``) and Debian's
 Chromium driven headless by Playwright:
 
-- Overview (ops run): time from opening the page until its title, until the metrics, and until
-  the whole page has rendered (script done, charts drawn); the server's peak RSS (VmHWM) after it.
+- Overview (ops run): time from opening the page until its title, until the metrics, until the
+  findings and until the whole page has rendered (script done, charts drawn); the server's peak
+  RSS (VmHWM) after it. Twice: with no summary stored in the run (the page computes it), then
+  with the summary stored as the end of a capture stores it (``summary_store.store_summary``,
+  whose own time and peak RSS in a fresh process are reported too).
+- ``report``: ``neuron-prof report RUN --json`` as a fresh process, without and with the stored
+  summary: wall time and peak RSS.
 - Memory page (memory run): the first load, then each of a few selectbox changes (timeline range,
   the peak's step, the diff's step and grouping): time from the click until the rerun is over and
   its charts are drawn. Peak RSS after.
@@ -398,6 +403,8 @@ def measure_overview(run_dir: Path, timeout_s: float) -> dict:
             t_title = time.perf_counter() - t0
             page.locator('[data-testid="stMetric"]').nth(4).wait_for(state="visible")
             t_metrics = time.perf_counter() - t0
+            page.locator('[data-testid="stMain"] h3', has_text="Findings").wait_for(state="visible")
+            t_findings = time.perf_counter() - t0
             page.wait_for_function(_DONE_JS, arg=None, polling=50)
             t_done = time.perf_counter() - t0
             errors = page.locator('[data-testid="stException"]').all_inner_texts()
@@ -414,9 +421,58 @@ def measure_overview(run_dir: Path, timeout_s: float) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"title_s": round(t_title, 2), "metrics_s": round(t_metrics, 2), "rendered_s": round(t_done, 2),
+    return {"title_s": round(t_title, 2), "metrics_s": round(t_metrics, 2), "findings_s": round(t_findings, 2),
+            "rendered_s": round(t_done, 2),
             "second_visit_s": round(t_warm, 2), "server_peak_rss_gb": round(hwm, 2), "server_rss_after_gb": round(rss, 2),
             "metrics": [" ".join(m.split()) for m in metrics], "exceptions": errors}
+
+
+def _drop_summary(run_dir: Path) -> None:
+    """The run as a capture without a stored summary leaves it (readers store one when they compute it)."""
+    from neuron_prof.summary_store import SUMMARY_FILE
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+
+
+def _summary_stamp(run_dir: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of the stored summary: a reader that computed the summary rewrites it."""
+    from neuron_prof.summary_store import SUMMARY_FILE
+    try:
+        st = (run_dir / SUMMARY_FILE).stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _timed(cmd: list[str]) -> dict:
+    """Wall seconds and peak RSS (GB) of ``cmd`` as a fresh process."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd} exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+    return {"s": round(time.perf_counter() - t, 2), "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 2)}
+
+
+def store_summary_cost(run_dir: Path) -> dict:
+    """``summary_store.store_summary`` as the end of a capture calls it, in a fresh process: the
+    cost a capture pays to give the viewer its first open."""
+    _drop_summary(run_dir)
+    code = ("import sys; from neuron_prof.summary_store import store_summary; "
+            "sys.exit(0 if store_summary(sys.argv[1]) else 3)")
+    return _timed([sys.executable, "-c", code, str(run_dir)])
+
+
+def measure_report(run_dir: Path) -> dict:
+    """``neuron-prof report RUN --json``: without a stored summary (it computes and stores one),
+    then with it."""
+    _drop_summary(run_dir)
+    cmd = [sys.executable, "-m", "neuron_prof", "report", str(run_dir), "--json"]
+    computed = _timed(cmd)
+    before = _summary_stamp(run_dir)
+    stored = _timed(cmd)
+    used = before is not None and _summary_stamp(run_dir) == before  # a report that computed it stores it again
+    return {"computed": computed, "stored": {**stored, "used": used}}
 
 
 def _select(page, label: str, option: str, timeout_s: float) -> float:
@@ -488,10 +544,14 @@ t = time.perf_counter(); prof.enable(); ops = run.ops; prof.disable(); out["ops_
 out["ops_peak_gb"] = rss(); out["ops_rows"] = len(ops); out["ops_frame_gb"] = ops.memory_usage(deep=False).sum() / 1e9
 s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(top); out["ops_profile"] = s.getvalue()
 prof = cProfile.Profile()
-t = time.perf_counter(); prof.enable(); summarize(run); prof.disable(); out["summarize_s"] = time.perf_counter() - t
+t = time.perf_counter(); prof.enable(); summary = summarize(run); prof.disable(); out["summarize_s"] = time.perf_counter() - t
 out["summarize_peak_gb"] = rss()
 s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(top); out["summarize_profile"] = s.getvalue()
 s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top); out["summarize_profile_self"] = s.getvalue()
+from neuron_prof.summary_store import load_summary, write_summary
+t = time.perf_counter(); write_summary(run, summary); out["write_summary_s"] = time.perf_counter() - t
+t = time.perf_counter(); back = load_summary(run); out["load_summary_s"] = time.perf_counter() - t
+out["stored_summary_read_back"] = back == summary
 print(json.dumps(out))
 """
 
@@ -510,12 +570,12 @@ def main() -> int:
     ap.add_argument("--allocs", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--keep", type=Path, help="generate the runs here and keep them (reused when present)")
-    ap.add_argument("--only", action="append", choices=("generate", "overview", "memory", "profile"),
+    ap.add_argument("--only", action="append", choices=("generate", "overview", "report", "memory", "profile"),
                     help="run only these parts (repeatable; default: all)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one page render")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    parts = set(args.only or ("generate", "overview", "memory", "profile"))
+    parts = set(args.only or ("generate", "overview", "report", "memory", "profile"))
     root = args.keep or Path(tempfile.mkdtemp(prefix="viewer_speed_"))
     root.mkdir(parents=True, exist_ok=True)
     ops_run = root / f"ops_{args.ops}_{args.steps}"
@@ -532,10 +592,31 @@ def main() -> int:
                 results[f"generate_{run_dir.name}"] = {"s": round(time.perf_counter() - t, 1), "mb": round(size / 1e6)}
                 print(f"generated {run_dir} in {time.perf_counter() - t:.1f} s ({size / 1e6:.0f} MB)", flush=True)
         if "overview" in parts:
-            r = results["overview"] = measure_overview(ops_run, args.timeout)
-            print(f"overview ({args.ops:,} ops): title {r['title_s']} s, metrics {r['metrics_s']} s, rendered "
-                  f"{r['rendered_s']} s (target {TARGETS['overview_s']} s); second visit {r['second_visit_s']} s; "
-                  f"server peak RSS {r['server_peak_rss_gb']} GB (target {TARGETS['rss_gb']} GB)", flush=True)
+            # first as a run without a stored summary (the page computes it, and stores it), then
+            # with the summary stored as the end of capture stores it
+            for key, label in (("overview", "no stored summary"), ("overview_stored", "summary stored at capture end")):
+                if key == "overview":
+                    _drop_summary(ops_run)
+                else:
+                    c = results["store_summary"] = store_summary_cost(ops_run)
+                    print(f"store_summary (capture end, fresh process): {c['s']} s, peak RSS {c['peak_rss_gb']} GB",
+                          flush=True)
+                before = _summary_stamp(ops_run)
+                r = results[key] = measure_overview(ops_run, args.timeout)
+                if key == "overview_stored":  # a page that computed it stores it again: then it was not used
+                    r["stored_summary_used"] = _summary_stamp(ops_run) == before
+                    if not r["stored_summary_used"]:
+                        print("!! the page computed the summary: the stored one was stale (code edited meanwhile?)")
+                print(f"overview ({args.ops:,} ops, {label}): title {r['title_s']} s, metrics {r['metrics_s']} s, "
+                      f"findings {r['findings_s']} s, rendered {r['rendered_s']} s (target {TARGETS['overview_s']} s); "
+                      f"second visit {r['second_visit_s']} s; server peak RSS {r['server_peak_rss_gb']} GB "
+                      f"(target {TARGETS['rss_gb']} GB)", flush=True)
+        if "report" in parts:
+            r = results["report"] = measure_report(ops_run)
+            print(f"neuron-prof report --json ({args.ops:,} ops): computed {r['computed']['s']} s (peak "
+                  f"{r['computed']['peak_rss_gb']} GB), stored {r['stored']['s']} s "
+                  f"(peak {r['stored']['peak_rss_gb']} GB)"
+                  + ("" if r["stored"]["used"] else " (!! the stored summary was not used)"), flush=True)
         if "memory" in parts:
             r = results["memory"] = measure_memory(mem_run, args.steps, args.timeout)
             print(f"memory page ({args.allocs:,} allocations): first load {r['first_load_s']} s; server peak RSS "
@@ -547,7 +628,9 @@ def main() -> int:
             r = results["profile"] = profile_ops_run(ops_run)
             print(f"in-process ({args.ops:,} ops): load {r['load_s']:.1f} s (peak {r['load_peak_gb']:.2f} GB), "
                   f".ops {r['ops_s']:.1f} s (peak {r['ops_peak_gb']:.2f} GB, frame {r['ops_frame_gb']:.2f} GB), "
-                  f"summarize {r['summarize_s']:.1f} s (peak {r['summarize_peak_gb']:.2f} GB)")
+                  f"summarize {r['summarize_s']:.1f} s (peak {r['summarize_peak_gb']:.2f} GB); stored summary: "
+                  f"written in {r['write_summary_s']:.3f} s, read back in {r['load_summary_s']:.3f} s"
+                  + ("" if r["stored_summary_read_back"] else " (NOT read back: stale or refused)"))
             print("--- run.ops, by cumulative time\n" + r["ops_profile"])
             print("--- summarize(run), by cumulative time\n" + r["summarize_profile"])
             print("--- summarize(run), by own time\n" + r["summarize_profile_self"])

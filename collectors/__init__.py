@@ -10,6 +10,7 @@ from neuron_prof.collectors.collectives import CollectivesCollector
 from neuron_prof.collectors.compiler import CompilerCollector
 from neuron_prof.collectors.device import DeviceCollector
 from neuron_prof.collectors.eager import EagerCollector
+from neuron_prof.collectors.loss import LossCollector
 from neuron_prof.collectors.memory import MemoryCollector
 
 REGISTRY = {
@@ -18,4 +19,5 @@ REGISTRY = {
     MemoryCollector.name: MemoryCollector,
     CollectivesCollector.name: CollectivesCollector,
     DeviceCollector.name: DeviceCollector,
+    LossCollector.name: LossCollector,
 }

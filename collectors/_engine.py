@@ -6,15 +6,16 @@ The observer lives in ``_observer.cpp`` and is JIT-built with ``torch.utils.cpp_
 collector needs from it goes through :class:`OpEngine`, so the mechanism can be replaced without
 touching the collector.
 
-Rows (:class:`OpBatch`), one per completed op, columns of equal length:
+Rows (:class:`OpBatch`), one per completed op, laid out as the run store's ``ops`` journal row
+(``neuron_prof.schema.row_dtype``) with the Recorder's string and stack ids:
 
 =========  =======  ==================================================================
 ts         int64    start, ns, ``CLOCK_MONOTONIC`` (equals ``time.monotonic_ns()``)
 dur        int64    ns
 tid        int64    OS thread id (gettid) of the thread the op started on
-name       int32    engine string id of the op / range name (``aten::addmm``, ...)
-module     int32    engine string id of the module path (0: none)
-stack      int32    engine stack id (0: none); see ``new_stacks``
+name       int32    string id of the op / range name (``aten::addmm``, ...)
+module     int32    string id of the module path (0: none)
+stack      int32    stack id (0: none)
 shapes     int32    string id of e.g. ``"[[8, 64], [64, 64]]"``
 dtypes     int32    string id of e.g. ``"float32,float32"``
 devices    int32    string id of e.g. ``"cpu,cpu"``
@@ -44,47 +45,25 @@ import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
-
-COLUMNS = (
-    "ts", "dur", "tid", "name", "module", "stack", "shapes", "dtypes", "devices",
-    "seq", "fwd_tid", "bwd", "depth",
-)
 
 Frame = tuple[str, str, int]
 
 
 @dataclass
 class OpBatch:
-    """Everything recorded since the last drain (see the module docstring for the columns)."""
+    """Everything recorded since the last drain (see the module docstring for the rows)."""
 
-    ts: np.ndarray
-    dur: np.ndarray
-    tid: np.ndarray
-    name: np.ndarray
-    module: np.ndarray
-    stack: np.ndarray
-    shapes: np.ndarray
-    dtypes: np.ndarray
-    devices: np.ndarray
-    seq: np.ndarray
-    fwd_tid: np.ndarray
-    bwd: np.ndarray
-    depth: np.ndarray
-    new_strings: list[tuple[int, str]] = field(default_factory=list)
-    new_stacks: list[tuple[int, list[Frame]]] = field(default_factory=list)
+    rows: np.ndarray
     dropped: int = 0
     thread_names: list[tuple[int, str]] = field(default_factory=list)
     """(OS tid, name) learnt since the last drain: the Python ``threading`` name of threads that
     ran Python, else the OS thread name (comm)."""
 
     def __len__(self) -> int:
-        return len(self.ts)
-
-    def columns(self) -> dict[str, np.ndarray]:
-        return {c: getattr(self, c) for c in COLUMNS}
+        return len(self.rows)
 
 
 class OpEngine(Protocol):
@@ -103,15 +82,25 @@ class OpEngine(Protocol):
     def intern(self, s: str) -> int:
         """Engine-local string id."""
 
-    def drain(self) -> OpBatch:
-        """Everything recorded since the last drain. The first drain after ``start`` also
-        returns every string and stack the engine knows (ids are stable for the process)."""
+    def drain(self, intern: Callable[[str], int], intern_stack: Callable[[list[Frame]], int]) -> OpBatch:
+        """Everything recorded since the last drain, with the ids ``intern`` and ``intern_stack``
+        (the Recorder's) give each string and stack: each is asked once per ``start``."""
 
     def stop(self) -> None:
         """Remove the callbacks."""
 
 
-_DTYPES = {"<i8": np.int64, "<i4": np.int32, "<i2": np.int16, "u1": np.uint8}
+def journal_rows(table: str, native: list[tuple[str, int, int]]) -> np.dtype:
+    """``table``'s journal row layout (``schema.row_dtype``), which the engine's packed rows of it
+    must match field for field: (name, offset, size) as the native side lays them out."""
+    from neuron_prof.schema import TABLES, row_dtype
+
+    rows = row_dtype(TABLES[table])
+    ours = [(n, rows.fields[n][1], rows.fields[n][0].itemsize) for n in rows.names]
+    if [tuple(f) for f in native] != ours:
+        raise RuntimeError(f"the engine's {table} rows {native} are not the {table} journal's {ours}: "
+                           "rebuild the engine")
+    return rows
 
 
 class CppOpEngine:
@@ -120,14 +109,7 @@ class CppOpEngine:
     def __init__(self, ext) -> None:
         self._ext = ext
         lay = ext.layout()
-        names, offsets, formats = [], [], []
-        for n, off, t in lay["fields"]:
-            names.append(n)
-            offsets.append(off)
-            formats.append(_DTYPES[t])
-        self._dtype = np.dtype(
-            {"names": names, "offsets": offsets, "formats": formats, "itemsize": lay["itemsize"]}
-        )
+        self.row_dtype = journal_rows("ops", [(n, off, np.dtype(t).itemsize) for n, off, t in lay["fields"]])
         self._started = False
         # hot paths called from module hooks: bind the C functions directly (no Python wrapper)
         self.set_module = ext.set_module
@@ -150,18 +132,12 @@ class CppOpEngine:
     def exclude(self, ns: int) -> None:
         self._ext.exclude(int(ns))
 
-    def drain(self) -> OpBatch:
-        data, strings, stacks, dropped, threads = self._ext.drain()
-        rows = np.frombuffer(data, dtype=self._dtype)
-        cols = {n: rows[n] for n in self._dtype.names}  # strided views: the store copies once
-        cols["bwd"] = cols["bwd"].astype(bool)
-        return OpBatch(
-            **{c: cols[c] for c in COLUMNS},
-            new_strings=list(strings),
-            new_stacks=[(sid, [tuple(f) for f in frames]) for sid, frames in stacks],
-            dropped=int(dropped),
-            thread_names=[(int(t), str(n)) for t, n in threads],
-        )
+    def drain(self, intern: Callable[[str], int], intern_stack: Callable[[list[Frame]], int]) -> OpBatch:
+        _, strings, stacks, dropped, threads = self._ext.drain()
+        data = self._ext.take_rows([(i, intern(value)) for i, value in strings],
+                                   [(i, intern_stack([tuple(f) for f in frames])) for i, frames in stacks])
+        return OpBatch(rows=np.frombuffer(data, dtype=self.row_dtype), dropped=int(dropped),
+                       thread_names=[(int(t), str(n)) for t, n in threads])
 
     def stop(self) -> None:
         self._ext.set_recording(False)

@@ -26,9 +26,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -58,6 +60,13 @@ struct MemEvent {
   uint8_t grad;  // an op returned a tensor over the block that carries a grad_fn (see outputs_end)
   uint8_t pad_[3];
 };
+
+// The Recorder's id of each engine string and stack id and of each device (type << 8 | index
+// byte), learnt from Python once each (mem_unmapped, mem_pack); reset by mem_start. GIL held.
+struct RecorderIds {
+  std::unordered_map<int32_t, int32_t> strings, stacks, devices;
+};
+RecorderIds* g_ids = new RecorderIds();
 
 struct Live {
   int64_t addr, bytes, ts, tid;
@@ -275,6 +284,7 @@ std::string mem_start(int64_t max_events) {
     g_dropped = 0;
     g_max_events = max_events > 0 ? max_events : 1;
   }
+  *g_ids = RecorderIds();  // a new session's Recorder: every id is learnt again
   *g_tracker = std::make_shared<Tracker>();
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, *g_tracker);
   g_pushed = true;
@@ -392,6 +402,121 @@ py::tuple mem_snapshot() {
   return py::make_tuple(pack(live), pack(ring));
 }
 
+// ---- rows for the run store: the ``memory_events`` journal row (neuron_prof.schema.row_dtype:
+// schema order, packed) with the Recorder's ids, so the collector stores the bytes as they are.
+#pragma pack(push, 1)
+struct MemRow {
+  int64_t ts, alloc_ts, addr, bytes;
+  int32_t device;
+  int64_t tid;
+  int32_t op, top_op, module, stack, shape, dtype;
+  uint8_t bwd;
+  int8_t kind;
+  int64_t total_allocated, total_reserved;
+  uint8_t grad;
+};
+#pragma pack(pop)
+static_assert(sizeof(MemRow) == 87, "MemRow must match the memory_events table's packed journal row");
+
+inline int32_t device_code(const MemEvent& e) { return (int32_t(e.device_type) << 8) | uint8_t(e.device_index); }
+
+std::vector<MemEvent> events_of(const py::bytes& data) {
+  std::string_view v(data);
+  std::vector<MemEvent> out(v.size() / sizeof(MemEvent));
+  if (!out.empty()) memcpy(out.data(), v.data(), out.size() * sizeof(MemEvent));
+  return out;
+}
+
+// The string ids, stack ids and devices (type, index) of native events ``data`` the Recorder
+// has no id for yet, each once.
+py::tuple mem_unmapped(const py::bytes& data) {
+  std::vector<int32_t> strings, stacks;
+  std::vector<std::pair<int, int>> devices;
+  std::unordered_map<int32_t, bool> seen_s, seen_k, seen_d;
+  for (const MemEvent& e : events_of(data)) {
+    for (int32_t id : {e.op, e.top_op, e.module, e.shape, e.dtype})
+      if (id > 0 && !g_ids->strings.count(id) && seen_s.emplace(id, true).second) strings.push_back(id);
+    if (e.stack > 0 && !g_ids->stacks.count(e.stack) && seen_k.emplace(e.stack, true).second) stacks.push_back(e.stack);
+    const int32_t d = device_code(e);
+    if (!g_ids->devices.count(d) && seen_d.emplace(d, true).second) devices.emplace_back(e.device_type, e.device_index);
+  }
+  return py::make_tuple(strings, stacks, devices);
+}
+
+// Native events ``data`` as memory_events journal rows. The pairs give the Recorder's id of what
+// mem_unmapped reported (devices as ((type, index), id)); anything never given maps to 0.
+py::bytes mem_pack(const py::bytes& data, const std::vector<std::pair<int32_t, int32_t>>& strings,
+                   const std::vector<std::pair<int32_t, int32_t>>& stacks,
+                   const std::vector<std::pair<std::pair<int, int>, int32_t>>& devices) {
+  for (auto& p : strings) g_ids->strings[p.first] = p.second;
+  for (auto& p : stacks) g_ids->stacks[p.first] = p.second;
+  for (auto& p : devices) g_ids->devices[(int32_t(int8_t(p.first.first)) << 8) | uint8_t(int8_t(p.first.second))] = p.second;
+  auto id = [](const std::unordered_map<int32_t, int32_t>& m, int32_t k) -> int32_t {
+    if (k <= 0) return 0;
+    auto it = m.find(k);
+    return it == m.end() ? 0 : it->second;
+  };
+  const std::vector<MemEvent> ev = events_of(data);
+  std::string out(ev.size() * sizeof(MemRow), '\0');
+  MemRow* rows = reinterpret_cast<MemRow*>(&out[0]);
+  int32_t last_code = INT32_MIN, last_device = 0;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const MemEvent& e = ev[i];
+    const int32_t code = device_code(e);
+    if (code != last_code) {
+      auto it = g_ids->devices.find(code);
+      last_device = it == g_ids->devices.end() ? 0 : it->second;
+      last_code = code;
+    }
+    MemRow r;
+    r.ts = e.ts;
+    r.alloc_ts = e.alloc_ts;
+    r.addr = e.addr;
+    r.bytes = e.bytes;
+    r.device = last_device;
+    r.tid = e.tid;
+    r.op = id(g_ids->strings, e.op);
+    r.top_op = id(g_ids->strings, e.top_op);
+    r.module = id(g_ids->strings, e.module);
+    r.stack = id(g_ids->stacks, e.stack);
+    r.shape = id(g_ids->strings, e.shape);
+    r.dtype = id(g_ids->strings, e.dtype);
+    r.bwd = e.bwd;
+    r.kind = (int8_t)e.kind;
+    r.total_allocated = e.total_allocated;
+    r.total_reserved = e.total_reserved;
+    r.grad = e.grad;
+    memcpy(rows + i, &r, sizeof(MemRow));
+  }
+  return py::bytes(out);
+}
+
+py::dict mem_row_layout() {
+  py::dict d;
+  py::list f;
+  auto add = [&](const char* n, size_t off, size_t size) { f.append(py::make_tuple(n, off, size)); };
+  add("ts", offsetof(MemRow, ts), 8);
+  add("alloc_ts", offsetof(MemRow, alloc_ts), 8);
+  add("addr", offsetof(MemRow, addr), 8);
+  add("bytes", offsetof(MemRow, bytes), 8);
+  add("device", offsetof(MemRow, device), 4);
+  add("tid", offsetof(MemRow, tid), 8);
+  add("op", offsetof(MemRow, op), 4);
+  add("top_op", offsetof(MemRow, top_op), 4);
+  add("module", offsetof(MemRow, module), 4);
+  add("stack", offsetof(MemRow, stack), 4);
+  add("shape", offsetof(MemRow, shape), 4);
+  add("dtype", offsetof(MemRow, dtype), 4);
+  add("bwd", offsetof(MemRow, bwd), 1);
+  add("kind", offsetof(MemRow, kind), 1);
+  add("total_allocated", offsetof(MemRow, total_allocated), 8);
+  add("total_reserved", offsetof(MemRow, total_reserved), 8);
+  add("grad", offsetof(MemRow, grad), 1);
+  d["fields"] = f;
+  d["itemsize"] = sizeof(MemRow);
+  return d;
+}
+
 py::dict mem_layout() {
   py::dict d;
   py::list f;
@@ -432,5 +557,8 @@ void register_memory(py::module_& m) {
   m.def("mem_totals", &mem_totals);
   m.def("mem_snapshot", &mem_snapshot);
   m.def("mem_layout", &mem_layout);
+  m.def("mem_unmapped", &mem_unmapped);
+  m.def("mem_pack", &mem_pack);
+  m.def("mem_row_layout", &mem_row_layout);
 }
 }  // namespace neuron_prof

@@ -58,10 +58,13 @@ class MemoryTracker:
     """
 
     def __init__(self, ext) -> None:
+        from neuron_prof.collectors._engine import journal_rows
+
         self._ext = ext
         lay = ext.mem_layout()
         self.dtype = np.dtype({"names": [f[0] for f in lay["fields"]], "offsets": [f[1] for f in lay["fields"]],
                                "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
+        self.row_dtype = journal_rows("memory_events", ext.mem_row_layout()["fields"])
         self._saved: dict = {}
 
     def start(self, max_events: int) -> None:
@@ -108,6 +111,19 @@ class MemoryTracker:
         """Events since the last drain, and how many were dropped at the buffer cap."""
         data, dropped = self._ext.mem_drain()
         return np.frombuffer(data, dtype=self.dtype), int(dropped)
+
+    def rows(self, events: np.ndarray, rec, engine) -> np.ndarray:
+        """Native ``events`` (this tracker's ``dtype``) as ``memory_events`` journal rows with the
+        Recorder ``rec``'s ids: the native side maps every column; ``rec`` is asked for each
+        string, stack (through the op ``engine``) and device once per ``start``."""
+        data = np.ascontiguousarray(events).tobytes()
+        strings, stacks, devices = self._ext.mem_unmapped(data)
+        packed = self._ext.mem_pack(
+            data,
+            [(i, rec.intern(s)) for i, s in zip(strings, engine.strings_of(strings))],
+            [(i, rec.intern_stack(f) if f else 0) for i, f in zip(stacks, engine.stacks_of(stacks))],
+            [((t, i), rec.intern(device_name(t, i))) for t, i in devices])
+        return np.frombuffer(packed, dtype=self.row_dtype)
 
     def totals(self) -> list[tuple[int, int, int, int, int, int]]:
         """Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved)."""

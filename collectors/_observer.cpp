@@ -2,7 +2,7 @@
 //
 // Built JIT by collectors/_engine.py with torch.utils.cpp_extension.load. Records one row per
 // completed op (FUNCTION, BACKWARD_FUNCTION and USER_SCOPE scopes) into per-thread buffers that
-// Python drains as one packed byte string (see `Event` and `layout()`).
+// Python drains, then takes as packed ``ops`` journal rows with its own ids (`OpRow`, `take_rows`).
 //
 // Concurrency model
 //  * Every recording thread owns a ThreadState: its stack of open ops (owner-only), its caches
@@ -59,6 +59,20 @@ struct Event {
   uint8_t bwd;
   uint8_t pad_;
 };
+
+// One ``ops`` journal row exactly as the run store lays it out (neuron_prof.schema.row_dtype:
+// schema order, packed): ``take_rows`` writes these with the Recorder's ids, so the collector
+// hands the bytes to the store as they are, with no per-column work in Python.
+#pragma pack(push, 1)
+struct OpRow {
+  int64_t ts, dur, tid;
+  int32_t name, module, stack, shapes, dtypes, devices;
+  int64_t seq, fwd_tid;
+  uint8_t bwd;
+  int16_t depth;
+};
+#pragma pack(pop)
+static_assert(sizeof(OpRow) == 67, "OpRow must match the ops table's packed journal row");
 
 inline int64_t now_ns() {
   timespec t;
@@ -224,6 +238,11 @@ std::unordered_map<StackKey, int32_t, StackKeyHash>* g_stack_ids =
     new std::unordered_map<StackKey, int32_t, StackKeyHash>();
 std::vector<StackKey>* g_stacks = new std::vector<StackKey>(1);  // id 0 = no stack
 size_t g_stacks_drained = 1;
+// Drained events not yet packed, and the Recorder's id of each engine string and stack id (set
+// by take_rows from what the drain reported new). GIL held for all three.
+std::vector<Event>* g_taken = new std::vector<Event>();
+std::vector<int32_t>* g_string_map = new std::vector<int32_t>(1, 0);
+std::vector<int32_t>* g_stack_map = new std::vector<int32_t>(1, 0);
 constexpr size_t kMaxFrames = 32;
 constexpr int kMaxWalk = 1024;
 constexpr size_t kMaxStacks = 4 << 20;
@@ -904,6 +923,9 @@ void py_start(py::list skip_prefixes, int64_t max_buffered) {
     strings().drained = 1;
   }
   g_stacks_drained = 1;
+  g_taken->clear();
+  g_string_map->assign(1, 0);  // a new session's Recorder maps every id again
+  g_stack_map->assign(1, 0);
   // discard leftovers of a previous session
   {
     auto& r = registry();
@@ -978,6 +1000,8 @@ void py_exclude(int64_t ns) {
   for (auto& f : st->open) f.excluded += ns;
 }
 
+// Takes everything recorded since the last drain (kept for take_rows) and returns
+// (number of events, new strings, new stacks, dropped, thread names).
 py::tuple py_drain() {
   std::vector<Event> out;
   std::vector<std::pair<int32_t, std::string>> new_strings;
@@ -1012,7 +1036,11 @@ py::tuple py_drain() {
     for (size_t i = s.drained; i < s.strs.size(); ++i) new_strings.emplace_back((int32_t)i, s.strs[i]);
     s.drained = s.strs.size();
   }
-  py::bytes data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(Event));
+  const size_t n = out.size();
+  if (g_taken->empty())
+    g_taken->swap(out);
+  else
+    g_taken->insert(g_taken->end(), out.begin(), out.end());
   { std::vector<Event>().swap(out); }
   py::list strs;
   for (auto& p : new_strings) strs.append(py::make_tuple(p.first, py::str(p.second)));
@@ -1032,28 +1060,72 @@ py::tuple py_drain() {
   g_stacks_drained = g_stacks->size();
   py::list threads;
   for (auto& p : new_names) threads.append(py::make_tuple(p.first, py::str(p.second)));
-  return py::make_tuple(data, strs, stacks, dropped, threads);
+  return py::make_tuple(n, strs, stacks, dropped, threads);
+}
+
+inline int32_t mapped(const std::vector<int32_t>& m, int32_t id) {
+  return id > 0 && (size_t)id < m.size() ? m[id] : 0;
+}
+
+void set_map(std::vector<int32_t>& m, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+  for (auto& p : pairs) {
+    if (p.first <= 0) continue;
+    if ((size_t)p.first >= m.size()) m.resize(std::max<size_t>(p.first + 1, 2 * m.size()), 0);
+    m[p.first] = p.second;
+  }
+}
+
+// The drained events as packed ``ops`` journal rows (OpRow), engine ids replaced by the
+// Recorder's: ``strings``/``stacks`` give the Recorder's id of each id the drain reported new.
+py::bytes py_take_rows(const std::vector<std::pair<int32_t, int32_t>>& strings,
+                       const std::vector<std::pair<int32_t, int32_t>>& stacks) {
+  set_map(*g_string_map, strings);
+  set_map(*g_stack_map, stacks);
+  const auto& sm = *g_string_map;
+  const auto& km = *g_stack_map;
+  std::string out(g_taken->size() * sizeof(OpRow), '\0');
+  OpRow* rows = reinterpret_cast<OpRow*>(&out[0]);
+  for (size_t i = 0; i < g_taken->size(); ++i) {
+    const Event& e = (*g_taken)[i];
+    OpRow r;
+    r.ts = e.ts;
+    r.dur = e.dur;
+    r.tid = e.tid;
+    r.name = mapped(sm, e.name);
+    r.module = mapped(sm, e.module);
+    r.stack = mapped(km, e.stack);
+    r.shapes = mapped(sm, e.shapes);
+    r.dtypes = mapped(sm, e.dtypes);
+    r.devices = mapped(sm, e.devices);
+    r.seq = e.seq;
+    r.fwd_tid = e.fwd_tid;
+    r.bwd = e.bwd;
+    r.depth = e.depth;
+    memcpy(rows + i, &r, sizeof(OpRow));
+  }
+  std::vector<Event>().swap(*g_taken);
+  return py::bytes(out);
 }
 
 py::dict py_layout() {
   py::dict d;
   py::list fields;
   auto add = [&](const char* n, size_t off, const char* t) { fields.append(py::make_tuple(n, off, t)); };
-  add("ts", offsetof(Event, ts), "<i8");
-  add("dur", offsetof(Event, dur), "<i8");
-  add("tid", offsetof(Event, tid), "<i8");
-  add("seq", offsetof(Event, seq), "<i8");
-  add("fwd_tid", offsetof(Event, fwd_tid), "<i8");
-  add("name", offsetof(Event, name), "<i4");
-  add("module", offsetof(Event, module), "<i4");
-  add("stack", offsetof(Event, stack), "<i4");
-  add("shapes", offsetof(Event, shapes), "<i4");
-  add("dtypes", offsetof(Event, dtypes), "<i4");
-  add("devices", offsetof(Event, devices), "<i4");
-  add("depth", offsetof(Event, depth), "<i2");
-  add("bwd", offsetof(Event, bwd), "u1");
+  add("ts", offsetof(OpRow, ts), "<i8");
+  add("dur", offsetof(OpRow, dur), "<i8");
+  add("tid", offsetof(OpRow, tid), "<i8");
+  add("name", offsetof(OpRow, name), "<i4");
+  add("module", offsetof(OpRow, module), "<i4");
+  add("stack", offsetof(OpRow, stack), "<i4");
+  add("shapes", offsetof(OpRow, shapes), "<i4");
+  add("dtypes", offsetof(OpRow, dtypes), "<i4");
+  add("devices", offsetof(OpRow, devices), "<i4");
+  add("seq", offsetof(OpRow, seq), "<i8");
+  add("fwd_tid", offsetof(OpRow, fwd_tid), "<i8");
+  add("bwd", offsetof(OpRow, bwd), "u1");
+  add("depth", offsetof(OpRow, depth), "<i2");
   d["fields"] = fields;
-  d["itemsize"] = sizeof(Event);
+  d["itemsize"] = sizeof(OpRow);
   return d;
 }
 
@@ -1147,6 +1219,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("intern", &py_intern);
   m.def("exclude", &py_exclude);
   m.def("drain", &py_drain);
+  m.def("take_rows", &py_take_rows);
   m.def("layout", &py_layout);
   m.def("stats", &py_stats);
   m.def("now_ns", &now_ns);

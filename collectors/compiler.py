@@ -91,7 +91,7 @@ from neuron_prof.collectors._fusions import FusionRecord, Kernels, fused_nodes
 from neuron_prof.recording import Frame, Recorder, framework_prefixes
 from neuron_prof.torchhooks import skip_frames, when_imported
 
-__all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class"]
+__all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class", "parse_graph_break", "compile_status"]
 
 # (table name, counter group, counter) for torch._dynamo.utils.counters, per cache and result
 _CACHE_COUNTERS = (
@@ -755,21 +755,10 @@ class CompilerCollector:
         else:
             t0, dur = ts, 0
         ctid = start[1] if start else tid
-        fail_type, fail_reason = get("fail_type"), get("fail_reason")
         ops = get("graph_op_count")
         broke = cid in self._break_cids
         self._break_cids.discard(cid)
-        if fail_type:
-            # a graph break dynamo could not resume from skips the frame (it runs eagerly); the same
-            # exception without a logged break (fullgraph=True, a backend error) reached the user
-            status = "skipped" if broke and _is_skip(fail_type, fail_reason) else "failed"
-        elif not ops:
-            status = "no graph"
-        else:
-            status = "ok"
-        reason = ""
-        if fail_type or fail_reason:
-            reason = f"{fail_type or ''}: {fail_reason or ''}".strip(": ")
+        status, reason = compile_status(get("fail_type"), get("fail_reason"), ops, broke)
         func, file, line = str(get("co_name") or ""), str(get("co_filename") or ""), int(get("co_firstlineno") or 0)
         for rts, r in self._pending_recompiles.pop(cid, []):
             rows.recompiles.append((rts, cid, f"{func} ({file}:{line})", r))
@@ -782,38 +771,60 @@ class CompilerCollector:
             self._open.pop(key, None)
 
     def _graph_break(self, text: str, ts: int, cid: str, rows: "_Rows") -> None:
-        user_part = text.split("\nTraceback (most recent call last):", 1)[0]
-        m = _REASON.search(user_part)
-        if m:
-            reason = m.group(1).strip()
-        else:  # the "cannot resume, frame skipped" form, or anything else: the first lines
-            reason = user_part.strip()
-        reason = re.sub(r"^Encountered graph break when attempting to trace [^\n]*:\n\n", "", reason)
-        gb = _GB_LINK.search(reason)
-        gb_id = f"GB{gb.group(1)}" if gb else ""
-        # user stack: the "User code traceback:" section (outermost first), else any File lines
-        tb = user_part.split("User code traceback:", 1)[1] if "User code traceback:" in user_part else user_part
-        frames: list[Frame] = []
-        code: dict[Frame, str] = {}  # frame -> its source line, as the traceback prints it
-        lines = tb.splitlines()
-        for i, ln in enumerate(lines):
-            fm = _FILE_LINE.match(ln)
-            if fm:
-                f = (fm.group("file"), (fm.group("func") or "").strip(), int(fm.group("line")))
-                frames.append(f)
-                if i + 1 < len(lines) and not _FILE_LINE.match(lines[i + 1]):
-                    code[f] = lines[i + 1]
-        frames = [f for f in reversed(frames) if self._is_user(f[0])]
+        gb_id, reason, frames, code, key = parse_graph_break(text)
+        frames = [f for f in frames if self._is_user(f[0])]
         source_line = code.get(frames[0], "") if frames else ""
-        site = _DUP_BREAK.search(user_part)
-        if site:
-            key = (site.group(1), int(site.group(2)))
+        if key is not None:
             if frames:
                 self._break_sites.setdefault(key, (frames, source_line))
             else:  # a break Dynamo logged before, without its stack: the first one's
                 frames, source_line = self._break_sites.get(key, ([(key[0], "", key[1])], ""))
         self._break_cids.add(cid)
         rows.breaks.append((ts, cid, gb_id, reason, reason_class(reason, source_line=source_line), frames))
+
+
+def compile_status(fail_type: Any, fail_reason: Any, graph_ops: Any, broke: bool) -> tuple[str, str]:
+    """A frame compile's ``status`` and failure ``reason`` from its CompilationMetrics fields;
+    ``broke``: a graph break was logged in it."""
+    if fail_type:
+        # a graph break dynamo could not resume from skips the frame (it runs eagerly); the same
+        # exception without a logged break (fullgraph=True, a backend error) reached the user
+        status = "skipped" if broke and _is_skip(fail_type, fail_reason) else "failed"
+    elif not graph_ops:
+        status = "no graph"
+    else:
+        status = "ok"
+    reason = f"{fail_type or ''}: {fail_reason or ''}".strip(": ") if fail_type or fail_reason else ""
+    return status, reason
+
+
+def parse_graph_break(text: str) -> tuple[str, str, list[Frame], dict[Frame, str], tuple[str, int] | None]:
+    """Dynamo's graph-break text (the ``dynamo_graph_break_reason`` artifact): its GB id, reason,
+    the user-code traceback's frames innermost first, each frame's source line as printed, and the
+    break's site (file, line) from its first line (a repeated break is logged without its stack)."""
+    user_part = text.split("\nTraceback (most recent call last):", 1)[0]
+    m = _REASON.search(user_part)
+    if m:
+        reason = m.group(1).strip()
+    else:  # the "cannot resume, frame skipped" form, or anything else: the first lines
+        reason = user_part.strip()
+    reason = re.sub(r"^Encountered graph break when attempting to trace [^\n]*:\n\n", "", reason)
+    gb = _GB_LINK.search(reason)
+    gb_id = f"GB{gb.group(1)}" if gb else ""
+    # user stack: the "User code traceback:" section (outermost first), else any File lines
+    tb = user_part.split("User code traceback:", 1)[1] if "User code traceback:" in user_part else user_part
+    frames: list[Frame] = []
+    code: dict[Frame, str] = {}
+    lines = tb.splitlines()
+    for i, ln in enumerate(lines):
+        fm = _FILE_LINE.match(ln)
+        if fm:
+            f = (fm.group("file"), (fm.group("func") or "").strip(), int(fm.group("line")))
+            frames.append(f)
+            if i + 1 < len(lines) and not _FILE_LINE.match(lines[i + 1]):
+                code[f] = lines[i + 1]
+    site = _DUP_BREAK.search(user_part)
+    return gb_id, reason, frames[::-1], code, (site.group(1), int(site.group(2))) if site else None
 
 
 def _is_skip(fail_type: str, fail_reason: Any) -> bool:

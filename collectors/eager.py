@@ -2,14 +2,13 @@
 
 A C++ ``at::RecordFunction`` observer (``_engine``) records ops into per-thread buffers while a
 window is on; global module hooks (``modules``) tell it the current module path. ``flush``
-drains the engine and maps its string/stack ids onto the Recorder's.
+drains the engine, whose rows come with the Recorder's string and stack ids.
 
 Importing this module imports no torch extension: the observer is built in ``install``.
 """
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 import threading
 
@@ -17,10 +16,6 @@ import numpy as np
 
 from neuron_prof.recording import Recorder, framework_prefixes
 
-COLUMNS = (
-    "ts", "dur", "tid", "name", "module", "stack", "shapes", "dtypes", "devices",
-    "seq", "fwd_tid", "bwd", "depth",
-)
 DEFAULT_MAX_BUFFERED = 2_000_000
 
 
@@ -62,18 +57,6 @@ def _os_thread_name(tid: int) -> str:
         return f"thread-{tid}"
 
 
-def _extend_map(mapping: np.ndarray, new: list, intern) -> np.ndarray:
-    """Engine id -> Recorder id for the ``(engine id, value)`` pairs the engine just reported."""
-    if not new:
-        return mapping
-    top = max(i for i, _ in new)
-    if top >= len(mapping):
-        mapping = np.concatenate([mapping, np.zeros(max(top + 1, 2 * len(mapping)) - len(mapping), np.int32)])
-    for i, value in new:
-        mapping[i] = intern(value)
-    return mapping
-
-
 class EagerCollector:
     """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``)."""
 
@@ -84,8 +67,6 @@ class EagerCollector:
         self.skip = skip
         self.engine = None
         self.tracker = None
-        self._smap = np.zeros(1, dtype=np.int32)  # engine string id -> recorder string id
-        self._kmap = np.zeros(1, dtype=np.int32)  # engine stack id -> recorder stack id
         self._new_threads: dict[int, str] = {}  # OS tid -> name, learnt but not yet appended
 
     # ---- Collector protocol
@@ -111,19 +92,11 @@ class EagerCollector:
     def flush(self, rec: Recorder, keep: bool) -> None:
         if self.engine is None:
             return
-        batch = self.engine.drain()
-        self._map_ids(rec, batch)
+        batch = self.engine.drain(rec.intern, rec.intern_stack)
         self._new_threads.update(batch.thread_names)
         if not keep or len(batch) == 0:
             return
-        cols = batch.columns()
-        cols["name"] = self._smap[cols["name"]]
-        cols["module"] = self._smap[cols["module"]]
-        cols["shapes"] = self._smap[cols["shapes"]]
-        cols["dtypes"] = self._smap[cols["dtypes"]]
-        cols["devices"] = self._smap[cols["devices"]]
-        cols["stack"] = self._kmap[cols["stack"]]
-        rec.append("ops", {c: cols[c] for c in COLUMNS})
+        rec.append("ops", batch.rows)  # already the ops journal's rows: stored as they are
         if self._new_threads:
             self._append_threads(rec)
         if batch.dropped:
@@ -149,10 +122,6 @@ class EagerCollector:
                 self.engine.stop()
             finally:
                 self.engine = None
-
-    def _map_ids(self, rec: Recorder, batch) -> None:
-        self._smap = _extend_map(self._smap, batch.new_strings, rec.intern)
-        self._kmap = _extend_map(self._kmap, batch.new_stacks, rec.intern_stack)
 
     def _append_threads(self, rec: Recorder) -> None:
         """The engine reports every thread it sees (and renames) once; pass them on."""

@@ -130,8 +130,8 @@ class MemoryCollector:
         self._fresh_window = False
         self._hook = None
         self._unhide = None
-        self._ids = None  # engine string/stack ids -> the Recorder's (_engine.EngineIds)
         self._devices: dict[tuple[int, int], str] = {}
+        self._tensor_texts: dict[tuple, tuple[str, str, str]] = {}  # (device, shape, dtype) -> their texts
         self._lock = threading.Lock()
 
     # ---- Collector protocol
@@ -139,11 +139,10 @@ class MemoryCollector:
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            from neuron_prof.collectors._engine import EngineIds, load_engine
+            from neuron_prof.collectors._engine import load_engine
             from neuron_prof.collectors._memtrack import MemoryTracker
 
             self.engine = load_engine()
-            self._ids = EngineIds(self.engine)
             tracker = MemoryTracker(self.engine.extension())
             tracker.start(self.max_events)
             self.tracker = tracker
@@ -285,6 +284,7 @@ class MemoryCollector:
 
         seen: set[tuple[object, int]] = set()
         rows = []
+        texts = self._tensor_texts
 
         def add(t, category: str) -> None:
             try:
@@ -293,8 +293,11 @@ class MemoryCollector:
                 if key in seen or not st.nbytes():
                     return
                 seen.add(key)
-                rows.append((ts, step, key[1], str(t.device), st.nbytes(), category, str(list(t.shape)),
-                             str(t.dtype).replace("torch.", "")))
+                kind = (t.device, t.shape, t.dtype)
+                text = texts.get(kind)
+                if text is None:  # the same few per model, every step: built once
+                    text = texts[kind] = (str(t.device), str(list(t.shape)), str(t.dtype).replace("torch.", ""))
+                rows.append((ts, step, key[1], text[0], st.nbytes(), category, text[1], text[2]))
             except Exception:
                 pass
 
@@ -317,18 +320,5 @@ class MemoryCollector:
             self._tensors.extend(rows)
 
     def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
-        if len(ev) == 0:
-            return
-        code = ev["device_type"].astype(np.int32) * 256 + ev["device_index"].astype(np.int32) + 128
-        uniq, inverse = np.unique(code, return_inverse=True)
-        ids = np.array([rec.intern(self._device(int(c) // 256, int(c) % 256 - 128)) for c in uniq], np.int32)
-        dev = ids[inverse.reshape(-1)]
-        rec.append("memory_events", {
-            "ts": ev["ts"].astype(np.int64), "alloc_ts": ev["alloc_ts"].astype(np.int64),
-            "addr": ev["addr"].astype(np.int64), "bytes": ev["bytes"].astype(np.int64), "device": dev,
-            "tid": ev["tid"].astype(np.int64), "op": self._ids.map(rec, ev["op"], "strings"),
-            "top_op": self._ids.map(rec, ev["top_op"], "strings"), "module": self._ids.map(rec, ev["module"], "strings"),
-            "stack": self._ids.map(rec, ev["stack"], "stacks"), "shape": self._ids.map(rec, ev["shape"], "strings"),
-            "dtype": self._ids.map(rec, ev["dtype"], "strings"), "bwd": ev["bwd"].astype(bool),
-            "kind": ev["kind"].astype(np.int8), "total_allocated": ev["total_allocated"].astype(np.int64),
-            "total_reserved": ev["total_reserved"].astype(np.int64), "grad": ev["grad"].astype(bool)})
+        if len(ev):
+            rec.append("memory_events", self.tracker.rows(ev, rec, self.engine))

@@ -28,7 +28,7 @@ import torch
 
 BATCH, IN, HIDDEN, OUT = 32, 64, 128, 8
 BIG, BIG_MATMULS = 384, 12
-HOST_OPS, HOST_WORK_MS = 16, 4.0
+HOST_OPS, HOST_WORK_MS = 16, 8.0
 CHAIN = ("aten::mul", "aten::add", "aten::tanh", "aten::mul", "aten::sub", "aten::relu")
 """The ops FUSED-LINE queues, in order."""
 LAUNCH_US = 20.0

@@ -1,6 +1,6 @@
 """neuron_prof: where a PyTorch training step spends its time, on any device.
 
-Public API: ``profile``, ``schedule``, ``mark``, ``load``. See the README for examples.
+Public API: ``profile``, ``schedule``, ``mark``, ``log``, ``load``. See the README for examples.
 """
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 
 from neuron_prof.marks import mark
 from neuron_prof.profile import profile
+from neuron_prof.scalars import log
 from neuron_prof.schedule import Schedule, schedule
 
-__all__ = ["profile", "schedule", "Schedule", "mark", "load", "Run", "__version__"]
+__all__ = ["profile", "schedule", "Schedule", "mark", "log", "load", "Run", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

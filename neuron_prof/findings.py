@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
-PAGES = ("overview", "timeline", "device", "compile", "memory", "collectives", "ops", "diff")
+PAGES = ("overview", "timeline", "device", "compile", "memory", "collectives", "ops", "compare")
 FALLBACK_SHARE = 0.03
 """CPU fallbacks that cost this share of a steady step or more are a finding of their own (medium)."""
 STALL_SHARE = 0.10
@@ -26,6 +26,12 @@ def findings(s: dict[str, Any]) -> list[dict[str, str]]:
     def add(severity: str, page: str, text: str) -> None:
         out.append({"severity": severity, "page": page, "text": text})
 
+    for d in s.get("dumps", []):
+        where = ", ".join(f"thread {t['tid']} at {t['source']}" for t in d["threads"] if t["source"])
+        routine = d["reason"] in ("on demand", "signal SIGUSR1")
+        add("info" if routine else "high", "overview",
+            f"always-on dump on rank {d['rank']} in step {d['last_step']}: {d['reason']}"
+            + (f"; {where}" if where else "") + f" (steps {d['first_step']}-{d['last_step']} in detail)")
     for f in s["health"]["failures"]:
         add("high", "overview", f"collector {f['collector']} failed on rank {f['rank']} and was off: {f['message']}")
     m = s.get("memory") or {}

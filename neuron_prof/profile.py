@@ -4,10 +4,15 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
+from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS, AlwaysOn
 from neuron_prof.autostep import OptimizerStepClock
+from neuron_prof.scalars import check_value
 from neuron_prof.schedule import Schedule
 from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES,
                                  DEFAULT_MAX_EVENTS, Session, current, log)
+
+
+MODES = ("detail", "always-on")
 
 
 class profile:  # noqa: N801 - mirrors torch.profiler.profile
@@ -23,6 +28,16 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     process's start-up is then part of the run (``neuron-prof record`` passes the interpreter's
     start). ``run_id`` and ``yield_if_stepless`` are how ``record`` ties the processes of one
     command into one run (neuron_prof.session.Session says what they do).
+
+    ``mode="always-on"``: for whole jobs. Step times, compile events, per-step memory and
+    collectives go to disk for every step; op, allocation and device detail of the last
+    ``ring_steps`` steps stays in memory and is written on an exception, SIGUSR1, SIGTERM, a hang
+    (no step for ``hang_timeout_s`` seconds; None: no watchdog) or :meth:`dump`
+    (neuron_prof.alwayson). Takes no ``schedule``.
+
+    ``tokens_per_step``/``samples_per_step``: what each step trains on, when every step is alike
+    (``prof.step(tokens=...)`` gives a step's own). Each step's loss (the scalar ``backward()`` is
+    called on, collector ``loss``) and what :func:`neuron_prof.log` names are recorded too.
     """
 
     def __init__(self, run_dir: str | os.PathLike, *, schedule: Schedule | None = None,
@@ -30,10 +45,16 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
                  command: Sequence[str] | None = None, origin_ns: int | None = None, run_id: str | None = None,
-                 yield_if_stepless: bool = False) -> None:
+                 yield_if_stepless: bool = False, mode: str = "detail", ring_steps: int = DEFAULT_RING_STEPS,
+                 hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S, tokens_per_step: float | None = None,
+                 samples_per_step: float | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+        always_on = AlwaysOn(ring_steps=ring_steps, hang_timeout_s=hang_timeout_s) if mode == "always-on" else None
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
                                max_events=max_events, max_bytes=max_bytes, command=command, run_id=run_id,
-                               origin_ns=origin_ns, yield_if_stepless=yield_if_stepless)
+                               origin_ns=origin_ns, yield_if_stepless=yield_if_stepless, always_on=always_on,
+                               step_scalars=_per_step(tokens_per_step, samples_per_step))
         self._clock = OptimizerStepClock(self.session.step) if auto_step else None
 
     @property
@@ -65,12 +86,23 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
             self._clock.uninstall()
         self.session.stop(exc)
 
-    def step(self) -> None:
-        """End the current training step."""
-        self.session.step()
+    def step(self, tokens: float | None = None, samples: float | None = None) -> None:
+        """End the current training step; ``tokens``/``samples``: what it trained on (throughput
+        and cost per token in ``neuron-prof compare``; default: ``tokens_per_step``/``samples_per_step``)."""
+        self.session.step(_per_step(tokens, samples))
+
+    def dump(self, reason: str = "on demand") -> bool:
+        """Always-on mode: write the last steps' detail into the run now (the job goes on)."""
+        return self.session.dump(reason)
 
     def __enter__(self) -> "profile":
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.stop(exc if isinstance(exc, BaseException) else None)
+
+
+def _per_step(tokens: float | None, samples: float | None) -> dict[str, float]:
+    """The per-step scalars given, checked (a one-line error for what is not a number)."""
+    given = {name: v for name, v in (("tokens", tokens), ("samples", samples)) if v is not None}
+    return {name: check_value(name, v) for name, v in given.items()}

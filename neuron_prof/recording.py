@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -33,6 +33,24 @@ def framework_prefixes() -> list[str]:
     return list(dict.fromkeys(out))
 
 
+Batch = Mapping[str, Any]
+"""What collectors hand the Recorder for one table: its columns, or its rows as a structured array
+of the table's journal layout (``schema.row_dtype``; indexing it by a column name works alike)."""
+
+
+def batch_len(batch: Batch) -> int:
+    return len(batch) if isinstance(batch, np.ndarray) else len(next(iter(batch.values()), ()))
+
+
+def batch_since(batch: Batch, t0: int) -> Batch:
+    """The rows of ``batch`` that began at ``t0`` or later (its ``ts`` column)."""
+    ts = np.asarray(batch["ts"])
+    if not len(ts) or ts.min() >= t0:
+        return batch
+    keep = ts >= t0
+    return batch[keep] if isinstance(batch, np.ndarray) else {k: np.asarray(v)[keep] for k, v in batch.items()}
+
+
 class Recorder(Protocol):
     """Where collectors put what they captured. Ids it hands out are valid for this rank's run."""
 
@@ -42,8 +60,13 @@ class Recorder(Protocol):
     def intern_stack(self, frames: Sequence[Frame]) -> int:
         """Id of a Python stack (innermost frame first) in the ``stacks`` table (0 = no stack)."""
 
-    def append(self, table: str, columns: Mapping[str, np.ndarray | Sequence]) -> None:
-        """Buffer rows for ``table``; the session writes them at the next flush."""
+    def append(self, table: str, columns: Batch) -> None:
+        """Buffer rows for ``table`` (columns, or rows in its journal layout, which a journaled
+        table stores as they are); the session writes them at the next flush."""
+
+    def scalar(self, name: str, value: Any) -> None:
+        """A scalar of the current step (``metrics``): a float, or a one-element tensor detached
+        from its graph, which the session reads at a step boundary (never inside the step)."""
 
     def dropped(self, table: str, n: int) -> None:
         """Count ``n`` events of ``table`` lost to the buffer cap (shown as capture health)."""

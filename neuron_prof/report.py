@@ -10,6 +10,7 @@ from neuron_prof.analysis import collectives as colls
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis import metrics as scalars
 from neuron_prof.analysis.ops import (comm_ops, in_steps, op_stats, phase_time, run_time_ops, run_time_rows,
                                      step_phases)
 from neuron_prof.analysis.records import records as _records
@@ -27,6 +28,18 @@ STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary
                   "Trainer's global_step N+1)")
 
 
+def run_op_stats(run: Run, by: tuple[str, ...] = ("name", "module")) -> pd.DataFrame:
+    """``op_stats`` over the run-time ops of the steady captured steps (compile time and ops run
+    while compiling left out), with ``self_ms_per_step`` when there is such a step."""
+    scope, _, n_scope = basis_steps(run.step_kinds, captured_only=True)
+    keep = run_time_rows(run.ops, run.op_compile[0], scope)
+    columns = tuple(dict.fromkeys((*by, "bwd")))
+    stats = op_stats(run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, columns), by)
+    if n_scope:
+        stats["self_ms_per_step"] = stats["self_ms"] / n_scope
+    return stats
+
+
 def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     """Everything the report shows, JSON-ready. Step statistics describe the steady steps (not the
     first step of a rank, not steps in which torch.compile compiled: ``analysis.steps``); op,
@@ -38,9 +51,7 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
     scope, basis, n_scope = basis_steps(kinds, captured_only=True)
     keep = run_time_rows(ops, run.op_compile[0], scope)
     inside, compile_ns = run.op_compile
-    stats = op_stats(run_time_ops(ops, keep, compile_ns, run.op_run_self_ns, ("name", "module", "bwd"))).head(top)
-    if n_scope:
-        stats["self_ms_per_step"] = stats["self_ms"] / n_scope
+    stats = run_op_stats(run).head(top)
     top_level = run_time_ops(ops, keep, compile_ns, run.op_run_self_ns, top_level=True)
     phase_ns = phase_time(ops, step_phases(ops, run.op_parent), run.op_run_self_ns, keep)
     sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
@@ -94,6 +105,8 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
         },
         "memory": _memory(run, top),
         "collectives": collectives,
+        "metrics": _records(scalars.summary(run.metrics)),
+        "dumps": _dumps(run),
         "health": {
             "ranks": _records(run.health),
             "detail_cuts": _detail_cuts(run),
@@ -104,6 +117,39 @@ def summarize(run: Run, top: int = TOP_N) -> dict[str, Any]:
             "command_exit": meta.get("exit"),  # record's runs: {"code": N} or {"signal": N}
         },
     }
+
+
+def _dumps(run: Run) -> list[dict[str, Any]]:
+    """Always-on dumps, one per (rank, time), with each thread they name and where it was."""
+    out = []
+    for (rank, ts), rows in run.dumps.groupby(["rank", "ts"], sort=True):
+        first = rows.iloc[0]
+        out.append({"rank": int(rank), "reason": str(first["reason"]), "first_step": int(first["first_step"]),
+                    "last_step": int(first["last_step"]),
+                    "threads": [{"tid": int(t), "source": str(src), "stack": str(full)}
+                                for t, src, full in zip(rows["tid"], rows["user_source"], rows["source_full"])]})
+    return out
+
+
+def _render_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "Training scalars (per step: loss is the scalar backward() ran on; neuron_prof.log adds more)"]
+    out += _table(rows, [("rank", "rank", "d"), ("name", "name", ""), ("steps", "steps", "d"),
+                         ("first", "first", ".6g"), ("last", "last", ".6g"), ("min", "min", ".6g"),
+                         ("max", "max", ".6g")])
+    return out
+
+
+def _render_dumps(dumps: list[dict[str, Any]]) -> list[str]:
+    if not dumps:
+        return []
+    out = ["", "Always-on dumps (the detail of these steps is in the run)"]
+    for d in dumps:
+        out.append(f"  rank {d['rank']}, steps {d['first_step']}-{d['last_step']}: {d['reason']}")
+        for t in d["threads"]:
+            out.append(f"    thread {t['tid']} at {t['source'] or '(no Python frame of yours)'}")
+    return out
 
 
 STEPS_SHOWN = 12
@@ -546,6 +592,8 @@ def render_text(s: dict[str, Any]) -> str:
     out += _render_compile(s["compile"])
     out += _render_memory(s["memory"])
     out += _render_collectives(s["collectives"], s["run"]["world_size"])
+    out += _render_metrics(s.get("metrics", []))
+    out += _render_dumps(s.get("dumps", []))
     h = s["health"]
     out += ["", "Capture health"]
     for x in h["ranks"]:

@@ -188,8 +188,20 @@ class Run:
 
     @functools.cached_property
     def steps(self) -> pd.DataFrame:
-        """One row per step and rank: step, ts, dur, active (captured in detail), complete."""
-        return self._table("steps").sort_values(["rank", "step"], ignore_index=True)
+        """One row per step and rank: step, ts, dur, active (captured in detail), complete. In an
+        always-on run the steps a dump wrote whole are the active ones (their rows were written
+        before it); the step in flight at the dump is in it only in part."""
+        steps = self._table("steps").sort_values(["rank", "step"], ignore_index=True)
+        dumps = self.dumps
+        for rank, first, last in zip(dumps["rank"], dumps["first_step"], dumps["last_step"]):
+            steps.loc[(steps["rank"] == rank) & steps["step"].between(first, last - 1), "active"] = True
+        return steps
+
+    @functools.cached_property
+    def dumps(self) -> pd.DataFrame:
+        """Always-on capture's dumps, a row per thread each named: rank, ts, reason, first_step,
+        last_step (the steps whose detail it wrote), tid and that thread's stack (source...)."""
+        return self._table("dumps").sort_values(["rank", "ts", "tid"], ignore_index=True)
 
     @functools.cached_property
     def ops(self) -> pd.DataFrame:
@@ -253,6 +265,13 @@ class Run:
     def marks(self) -> pd.DataFrame:
         """User ranges from ``neuron_prof.mark``."""
         return self._with_step(self._table("marks"))
+
+    @functools.cached_property
+    def metrics(self) -> pd.DataFrame:
+        """Scalars of the training, one row per value: ``loss`` (each ``backward()``'s root),
+        ``tokens``/``samples`` per step, and what ``neuron_prof.log`` named; ``step``: the step
+        the value was handed over in (``analysis.metrics.per_step``: one value per step)."""
+        return self._with_step(self._table("metrics"))
 
     @functools.cached_property
     def threads(self) -> pd.DataFrame:

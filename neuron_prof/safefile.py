@@ -76,10 +76,10 @@ def read_regular(path: str | os.PathLike, limit: int, advice: str = "") -> bytes
         return f.read(limit)
 
 
-def read_whole(path: str | os.PathLike, limit: int, advice: str = "") -> bytes:
+def read_whole(path: str | os.PathLike, limit: int, advice: str = "", follow_links: bool = False) -> bytes:
     """A whole regular file that has no business being larger than ``limit`` bytes (a JSON
-    document); a larger one is a NeuronProfError, not read."""
-    with open_regular(path, advice) as f:
+    document); a larger one is a NeuronProfError, not read. ``follow_links``: see :func:`open_regular`."""
+    with open_regular(path, advice, follow_links) as f:
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise NeuronProfError(f"{path}: is {size} bytes, more than such a file can be ({limit})"

@@ -16,7 +16,7 @@ SCHEMA_VERSION = 2
 readers verify them for runs of version 2 and read version 1 runs without."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
-JOURNALED = ("ops", "steps", "marks", "memory_events", "memory_steps", "process_memory", "collectives",
+JOURNALED = ("ops", "steps", "marks", "metrics", "memory_events", "memory_steps", "process_memory", "collectives",
              "device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
@@ -55,6 +55,11 @@ TABLES: dict[str, pa.Schema] = {
         ("step", _i32), ("ts", _i64), ("dur", _i64), ("active", pa.bool_()), ("complete", pa.bool_()),
     ]),
     "marks": pa.schema([("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("stack", _i32)]),
+    # scalars of the training, every step whether captured in detail or not: ``loss`` (the scalar
+    # ``backward()`` was called on; collector "loss"), ``tokens``/``samples`` (``prof.step(tokens=)``,
+    # ``record --tokens-per-step``) and whatever ``neuron_prof.log(name, value)`` names; ts: when
+    # the value was handed over (its step is the one that ts falls in)
+    "metrics": pa.schema([("ts", _i64), ("tid", _i64), ("name", _i32), ("value", pa.float64())]),
     "threads": pa.schema([("tid", _i64), ("name", _i32)]),
     "failures": pa.schema([("ts", _i64), ("collector", pa.string()), ("message", pa.string())]),
     # spans of the run that are not steps (name: an id into ``strings``): ``start-up``, the
@@ -140,6 +145,11 @@ TABLES: dict[str, pa.Schema] = {
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("op", _i32), ("bytes_to_host", _i64),
         ("bytes_from_host", _i64), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
     ]),
+    # always-on capture's dumps (neuron_prof/alwayson.py): one row per thread named by a dump;
+    # first_step..last_step: the steps whose detail it wrote (last_step: the one in flight)
+    "dumps": pa.schema([
+        ("ts", _i64), ("reason", _i32), ("first_step", _i32), ("last_step", _i32), ("tid", _i64), ("stack", _i32),
+    ]),
     # this rank's clock against rank 0's, measured at capture start and again at its end:
     # rank 0's CLOCK_MONOTONIC = ts + offset (± rtt/2); same_clock: both read one clock (same host
     # and boot), so the offset used is 0 whatever the estimate says
@@ -153,6 +163,7 @@ _STRING_IDS = {
     "frames": ("file", "func"),
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
     "marks": ("name",),
+    "metrics": ("name",),
     "threads": ("name",),
     "spans": ("name",),
     "compiles": ("compile_id", "func", "file", "backend", "status", "fail_reason"),
@@ -172,6 +183,7 @@ _STRING_IDS = {
     "queue_flushes": ("device", "reason", "host_op", "module"),
     "device_kernels": ("device", "name"),
     "fallbacks": ("device", "op", "host_op", "module"),
+    "dumps": ("reason",),
 }
 REFERENCES: dict[str, dict[str, str]] = {
     table: {**{c: "strings" for c in _STRING_IDS.get(table, ())},

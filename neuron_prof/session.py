@@ -9,26 +9,29 @@ import atexit
 import logging
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 import uuid
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from neuron_prof.alwayson import AlwaysOn, DetailRing, Triggers, exit_by_signal, frames_of, traceback_frames
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.recording import Collector, Frame
+from neuron_prof.recording import Collector, Frame, batch_since
+from neuron_prof.scalars import ScalarBuffer
 from neuron_prof.schedule import Action, Schedule
-from neuron_prof.schema import RUN_META, SCHEMA_VERSION, rank_dir_name
+from neuron_prof.schema import RUN_META, SCHEMA_VERSION, TABLES, rank_dir_name, row_dtype
 from neuron_prof.store import RankClaimed, RankWriter, load_json, run_ranks, update_run_meta, write_conflict_note
 
 log = logging.getLogger("neuron_prof")
 
-DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives", "device")
+DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives", "device", "loss")
 DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 DEFAULT_MAX_BYTES = 256 << 20  # per rank; the README's "Bounded memory and disk" says why this size
@@ -36,11 +39,17 @@ IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pen
 COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
 COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
 EVENT_TABLES = ("ops", "marks")
+_STEP_ROW = row_dtype(TABLES["steps"])
 DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
 DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
 """Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
 and compiles go on)."""
 STARTUP_SPAN = "start-up"
+SUMMARY_AT_CLOSE_ROWS = 1_000_000
+"""A rank that wrote this many op and mark rows has its run's summary stored at close (in the
+background: ``summarize_later``); smaller runs are summarised by their first reader, in well
+under a second, and stored then."""
+SUMMARY_AT_CLOSE_ENV = "NEURON_PROF_SUMMARY_AT_CLOSE_ROWS"
 
 _current: "Session | None" = None
 _current_lock = threading.Lock()
@@ -51,7 +60,7 @@ def current() -> "Session | None":
     return _current
 
 
-class _Interner:
+class Interner:
     """Strings, frames and stacks to small ints, remembering which ids are not yet written."""
 
     def __init__(self) -> None:
@@ -143,7 +152,10 @@ class Session:
                  max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
                  max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
                  command: Sequence[str] | None = None, run_id: str | None = None, origin_ns: int | None = None,
-                 yield_if_stepless: bool = False) -> None:
+                 yield_if_stepless: bool = False, always_on: AlwaysOn | None = None,
+                 step_scalars: Mapping[str, float] | None = None) -> None:
+        if always_on is not None and schedule is not None:
+            raise ValueError("always-on capture keeps every step's detail in memory and takes no schedule")
         self.run_dir = Path(run_dir)
         # one id per capture: every process of one `record` shares record's; a session of its own
         # (the profile() API) has its own. rank.json carries it, so a folder's owner is known.
@@ -157,14 +169,18 @@ class Session:
         # process is starting up (imports, model and data set-up), and that is not step 0
         self._first_call_ns: int | None = None
         self.schedule = schedule
+        # scalars every step has (record --tokens-per-step): logged at each boundary unless the
+        # step's own call gives them
+        self.step_scalars = {name: float(v) for name, v in (step_scalars or {}).items()}
         self.max_buffered_events = max_buffered_events
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.command = list(command) if command is not None else [sys.executable, *sys.argv]
         self.collectors = _make_collectors(collectors)
         self.step_num = 0
-        self._interner = _Interner()
+        self._interner = Interner()
         self._pending: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        self._scalars = ScalarBuffer()
         self._dropped: dict[str, int] = defaultdict(int)
         self._written: dict[str, int] = defaultdict(int)
         self._failed: set[str] = set()
@@ -176,9 +192,18 @@ class Session:
         self._step_start = 0
         self._last_commit = 0
         self._last_compact = 0
+        self._metrics_written = 0
         self._keep_from = 0  # after a discard: events that began before this are not kept either
         self._started = False
         self._closed = False
+        # always-on (neuron_prof.alwayson): detail goes to a ring, written by dumps
+        self.always_on = always_on
+        self._ring = DetailRing(always_on.max_ring_rows) if always_on else None
+        self._ring_starts: deque[int] = deque(maxlen=always_on.ring_steps + 1 if always_on else 1)
+        self._steps_since_drain = 0
+        self._triggers: Triggers | None = None
+        self._dumping = False
+        self._deferred: tuple[str, list[Frame], int | None] | None = None
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forked())
 
@@ -194,6 +219,11 @@ class Session:
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
         with self._lock:
             self._pending[table].append(columns)
+
+    def scalar(self, name: str, value: Any) -> None:
+        """A scalar of the current step (a float, or a one-element detached tensor read at a
+        step boundary: see neuron_prof.scalars), in and out of detail windows."""
+        self._scalars.add(self.intern(name), value)
 
     def dropped(self, table: str, n: int) -> None:
         with self._lock:
@@ -255,21 +285,29 @@ class Session:
         for c in list(self.collectors):
             self._guard(c, c.install, self)
         self._step_start = self._last_commit = self._last_compact = time.monotonic_ns()
+        self._ring_starts.append(self._step_start)
         self._enter_step()
         self._started = True
+        if self.always_on is not None:
+            self._triggers = Triggers(self, self.always_on)
+            self._triggers.install()
         atexit.register(self._stop_at_exit)
         return self
 
-    def step(self) -> None:
-        """End the current step and begin the next (call once per training iteration)."""
+    def step(self, scalars: Mapping[str, float] | None = None) -> None:
+        """End the current step and begin the next (call once per training iteration).
+        ``scalars``: numbers of this step (tokens, samples), with ``step_scalars`` as defaults."""
         if not self._started or self._closed:
             return
+        for name, value in {**self.step_scalars, **(scalars or {})}.items():
+            self.scalar(name, value)
         with self._lock:
             now = time.monotonic_ns()
             if self.step_num == 0 and self._origin_ns is not None:
                 self._split_startup()
             action = self._action(self.step_num)
             self._append_step(now, complete=True, action=action)
+            self._settle_scalars(final=False)
             for c in self.collectors:
                 if hasattr(c, "on_step"):
                     self._guard(c, c.on_step, self.step_num, now)
@@ -279,12 +317,46 @@ class Session:
                 # post-hook ends the step) end here, in this step's data
                 mark = self._own_work_since(mark)
                 self._set_window(False)
-            if action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS:
+            if self._flush_due(action, now):
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
             # the next step begins after our own work: steps are contiguous but for these gaps
             self._step_start = self._own_work_since(mark)
+            self._ring_starts.append(self._step_start)
             self._enter_step()
+            if self._triggers is not None:
+                self._triggers.step_done()
+        self._run_deferred()
+
+    def dump(self, reason: str = "on demand", stacks: list[tuple[int, list[Frame]]] | None = None) -> bool:
+        """Always-on capture: write the detail of the last steps and of the step in flight into
+        the run now, with a ``dumps`` row per thread in ``stacks`` ((OS tid, frames innermost
+        first); default: the caller's). False if capture is not running."""
+        if self._ring is None:
+            raise NeuronProfError("dump() needs always-on capture: neuron_prof.profile(..., mode=\"always-on\")")
+        if stacks is None:
+            stacks = [(threading.get_native_id(), frames_of(sys._getframe(1)))]
+        with self._lock:
+            if not self._started or self._closed:
+                return False
+            self._write_dump(reason, stacks)
+        self._run_deferred()
+        return True
+
+    def request_dump(self, reason: str, frames: list[Frame], then_exit: int | None = None) -> None:
+        """A signal handler's dump. A signal that lands in the session's own work (its lock held
+        by this thread) waits for that work to end rather than re-enter a flush half done.
+        ``then_exit``: a signal to end the process with, once the run is closed."""
+        if self._lock._is_owned():  # noqa: SLF001 - the RLock's own test (threading.Condition uses it)
+            self._deferred = (reason, frames, then_exit)
+            return
+        try:
+            if self._ring is not None and self.dump(reason, [(threading.get_native_id(), frames)]):
+                if then_exit is not None:
+                    self.stop()
+        finally:
+            if then_exit is not None:
+                exit_by_signal(then_exit)
 
     def stop(self, exc: BaseException | None = None) -> None:
         """End capture: the step in progress is kept as incomplete, everything is committed.
@@ -297,18 +369,26 @@ class Session:
             return
         with self._lock:
             self._closed = True
+            if self._triggers is not None:
+                self._triggers.uninstall()
             if exc is not None:
                 for c in self.collectors:
                     if hasattr(c, "on_error"):
                         self._guard(c, c.on_error, self, exc, self.step_num)
+                if self._ring is not None:
+                    self._write_dump(f"exception: {type(exc).__name__}: {exc}".strip()[:2000],
+                                     [(threading.get_native_id(), traceback_frames(exc))])
             self._flush(keep=self._action(self.step_num) is Action.RECORD, final=True)
             self._set_window(False)
             for c in self.collectors:
                 self._guard(c, c.uninstall)
+            if self._writer is not None and sum(self._written.values()) >= _summary_at_close_rows():
+                summarize_later(self.run_dir)
         with _current_lock:
             if _current is self:
                 _current = None
         atexit.unregister(self._stop_at_exit)
+        self._run_deferred()
 
     def _stop_at_exit(self) -> None:
         # a script that dies of an exception has it in sys.last_value by the time atexit runs
@@ -319,6 +399,56 @@ class Session:
         if self._cut is not None:
             return Action.NONE
         return Action.RECORD if self.schedule is None else self.schedule.action(step)
+
+    def _flush_due(self, action: Action, now: int) -> bool:
+        """Detail steps flush at every boundary (what a kill -9 can lose is the step in flight);
+        always-on capture drains into its ring at least every ``ring_steps`` steps and commits
+        the light tables about once a second; other steps flush about once a second."""
+        if self._ring is not None:
+            self._steps_since_drain += 1
+            return (now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS
+                    or self._steps_since_drain >= self.always_on.ring_steps)
+        return action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self.request_dump(*deferred)
+
+    def _write_dump(self, reason: str, stacks: list[tuple[int, list[Frame]]]) -> None:
+        """The ring, the step in flight and one ``dumps`` row per thread, committed (lock held)."""
+        first = self.step_num - (len(self._ring_starts) - 1)
+        now = time.monotonic_ns()
+        self._pending["dumps"].append({
+            "ts": np.full(len(stacks), now, np.int64), "reason": np.full(len(stacks), self.intern(reason), np.int32),
+            "first_step": np.full(len(stacks), first, np.int32),
+            "last_step": np.full(len(stacks), self.step_num, np.int32),
+            "tid": np.array([tid for tid, _ in stacks], np.int64),
+            "stack": np.array([self.intern_stack(frames) for _, frames in stacks], np.int32)})
+        self._dumping = True
+        try:
+            self._flush(keep=True)
+        finally:
+            self._dumping = False
+        log.warning("neuron_prof: always-on dump (%s): the detail of steps %d-%d is in %s", reason, first,
+                    self.step_num, self.run_dir)
+
+    def _into_ring(self) -> None:
+        """Always-on: this flush's detail rows go to the ring, or (a dump) the ring's to the writer."""
+        detail = {t: self._pending.pop(t) for t in DETAIL_TABLES if t in self._pending}
+        self._steps_since_drain = 0
+        since = self._ring_starts[0]
+        if not self._dumping:
+            self._ring.add(detail)
+            self._ring.trim(since)
+            return
+        for table, batches in self._ring.take(since).items():
+            self._pending[table].extend(batches)
+        for table, batches in detail.items():
+            self._pending[table].extend(batches)
+        if self._ring.dropped_rows:
+            self._dropped["ring"] += self._ring.dropped_rows
+            self._ring.dropped_rows = 0
 
     def _enter_step(self) -> None:
         self._set_window(self._action(self.step_num) is not Action.NONE)
@@ -348,9 +478,20 @@ class Session:
         self._step_start = began
 
     def _append_step(self, now: int, complete: bool, action: Action) -> None:
-        self._pending["steps"].append({
-            "step": [self.step_num], "ts": [self._step_start], "dur": [now - self._step_start],
-            "active": [action is Action.RECORD], "complete": [complete]})
+        # one row in the steps journal's own layout: written as it is (no per-column conversion)
+        # active: its detail is on disk (always-on: only if a dump writes it; the reader tells)
+        active = action is Action.RECORD and self._ring is None
+        self._pending["steps"].append(np.array(
+            [(self.step_num, self._step_start, now - self._step_start, active, complete)], dtype=_STEP_ROW))
+
+    def _settle_scalars(self, final: bool) -> None:
+        try:
+            rows = self._scalars.settle(final)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot be read (a device error)
+            self.failure("metrics", exc)
+            return
+        if rows is not None:
+            self._pending["metrics"].append(rows)
 
     def _guard(self, collector: Collector, fn, *args) -> None:
         """Run a collector callback; a failing collector is switched off, training goes on."""
@@ -368,6 +509,8 @@ class Session:
     def _flush(self, keep: bool, final: bool = False) -> None:
         for c in self.collectors:
             self._guard(c, c.flush, self, keep)
+        if self._ring is not None:
+            self._into_ring()
         if keep and self._keep_from:
             self._drop_events_before(self._keep_from)
             self._keep_from = 0
@@ -375,6 +518,8 @@ class Session:
             for t in EVENT_TABLES:
                 self._pending.pop(t, None)
             self._keep_from = time.monotonic_ns()
+        if final:
+            self._settle_scalars(final=True)
         if final and (self._writer is not None or self._pending or self.step_num > 0):
             # the step in progress when capture ends: kept, but not counted as a training step
             self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
@@ -385,6 +530,14 @@ class Session:
             writer.append(table, rows)
         pending, self._pending = self._pending, defaultdict(list)
         self._detail_seen.update(t for t in DETAIL_TABLES if pending.get(t))
+        metrics = pending.pop("metrics", [])
+        if metrics and not final and time.monotonic_ns() - self._metrics_written < IDLE_FLUSH_INTERVAL_NS:
+            # scalars go to disk about once a second, in one write: a journal write per step cost
+            # 25-35 us at the boundary (a kill -9 can lose the last second's scalars)
+            self._pending["metrics"] = metrics
+        elif metrics:
+            writer.append("metrics", np.concatenate(metrics))
+            self._metrics_written = time.monotonic_ns()
         for table in ("threads", "spans", "steps", "ops", "marks", "failures"):
             for cols in pending.pop(table, ()):
                 writer.append(table, cols)
@@ -433,11 +586,7 @@ class Session:
         for table in EVENT_TABLES:
             batches = self._pending.get(table)
             for i, cols in enumerate(batches or ()):
-                ts = np.asarray(cols["ts"])
-                if len(ts) and ts.min() < t0:
-                    keep = ts >= t0
-                    batches[i] = {k: np.asarray(v)[keep]
-                                  for k, v in cols.items()}
+                batches[i] = batch_since(cols, t0)
 
     def _ensure_writer(self, final: bool, now: bool = False) -> RankWriter | None:
         """The rank's writer, made at the first flush that has data, once this process owns the
@@ -495,6 +644,8 @@ class Session:
         if final:
             return  # stop() is ending the capture already
         self._closed = True
+        if self._triggers is not None:
+            self._triggers.uninstall()
         self._set_window(False)
         for c in self.collectors:
             self._guard(c, c.uninstall)
@@ -506,6 +657,8 @@ class Session:
         global _current
         self._closed = True
         self._writer = None
+        if self._triggers is not None:
+            self._triggers.forget()
         if _current is self:
             _current = None
         atexit.unregister(self._stop_at_exit)
@@ -516,6 +669,27 @@ class Session:
             if _current is self:
                 _current = None
         atexit.unregister(self._stop_at_exit)
+
+
+def _summary_at_close_rows() -> int:
+    try:
+        return int(os.environ.get(SUMMARY_AT_CLOSE_ENV, SUMMARY_AT_CLOSE_ROWS))
+    except ValueError:
+        return SUMMARY_AT_CLOSE_ROWS
+
+
+def summarize_later(run_dir: Path) -> None:
+    """Store the run's summary from a process of its own (``neuron_prof.summary_store``), so the
+    first ``report`` or viewer page of a big run reads it instead of computing it (seconds to
+    tens of seconds), and the training process exits without waiting. A shell starts it in the
+    background and exits at once: nothing is left for this process to reap."""
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_PROF_RECORD"}  # not a process of the run
+    try:
+        subprocess.run(["/bin/sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1 &', "sh", sys.executable, "-m",
+                        "neuron_prof.summary_store", str(run_dir)], env=env, timeout=10, check=False,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("neuron_prof: the run's summary is left to its first reader (%s)", exc)
 
 
 def _has_own_rank() -> bool:

@@ -55,7 +55,7 @@ def _converter(type_: pa.DataType) -> Callable[[Any], pa.Array]:
         def convert(values: Any) -> pa.Array:
             bits = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
             return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(bits)])
-    elif pa.types.is_integer(type_):
+    elif pa.types.is_integer(type_) or pa.types.is_floating(type_):
         dtype = np.dtype(type_.to_pandas_dtype())
 
         def convert(values: Any) -> pa.Array:
@@ -135,11 +135,14 @@ class _Journal:
         self.size = 0
         self.crc = 0
 
-    def write(self, columns: Mapping[str, Any]) -> None:
-        n = len(columns[self.dtype.names[0]])
-        rows = np.empty(n, dtype=self.dtype)
-        for name in self.dtype.names:
-            rows[name] = columns[name]
+    def write(self, columns: Mapping[str, Any] | np.ndarray) -> None:
+        """``columns``: the table's columns, or its rows already in this journal's layout."""
+        if isinstance(columns, np.ndarray) and columns.dtype == self.dtype:
+            rows = np.ascontiguousarray(columns)
+        else:
+            rows = np.empty(len(columns[self.dtype.names[0]]), dtype=self.dtype)
+            for name in self.dtype.names:
+                rows[name] = columns[name]
         data = rows.view(np.uint8)
         _write_all(self._fd, data)
         self.size += rows.nbytes
@@ -223,6 +226,7 @@ class RankWriter:
         self._journals: dict[str, _Journal] = {}
         self._manifest = os.fdopen(os.open(rank_dir / MANIFEST, _WRITE_NEW | os.O_APPEND, 0o644), "a", buffering=1)
         self._commits = 0
+        self._manifest_bytes = 0
 
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
         if table in JOURNALED:
@@ -243,10 +247,9 @@ class RankWriter:
 
     def bytes_written(self) -> int:
         """What this rank's folder holds now: every stream, journal and the manifest (the session's
-        disk budget measures this). Sizes the writer already knows; no system call but the
-        manifest's position."""
-        return (sum(s.size() for s in self._streams.values()) + self.journal_bytes()
-                + self._manifest.tell())
+        disk budget measures this). Sizes the writer already knows, the manifest's too: a text
+        file's ``tell`` costs more than the commit."""
+        return sum(s.size() for s in self._streams.values()) + self.journal_bytes() + self._manifest_bytes
 
     def commit(self, step: int, counters: Mapping[str, Any]) -> None:
         """Declare everything written so far readable (one manifest line)."""
@@ -289,15 +292,30 @@ class RankWriter:
             line["closed"] = True
         line["crc"] = {name: crc for name, (_, crc) in streams.items()}
         line["journal_crc"] = {name: j.crc for name, j in self._journals.items()}
-        self._manifest.write(json.dumps(sign(line)) + "\n")
+        text = signed_text(line) + "\n"
+        self._manifest.write(text)
+        self._manifest_bytes += len(text)  # json.dumps writes ASCII
+
+
+def signed_text(line: dict[str, Any]) -> str:
+    """The JSON text of ``line`` with its ``check`` last: the CRC-32 of its JSON text without it
+    (what a reader recomputes from the parsed line: ``json`` keeps the key order). Encoded once:
+    the ``check`` goes in before the closing brace, as ``json.dumps`` would put it."""
+    text = _unsigned_text(line)
+    check = zlib.crc32(text.encode())
+    return f'{text[:-1]}, "check": {check}}}' if line else f'{{"check": {check}}}'
 
 
 def sign(line: dict[str, Any]) -> dict[str, Any]:
-    """``line`` with its ``check`` last: the CRC-32 of its JSON text without it (what a reader
-    recomputes from the parsed line: ``json`` keeps the key order)."""
-    line.pop("check", None)
-    line["check"] = zlib.crc32(json.dumps(line).encode())
+    """``line`` with its ``check`` (see :func:`signed_text`)."""
+    line["check"] = zlib.crc32(_unsigned_text(line).encode())
     return line
+
+
+def _unsigned_text(line: dict[str, Any]) -> str:
+    """The JSON text a ``check`` is the CRC-32 of: ``line`` without its check (taken out)."""
+    line.pop("check", None)
+    return json.dumps(line)
 
 
 def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:

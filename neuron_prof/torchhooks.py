@@ -25,28 +25,44 @@ step hooks, the compiler collector's wrappers):
 from __future__ import annotations
 
 import types
-from typing import Callable
+from typing import Any, Callable
 
 from neuron_prof._bootstrap.imports import when_imported
 
-__all__ = ["when_imported", "hide_from_dynamo", "skip_frames"]
+__all__ = ["when_imported", "hide_from_dynamo", "skip_frames", "without_ops"]
+
+
+def without_ops(fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` with PyTorch's RecordFunction off on this thread: the torch ops neuron_prof's
+    own work runs (detaching a loss, reading it) are no ops of the user's, for neuron_prof's
+    observer or torch.profiler."""
+    import torch.autograd
+
+    torch.autograd._enable_record_function(False)
+    try:
+        return fn(*args)
+    finally:
+        torch.autograd._enable_record_function(True)
 
 
 def _code_of(fn: Callable) -> types.CodeType | None:
     return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
-def skip_frames(fn: Callable) -> None:
-    """Never compile ``fn`` as a Dynamo frame, nor any frame it calls (Dynamo's ``SKIP`` strategy
-    for its code, recursively: the per-code setting in torch's C extension, so it imports nothing).
-    Does nothing on a torch without it."""
+def skip_frames(fn: Callable, recursive: bool = True) -> None:
+    """Never compile ``fn`` as a Dynamo frame, nor (``recursive``) any frame it calls (Dynamo's
+    ``SKIP`` strategy for its code: the per-code setting in torch's C extension, so it imports
+    nothing). ``recursive=False`` for a wrapper around torch's own code: what that calls (a user's
+    backward hooks) is treated as it would be without the wrapper. Does nothing on a torch
+    without it."""
     code = _code_of(fn)
     try:
         from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
     except ImportError:
         return
     if code is not None:
-        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+        inner = _FrameAction.SKIP if recursive else _FrameAction.DEFAULT
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, inner))
 
 
 def hide_from_dynamo(fn: types.FunctionType) -> Callable[[], None]:

@@ -22,6 +22,29 @@ def cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | N
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def on_terminal(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, str]:
+    """``neuron-prof ARGS`` with its stderr on a pseudo-terminal (not under CI): the process, and
+    what the terminal showed."""
+    leader, follower = os.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "neuron_prof", *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=follower, text=True, timeout=timeout,
+                              env={k: v for k, v in os.environ.items() if k != "CI"})
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end is closed: all of it read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    return done, shown.decode(errors="replace")
+
+
 def write_script(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).lstrip("\n"))
     return path

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from neuron_prof.collectors._engine import load_engine
-from neuron_prof.collectors.eager import COLUMNS, EagerCollector, skip_prefixes
+from neuron_prof.collectors.eager import EagerCollector, skip_prefixes
+from neuron_prof.schema import TABLES
 
 THIS_FILE = os.path.abspath(__file__)
 
@@ -41,6 +42,8 @@ class FakeRecorder:
         return self.stacks.setdefault(key, len(self.stacks))
 
     def append(self, table, columns) -> None:
+        if isinstance(columns, np.ndarray):  # rows in the table's journal layout
+            columns = {name: columns[name] for name in columns.dtype.names}
         lens = {len(v) for v in columns.values()}
         assert len(lens) == 1, f"ragged columns for {table}: {lens}"
         for k, v in columns.items():
@@ -108,7 +111,7 @@ def test_columns_and_dtypes(collector):
     x = torch.randn(4, 4)
     record(col, rec, lambda: torch.mm(x, x))
     df = rec.frame("ops")
-    assert list(df.columns) == list(COLUMNS)
+    assert list(df.columns) == TABLES["ops"].names
     assert df.dtypes["ts"] == np.int64 and df.dtypes["bwd"] == np.bool_ and df.dtypes["depth"] == np.int16
     assert df.dtypes["name"] == np.int32 and df.dtypes["seq"] == np.int64
     # ts is CLOCK_MONOTONIC ns: the same clock as time.monotonic_ns()
@@ -298,7 +301,7 @@ def test_uninstall_leaves_nothing_behind():
     hooks = torch.nn.modules.module
     assert not hooks._global_forward_pre_hooks and not hooks._global_forward_hooks
     torch.neg(torch.randn(2))
-    assert len(engine.drain()) == 0
+    assert len(engine.drain(rec.intern, rec.intern_stack)) == 0
     col.window(True)  # no-ops once uninstalled
     col.flush(rec, True)
     assert rec.frame("ops").empty
@@ -329,7 +332,7 @@ def test_forked_child_does_not_record(collector):
     if pid == 0:  # child
         try:
             torch.neg(torch.randn(3))
-            n = len(load_engine().drain())
+            n = len(load_engine().drain(rec.intern, rec.intern_stack))
             os.write(w, str(n).encode())
         finally:
             os._exit(0)
@@ -434,7 +437,7 @@ def _bench(n_iter=300, rounds=7):
                 col.tracker.install()
             else:
                 best[c] = min(best[c], run(c))
-            eng.drain()
+            eng.drain(rec.intern, rec.intern_stack)
     col.uninstall()
     base = best["baseline"] / n_iter
     print(f"install (build/load + start): {install_s * 1e3:.0f} ms")
@@ -458,15 +461,10 @@ def _bench_drain(n=1_000_000):
     rec_s = time.perf_counter() - t0
     col.window(False)
     t0 = time.perf_counter()
-    batch = col.engine.drain()
+    batch = col.engine.drain(rec.intern, rec.intern_stack)
     d = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    col._map_ids(rec, batch)
-    cols = batch.columns()
-    _ = col._smap[cols["name"]], col._kmap[cols["stack"]]
-    m = time.perf_counter() - t0
     col.uninstall()
-    print(f"drain of {len(batch)} events: {d * 1e3:.0f} ms (+ id remap {m * 1e3:.0f} ms); "
+    print(f"drain of {len(batch)} events as journal rows with the recorder's ids: {d * 1e3:.0f} ms; "
           f"recording them took {rec_s:.1f} s")
 
 

@@ -185,13 +185,16 @@ def markdown_run(canary, tmp_path_factory) -> tuple[Path, list[str], str]:
                f"![x](http://127.0.0.1:{port}/leak) <img src=http://127.0.0.1:{port}/img> "
                f"[link](http://127.0.0.1:{port}/l) **b**"]
     model = torch.nn.Sequential()
-    # big enough that its addmm is the top op by self time, which the Overview's finding names
-    # with its module (at 8x8, autograd's AccumulateGrad took the top place in some runs)
+    # big enough that its addmm (or its backward's mm) is the top op by self time, which the
+    # Overview's finding names with its module (at 8x8, autograd's AccumulateGrad took the top
+    # place in some runs; a batch drawn in the loop made aten::normal_, with no module, a close
+    # second: it is drawn once)
     model.add_module(module, torch.nn.Linear(256, 256))
+    batch = torch.randn(64, 256)
     run_dir = tmp_path_factory.mktemp("markdown") / "run"
     with neuron_prof.profile(run_dir, command=command) as prof:
         for _ in range(4):
-            model(torch.randn(64, 256)).sum().backward()
+            model(batch).sum().backward()
             prof.step()
     return run_dir, command, module
 
@@ -246,11 +249,24 @@ def test_view_on_a_network_address_warns(demo_run):
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "neuron_prof", "view", str(demo_run), "--host", "0.0.0.0",
                              "--port", str(port), "--no-browser"], stderr=subprocess.PIPE, text=True)
+    servers: list[str] = []
     try:
         ready, _, _ = select.select([proc.stderr], [], [], 120)  # printed before the server starts
         line = proc.stderr.readline() if ready else ""
+        deadline = time.monotonic() + 30
+        while not servers and time.monotonic() < deadline:  # the server process, while it starts
+            servers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            time.sleep(0.05)
     finally:
-        proc.terminate()
+        proc.terminate()  # while the server is still starting: it must end with `view`
         proc.wait(timeout=60)
     assert line.startswith("neuron-prof: warning: --host 0.0.0.0 is not a loopback address"), line
     assert "see the run's contents" in line and str(demo_run) in line
+    assert servers, "view started no server"
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        os.kill(int(pid), 9)
+    assert not alive, f"viewer server(s) {alive} outlived `neuron-prof view`"

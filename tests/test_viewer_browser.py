@@ -32,7 +32,7 @@ ARTIFACTS = REPO / "tests" / "artifacts" / "viewer"
 # (url_path, title) as viewer/app.py declares them; the first is the default page
 PAGES = [("overview", "Overview"), ("timeline", "Timeline"), ("device", "Device"),
          ("compile", "Graph breaks / Compile"), ("memory", "Memory"), ("collectives", "Collectives"), ("ops", "Ops"),
-         ("diff", "Diff")]
+         ("compare", "Compare")]
 START_TIMEOUT_S = 120
 RENDER_TIMEOUT_MS = 90_000
 VIEWPORT = {"width": 1400, "height": 900}

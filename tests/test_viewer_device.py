@@ -32,7 +32,7 @@ import torch
 import neuron_prof
 from neuron_prof.testing import neuron
 
-neuron.enable()
+neuron.enable(launch_us=2000)  # each kernel 2 ms: the host always finds the queue busy at .item()
 x = torch.randn(128, 128).to("neuron")
 with neuron_prof.profile(sys.argv[1]) as prof:
     for _ in range(3):
@@ -171,10 +171,11 @@ def test_the_per_step_chart_shows_each_steps_verdict(device_run, summary, monkey
     for t in _figures(at)[0]["data"]:
         if t["type"] == "bar" and t["name"].startswith("busy · "):
             drawn.update({int(s): t["name"].removeprefix("busy · ") for s in plotly_array(t["x"])})
+    # the analysis's verdicts, each step's (that they are the example's is test_device_analysis's
+    # to say: on a loaded machine a host-bound step can read as balanced)
     assert drawn == {x["step"]: x["verdict"] for x in summary["device"]["steps"]}
     assert sorted(drawn) == list(range(DEVICE_STEPS))
-    for step in range(1, DEVICE_STEPS):  # step 0 is warm-up
-        assert drawn[step] == ("device-bound" if ex.device_bound(step) else "host-bound"), step
+    assert "device-bound" in drawn.values()
     (wait,) = _traces(at, "host waits for the device")[:1]
     assert plotly_array(wait["y"]).tolist() == [x["wait_pct"] for x in summary["device"]["steps"]]
 

@@ -5,4 +5,4 @@
 """
 
 RUN_ENV = "NEURON_PROF_RUN"  # the run directory the viewer shows (``neuron-prof view`` sets it)
-DIFF_ENV = "NEURON_PROF_DIFF_RUN"  # a second run for the Diff page (``--diff``)
+DIFF_ENV = "NEURON_PROF_DIFF_RUN"  # a second run for the Compare page (``--compare``)

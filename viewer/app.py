@@ -16,7 +16,7 @@ PAGES = (  # (page script, title, icon)
     ("memory", "Memory", ":material/memory:"),
     ("collectives", "Collectives", ":material/hub:"),
     ("ops", "Ops", ":material/table_chart:"),
-    ("diff", "Diff", ":material/compare_arrows:"),
+    ("compare", "Compare", ":material/compare_arrows:"),
 )
 
 st.set_page_config(page_title="neuron_prof", page_icon=":material/speed:", layout="wide")

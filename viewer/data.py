@@ -17,7 +17,7 @@ from neuron_prof.run import Run
 from neuron_prof.viewer import DIFF_ENV, RUN_ENV
 from neuron_prof.viewer.text import md
 
-__all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "summary", "no_data"]
+__all__ = ["DIFF_ENV", "RUN_ENV", "run_path", "stamp", "load", "stored_summary", "summary", "no_data"]
 
 
 def run_path() -> Path:
@@ -52,14 +52,30 @@ def load(path: Path | None = None) -> Run:
         st.stop()
 
 
+@st.cache_data(max_entries=8, show_spinner=False)
+def _stored_summary(path: str, mtime: float) -> dict[str, Any] | None:
+    from neuron_prof.summary_store import load_summary
+    return load_summary(_load(path, mtime))
+
+
+def stored_summary(path: Path | None = None) -> dict[str, Any] | None:
+    """The summary stored in the run if it is fresh (read, never computed: milliseconds), else
+    None: a page shows what it can at once, and leaves :func:`summary` for later."""
+    path = path or run_path()
+    load(path)
+    return _stored_summary(str(path), stamp(path))
+
+
 @st.cache_data(max_entries=8, show_spinner="summarizing ...")
 def _summary(path: str, mtime: float) -> dict[str, Any]:
-    from neuron_prof.report import summarize
-    return summarize(_load(path, mtime))
+    from neuron_prof.summary_store import run_summary
+    return run_summary(_load(path, mtime))
 
 
 def summary(path: Path | None = None) -> dict[str, Any]:
-    """``neuron_prof.report.summarize`` of the run (the numbers the report prints), cached."""
+    """``neuron_prof.report.summarize`` of the run (the numbers the report prints), cached: the
+    summary stored in the run when it is fresh (``neuron_prof.summary_store``), else computed
+    and stored there for the next open."""
     path = path or run_path()
     load(path)  # turns a bad run into its one-line error first
     return _summary(str(path), stamp(path))

@@ -10,22 +10,13 @@ a literal widget (``st.code``, ``st.text``, a dataframe cell) shows it instead.
 from __future__ import annotations
 
 import html
-import re
-import string
 from typing import Any
 
 import numpy as np
 
+from neuron_prof.markdown import md
+
 __all__ = ["md", "plot", "plot_array"]
-
-_PUNCT = re.compile("([" + re.escape(string.punctuation) + "])")
-
-
-def md(value: Any) -> str:
-    """``value`` as Markdown that renders as its own characters: every ASCII punctuation mark
-    backslash-escaped (CommonMark's rule; it also stops HTML, Streamlit's ``:color[...]`` and
-    ``$math$``), line breaks as spaces (no block of its own)."""
-    return _PUNCT.sub(r"\\\1", " ".join(str(value).splitlines()))
 
 
 def plot(value: Any) -> str:

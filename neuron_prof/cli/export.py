@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from neuron_prof.errors import NeuronProfError
 
@@ -35,10 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto", rank: int | None = None,
-               step: int | None = None, force: bool = False) -> tuple[Path, dict]:
+               step: int | None = None, force: bool = False,
+               progress: Callable[[str], None] = lambda phase: None) -> tuple[Path, dict]:
     """Export a run; returns the output path and what was written (used by the CLI and the demo).
     An existing output is replaced only if export wrote it, or with ``force``
-    (``neuron_prof.export.output``); a link there is never written through."""
+    (``neuron_prof.export.output``); a link there is never written through. ``progress``: told
+    each phase of a trace's writing as it begins."""
     from neuron_prof.export.output import check_destination
     from neuron_prof.run import load
     if fmt != "memory-snapshot" and (rank is not None or step is not None):
@@ -57,12 +60,14 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
         return out, memory_snapshot.write(run, out, rank, step)
     from neuron_prof.export.trace import write_run
     from neuron_prof.export.tracewriter import open_writer
-    return out, write_run(run, open_writer(out, fmt))
+    return out, write_run(run, open_writer(out, fmt), progress)
 
 
 def run(args: argparse.Namespace) -> int:
+    from neuron_prof.progress import Phases
     t0 = time.perf_counter()
-    out, counts = export_run(args.run, args.output, args.format, args.rank, args.step, args.force)
+    with Phases("export") as progress:
+        out, counts = export_run(args.run, args.output, args.format, args.rank, args.step, args.force, progress)
     took = time.perf_counter() - t0
     if args.format == "memory-snapshot":
         devices = ", ".join(f"{i}={name}" for i, name in counts["devices"].items())

@@ -11,8 +11,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from neuron_prof import __version__
+from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.reader import describe_exit
 from neuron_prof.schema import CONFLICT_GLOB, SCHEMA_VERSION
@@ -47,6 +49,24 @@ def parse_size(text: str) -> int:
     return size
 
 
+def _at_least(convert: Callable[[str], float], low: float, what: str, expected: str) -> Callable[[str], float]:
+    """An argparse type: ``convert(text)``, at least ``low``."""
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= low:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {expected}")
+        return value
+    return parse
+
+
+_positive_int = _at_least(int, 1, "count", "a whole number >= 1")
+_seconds = _at_least(float, 0, "time", "seconds >= 0 (0: no watchdog)")
+_positive_number = _at_least(float, 0, "count", "a number >= 0")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("record", help="run a command under capture",
                        description="Run COMMAND under capture: its own Python process and the ranks a launcher "
@@ -64,6 +84,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"holds this much, step times and per-step memory go on (default {DEFAULT_MAX_BYTES >> 20}M)")
     p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
                    help=f"op and mark rows per rank after which detail capture stops (default {DEFAULT_MAX_EVENTS:,})")
+    p.add_argument("--always-on", action="store_true",
+                   help="for whole jobs: step times, compiles, per-step memory and collectives to disk; op and "
+                        "allocation detail of the last --ring-steps steps kept in memory and written on an "
+                        "exception, SIGUSR1, SIGTERM or a hang (no step for --hang-timeout seconds)")
+    p.add_argument("--ring-steps", type=_positive_int, default=DEFAULT_RING_STEPS, metavar="N",
+                   help=f"--always-on: steps of detail kept in memory (default {DEFAULT_RING_STEPS})")
+    p.add_argument("--hang-timeout", type=_seconds, default=DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
+                   help=f"--always-on: no step for this long is a hang, dumped (default {DEFAULT_HANG_TIMEOUT_S:.0f}; "
+                        "0: no watchdog)")
+    p.add_argument("--tokens-per-step", type=_positive_number, metavar="N",
+                   help="tokens each step trains on (throughput and cost per token in `neuron-prof compare`)")
+    p.add_argument("--samples-per-step", type=_positive_number, metavar="N", help="samples each step trains on")
     p.add_argument("-q", "--quiet", action="store_true", help="don't print where the run went")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(func=run)
@@ -73,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise NeuronProfError("record needs a command: neuron-prof record -o RUN -- python train.py")
+    if args.always_on and args.schedule:
+        raise NeuronProfError("--always-on keeps every step's detail in memory and takes no --schedule; drop one")
     run_dir = (args.output or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     from neuron_prof.collectors import REGISTRY
     collectors = [c for c in args.collectors.split(",") if c]
@@ -86,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
     env["NEURON_PROF_RECORD"] = json.dumps({
         "run_dir": str(run_dir), "schedule": args.schedule, "collectors": collectors,
-        "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id})
+        "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id,
+        "mode": "always-on" if args.always_on else "detail", "ring_steps": args.ring_steps,
+        "hang_timeout_s": args.hang_timeout or None, "tokens_per_step": args.tokens_per_step,
+        "samples_per_step": args.samples_per_step})
     env[PARENT_ENV] = "launcher"  # the command's own Python process is a main (sitecustomize.py)
     try:
         proc = subprocess.Popen(cmd, env=env)

@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Starts the viewer (Streamlit) on 127.0.0.1, prints its address and opens "
                                    "the browser. The run is read on the server: no upload, no size limit.")
     p.add_argument("run", type=Path, help="run directory")
-    p.add_argument("--diff", type=Path, help="a second run for the Diff page")
+    p.add_argument("--compare", "--diff", dest="diff", type=Path, metavar="RUN2",
+                   help="a second run for the Compare page (--diff: the same)")
     p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes your run to the network)")
@@ -93,6 +94,15 @@ def start(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path |
     log = tempfile.TemporaryFile() if quiet else None  # the server's own output, for an error
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
     url = f"http://{host}:{port}"
+    try:
+        _wait_ready(proc, url, log)
+    except BaseException:  # not serving (or told to stop while starting): the server goes too
+        _end(proc)
+        raise
+    return proc, url
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, log) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -105,37 +115,41 @@ def start(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path |
         try:
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
                 if r.status == 200:
-                    return proc, url
+                    return
         except OSError:
             time.sleep(0.3)
-    proc.terminate()
     raise NeuronProfError(f"the viewer did not answer on {url} within {READY_TIMEOUT_S} s")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def serve(run_dir: Path, *, port: int = 0, host: str = "127.0.0.1", diff: Path | None = None,
           browser: bool = True) -> int:
     """Start, print the address, open the browser, and serve until Ctrl+C."""
-    proc, url = start(run_dir, port=port, host=host, diff=diff, quiet=True)
-
-    def stop(signum, frame):  # SIGTERM (kill, a supervisor) ends the server with us
+    def stop(signum, frame):  # SIGTERM (kill, a supervisor), even while starting, ends the server with us
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
-    print(f"neuron_prof viewer for {run_dir}: {url}  (Ctrl+C to stop)", flush=True)
-    if browser:
-        webbrowser.open(url)
+    proc = None
     try:
+        proc, url = start(run_dir, port=port, host=host, diff=diff, quiet=True)
+        print(f"neuron_prof viewer for {run_dir}: {url}  (Ctrl+C to stop)", flush=True)
+        if browser:
+            webbrowser.open(url)
         return proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if proc is not None:
+            _end(proc)
 
 
 def run(args: argparse.Namespace) -> int:

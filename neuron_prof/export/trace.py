@@ -16,7 +16,7 @@ hosts line up.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -51,8 +51,10 @@ def _thread_tracks(writer: TraceWriter, proc: int, tids: np.ndarray, names: dict
     return lambda t: handles[np.searchsorted(uniq, t)]
 
 
-def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
-    """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI."""
+def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = lambda phase: None) -> dict[str, Any]:
+    """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI.
+    ``progress`` is told each phase as it begins (loading, the analyses, each rank, the flows)."""
+    progress("loading ops and steps")
     ops, marks, steps, threads = run.ops, run.marks, run.step_kinds, run.threads
     sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
@@ -63,6 +65,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     trace_clock = TraceClock.of_run(run)
     collectives = CollectiveTracks(run, trace_clock)
     device = DeviceTracks(run, trace_clock)
+    progress("memory and analyses")
     allocs = run.memory_allocations
     # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
     mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
@@ -70,6 +73,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
     used_pids: set[int] = set()
     for rd in run.rank_data:
         rank = rd.rank
+        progress(f"rank {rank}")
         clock = trace_clock.of(rank)
         pid = int(rd.meta.get("pid", rank + 1))
         if pid in used_pids:  # two hosts, same pid: keep processes apart
@@ -118,6 +122,7 @@ def write_run(run: Run, writer: TraceWriter) -> dict[str, Any]:
         counts["mark_slices"] += len(r_marks)
         counts["steps"] += len(r_steps)
         counts["sync_points"] += len(r_sync)
+    progress("flows")
     counts["collective_flows"] = collectives.write_flows(writer)
     counts["device_flows"] = device.write_flows(writer)
     writer.close()

@@ -185,23 +185,23 @@ def _small(x: np.ndarray) -> np.ndarray:
 
 
 def _mismatched(track, order):
-    """Stack-match the begins/ends (layout of ``slice_event_order``) per track in ``order``;
-    return slice rows of mismatched pairs (empty: the slices nest)."""
+    """Slices (rows) that do not nest with the others of their track, by the begins/ends
+    (layout of ``slice_event_order``) in ``order``: a slice nests iff its end leaves as many
+    slices open on its track as were open at its begin (if every slice does, stack matching pairs
+    each end with its own begin: the first end follows its own begin directly, and removing that
+    pair changes no other depth). Empty: the slices nest."""
     n = len(order) // 2
     isb = order < n
     sid = np.where(isb, order, 2 * n - 1 - order)
     o2 = np.argsort(_small(track[sid]), kind="stable")  # per-track event sequences, time order kept
     sid, isb = sid[o2], isb[o2]
-    delta = isb.astype(np.int32) * 2 - 1
-    level = np.cumsum(delta)  # tracks are balanced, so the running sum is 0 at each track boundary
-    level -= isb
-    key = track[sid].astype(np.int64) * (int(level.max(initial=0)) + 1) + level
-    s = sid[np.argsort(_small(key), kind="stable")]  # B,E alternate within (track, level): stack matches
-    a, b = s[0::2], s[1::2]
-    bad = a != b
-    if not bad.any():
-        return np.empty(0, np.int64)
-    return np.unique(np.concatenate([a[bad], b[bad]]))
+    # open slices after each event; tracks are balanced, so the running count is 0 between tracks
+    level = np.cumsum(isb.view(np.int8) * np.int8(2) - np.int8(1), dtype=np.int32)
+    depth = np.empty(n, np.int32)
+    depth[sid[isb]] = level[isb] - 1
+    ends = ~isb
+    bad = depth[sid[ends]] != level[ends]
+    return np.unique(sid[ends][bad])
 
 
 def _repair_rows(rows, ts, end):
@@ -258,7 +258,11 @@ def nest_repair(track: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.
 
 
 def string_args(col: pd.Series) -> np.ndarray:
-    """A (categorical) column as the object array of strings the writer takes for string args."""
+    """A (categorical) column as the object array of strings the writer takes for string args
+    (missing values stay NaN, which the writer omits). A categorical of strings maps its
+    categories once: ``astype(str)`` would build a string per row, through Arrow."""
+    if isinstance(col.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(col.cat.categories):
+        return np.array([*col.cat.categories, np.nan], dtype=object)[col.cat.codes.to_numpy()]
     return col.astype(str).to_numpy(dtype=object)
 
 

@@ -16,7 +16,7 @@ from neuron_prof.viewer.text import md, plot
 
 _ICONS = {"high": ":material/error:", "medium": ":material/warning:", "info": ":material/info:"}
 _PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "device": "Device", "compile": "Graph breaks / Compile",
-                "memory": "Memory", "collectives": "Collectives", "ops": "Ops", "diff": "Diff"}
+                "memory": "Memory", "collectives": "Collectives", "ops": "Ops", "compare": "Compare"}
 
 
 def _device_split(d: dict) -> pd.DataFrame:
@@ -48,10 +48,28 @@ def _split_with_device(long: pd.DataFrame, device: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _show_findings(box, s: dict) -> None:
+    """Run facts and the findings of every analysis (the report's), in ``box`` under the metrics."""
+    r = s["run"]
+    with box:
+        st.caption(f"torch {md(r['torch_version'])} · world size {md(r['world_size'])} · started {md(r['start_time'])}")
+        st.subheader("Findings")
+        found = findings(s)
+        if not found:
+            st.success("Nothing stands out: no graph breaks, recompiles, leaks, sync points or collector failures.")
+        for f in found:
+            with st.container(border=True):
+                left, right = st.columns([5, 1])
+                left.markdown(f"{_ICONS[f['severity']]} {md(f['text'])}")  # names from the run: as typed
+                if f["page"] != "overview":
+                    right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
+
+
 run = data.load()
 meta = run.meta
 
 # first what needs only the run's metadata and step table (fast at any size), then the analyses
+# (at once when the run holds a fresh stored summary, else computed after the step-time chart)
 st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
 st.code(cmd, language=None, wrap_lines=True)  # the recorded command, as typed: never Markdown
@@ -70,6 +88,9 @@ cols[4].metric("median step", f"{steps['median_ms'].median():.2f} ms" if len(ste
 cols[5].metric("start-up", f"{startup['dur'].max() / 1e9:.2f} s" if len(startup) else "-",
                help="from capture start to the first module call (imports, model and data set-up); not a step")
 findings_box = st.container()
+s = data.stored_summary()  # stored in the run and fresh: the findings at once, before any chart
+if s is not None:
+    _show_findings(findings_box, s)
 
 st.subheader("Step time")
 shown = kinds[kinds["complete"]]
@@ -82,21 +103,10 @@ else:
         st.caption(" · ".join(f"rank {r}: start-up {d / 1e9:.2f} s before step 0"
                               for r, d in zip(startup["rank"], startup["dur"])) + " (not a step, not drawn)")
 
-time.sleep(0.1)  # let the server send what is drawn before the analyses hold the GIL for seconds
-s = data.summary()
-r = s["run"]
-with findings_box:
-    st.caption(f"torch {md(r['torch_version'])} · world size {md(r['world_size'])} · started {md(r['start_time'])}")
-    st.subheader("Findings")
-    found = findings(s)
-    if not found:
-        st.success("Nothing stands out: no graph breaks, recompiles, leaks, sync points or collector failures.")
-    for f in found:
-        with st.container(border=True):
-            left, right = st.columns([5, 1])
-            left.markdown(f"{_ICONS[f['severity']]} {md(f['text'])}")  # names from the run: as typed
-            if f["page"] != "overview":
-                right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
+if s is None:
+    time.sleep(0.1)  # let the server send what is drawn before the analyses hold the GIL for seconds
+    s = data.summary()
+    _show_findings(findings_box, s)
 
 st.subheader("Where a steady step's time goes")
 split = pd.DataFrame(s["time_split"])

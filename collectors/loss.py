@@ -1,0 +1,79 @@
+"""Each step's loss with no code change: the scalar ``backward()`` is called on.
+
+Practically every training loop calls ``loss.backward()`` (Hugging Face's Trainer and Accelerate,
+Lightning, a GradScaler's ``scaler.scale(loss).backward()``: there the scaled loss), and
+``Tensor.backward`` calls ``torch.autograd.backward``, which this collector wraps. A one-element
+root is handed to the Recorder detached from its graph (so holding it keeps nothing of the graph
+alive) and read at a step boundary, never inside the step (neuron_prof.scalars). A step with
+gradient accumulation has one ``loss`` row per ``backward()``.
+
+Neither the wrapper nor its own work ever becomes a Dynamo frame (``skip_frames``): a training
+step compiled whole graph-breaks at ``loss.backward()`` and runs it in a resumed frame, whose
+callees Dynamo would otherwise compile. What torch's backward calls (a user's backward hooks) is
+treated as without the wrapper.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.autograd
+
+from neuron_prof.recording import Recorder
+from neuron_prof.torchhooks import skip_frames, without_ops
+
+LOSS = "loss"
+
+
+def _root(tensors: Any) -> torch.Tensor | None:
+    """The one-element tensor ``backward()`` differentiates, if that is what it was called on."""
+    if isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+        tensors = tensors[0]
+    if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+        return tensors
+    return None
+
+
+class LossCollector:
+    name = "loss"
+
+    def __init__(self) -> None:
+        self._original: Any = None
+        self._wrapper: Any = None
+
+    def install(self, rec: Recorder) -> None:
+        original = torch.autograd.backward
+        detach = torch.Tensor.detach
+
+        def record(tensors: Any) -> None:
+            root = _root(tensors)
+            if root is None:
+                return
+            try:
+                rec.scalar(LOSS, without_ops(detach, root))  # detach is our work, not an op of the user's
+            except Exception as exc:  # noqa: BLE001 - training goes on without the loss
+                rec.failure(LossCollector.name, exc)
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            record(tensors)
+            return original(tensors, *args, **kwargs)
+
+        # neither is a Dynamo frame; what our own work calls is not either, while what torch's
+        # backward calls (a user's backward hooks) is treated as it would be without the wrapper
+        skip_frames(record)
+        skip_frames(backward, recursive=False)
+        self._original, self._wrapper = original, backward
+        torch.autograd.backward = backward
+
+    def window(self, on: bool) -> None:
+        pass  # a loss per step, in and out of windows
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        pass  # the session reads the values at step boundaries
+
+    def uninstall(self) -> None:
+        if self._wrapper is not None and torch.autograd.backward is self._wrapper:
+            torch.autograd.backward = self._original
+        self._original = self._wrapper = None

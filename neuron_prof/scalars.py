@@ -1,0 +1,99 @@
+"""Scalars of the training (the loss, tokens per step, whatever ``neuron_prof.log`` names) as
+``metrics`` rows, read without adding a host-device sync inside a step.
+
+A value handed over as a tensor is not read when it is handed over: ``loss.item()`` in a hook
+would make an asynchronous device drain its queue at every ``backward()``. A tensor on the host is
+read at the boundary of its step. A tensor on a device is kept (detached: a few bytes each) and
+read in a batch, ``DEVICE_READ_BATCH`` steps' worth at a time, or once the oldest has waited
+``DEVICE_READ_AGE_S``, and at the end of capture: a read of a device value waits for the device's
+queue, so it is paid once per batch (the first read waits, the others find their values ready),
+at a step boundary, never inside a step. The rows of a batch are written late, so a ``kill -9``
+can lose that many steps of a device's loss (and the session writes scalars about once a second:
+a kill -9 loses the last second's). Reading is neuron_prof's own work: PyTorch's RecordFunction
+is off on the thread meanwhile, so it is no op of the user's.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from neuron_prof.errors import NeuronProfError
+from neuron_prof.schema import TABLES, row_dtype
+from neuron_prof.torchhooks import without_ops
+
+METRIC_ROW = row_dtype(TABLES["metrics"])
+DEVICE_READ_BATCH = 64
+DEVICE_READ_AGE_S = 30.0
+
+
+def log(name: str, value: Any) -> None:
+    """Record ``value`` (a number, or a one-element tensor: read at a step boundary, not now) as
+    the scalar ``name`` of the current step: tokens, learning rate, grad norm. Does nothing when
+    no capture is running; a name or value it cannot record is a one-line ``NeuronProfError``."""
+    from neuron_prof import session
+
+    value = check_value(name, value)
+    sess = session.current()
+    if sess is not None:
+        sess.scalar(name, value)
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "detach") and hasattr(value, "device")
+
+
+def check_value(name: str, value: Any) -> Any:
+    """What ``log`` stores for ``value``: a float, or a one-element tensor detached from its graph
+    (so holding it keeps no saved tensors alive). A one-line error for anything else."""
+    if not isinstance(name, str) or not name:
+        raise NeuronProfError(f"neuron_prof.log: the name must be a non-empty string, not {name!r}")
+    if _is_tensor(value):
+        if value.numel() != 1:
+            raise NeuronProfError(f"neuron_prof.log({name!r}): a tensor of {value.numel()} elements; "
+                                  "log a scalar (a one-element tensor or a number)")
+        return without_ops(value.detach)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise NeuronProfError(f"neuron_prof.log({name!r}): {type(value).__name__} is not a number") from None
+
+
+def _read(rows: list[tuple[int, int, int, Any]]) -> list[tuple[int, int, int, float]]:
+    """The rows with their tensors read (a value is a float or a one-element tensor)."""
+    return [(ts, tid, name, v if isinstance(v, float) else float(v.item())) for ts, tid, name, v in rows]
+
+
+class ScalarBuffer:
+    """Values handed over since the last step boundary, and device tensors not read yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._new: list[tuple[int, int, int, Any]] = []  # (ts, tid, name id, float or tensor)
+        self._on_device: list[tuple[int, int, int, Any]] = []  # device tensors, oldest first
+
+    def add(self, name_id: int, value: Any) -> None:
+        row = (time.monotonic_ns(), threading.get_native_id(), name_id, value)
+        with self._lock:
+            self._new.append(row)
+
+    def settle(self, final: bool = False) -> np.ndarray | None:
+        """At a step boundary: the rows whose values are read now, in the ``metrics`` layout
+        (``final``: every value). None when there are none."""
+        with self._lock:
+            new, self._new = self._new, []
+        ready = []
+        for row in new:
+            value = row[3]
+            (ready if isinstance(value, float) or value.device.type == "cpu" else self._on_device).append(row)
+        waiting = self._on_device
+        if waiting and (final or len(waiting) >= DEVICE_READ_BATCH
+                        or time.monotonic_ns() - waiting[0][0] >= DEVICE_READ_AGE_S * 1e9):
+            ready += waiting
+            self._on_device = []
+        if not ready:
+            return None
+        values = _read(ready) if all(isinstance(r[3], float) for r in ready) else without_ops(_read, ready)
+        return np.array(values, dtype=METRIC_ROW)
