@@ -27,8 +27,8 @@ import time
 import torch
 
 BATCH, IN, HIDDEN, OUT = 32, 64, 128, 8
-BIG, BIG_MATMULS = 384, 12
-HOST_OPS, HOST_WORK_MS = 16, 8.0
+BIG, BIG_MATMULS = 384, 48
+HOST_OPS, HOST_WORK_MS = 16, 16.0
 CHAIN = ("aten::mul", "aten::add", "aten::tanh", "aten::mul", "aten::sub", "aten::relu")
 """The ops FUSED-LINE queues, in order."""
 LAUNCH_US = 20.0

@@ -19,6 +19,8 @@ from neuron_prof.analysis.sync import sync_points
 from neuron_prof.examples import device_defects as ex
 from neuron_prof.report import render_text, summarize
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 EXAMPLE = "examples/device_defects.py"
 
 
@@ -58,23 +60,44 @@ def test_every_queued_op_is_joined_to_its_host_op_and_its_kernel(run):
               for e in ids}
     assert {(int(k), int(e)) for k, e in zip(corr["kernel"], corr["id"])} == listed
     assert (corr["queued_ns"] >= 0).all()
+    started = run.device_kernels.set_index("id")["ts"].loc[corr["kernel"].to_numpy()].to_numpy()
+    assert (started >= corr["ts"].to_numpy()).all(), "a kernel started before an op it ran was queued"
 
 
 def test_the_chain_fuses_into_one_kernel_of_exactly_its_ops(run):
     corr = run.device_correlation
+    kernels = run.device_kernels.set_index("id")
     fused = corr[corr["source"].astype(str) == _line("FUSED-LINE")]
-    per_step = fused.groupby("step")["kernel"].unique()
-    assert sorted(per_step.index) == list(range(DEVICE_STEPS))
-    # from step 1 on: in step 0 each op's shape function runs for the first time (hundreds of us:
-    # the device may catch up with the host in the middle of the chain and take part of it)
-    for step, kernels in per_step.iloc[1:].items():
-        assert len(kernels) == 1, f"step {step}: the chain ran in kernels {kernels}"
-        rows = corr[corr["kernel"] == kernels[0]].sort_values("id")
-        assert rows["op"].astype(str).tolist() == list(ex.CHAIN), step
-        assert (rows["source"].astype(str) == _line("FUSED-LINE")).all()
+    assert sorted(fused["step"].unique()) == list(range(DEVICE_STEPS))
+    # The queue's rule: an op joins the kernel at the back while that kernel has not started. The
+    # chain follows CAT-LINE's kernel (no epilogue joins a cat), and the device starts nothing
+    # before that kernel ends; so when the chain's last op was queued before the cat's kernel
+    # ended, the six ops are one kernel. Whether that holds is order, read from the timestamps
+    # (the matmuls before the cat keep the device busy for milliseconds after the chain is queued).
+    joined = 0
+    for step, rows in fused.sort_values("id").groupby("step"):
+        cat = corr[(corr["step"] == step) & (corr["source"].astype(str) == _line("CAT-LINE"))
+                   & (corr["id"] < rows["id"].min())].sort_values("id").iloc[-1]
+        cat_end = kernels.loc[cat["kernel"], "ts"] + kernels.loc[cat["kernel"], "dur"]
+        assert cat["kernel"] not in set(rows["kernel"]), step
+        if rows["ts"].max() < cat_end:
+            joined += 1
+            assert rows["kernel"].nunique() == 1, f"step {step}: the chain ran in kernels {rows['kernel'].unique()}"
+            (kernel,) = rows["kernel"].unique()
+            members = corr[corr["kernel"] == kernel].sort_values("id")
+            assert members["op"].astype(str).tolist() == list(ex.CHAIN), step
+            assert (members["source"].astype(str) == _line("FUSED-LINE")).all()
+        else:  # the device caught up: the ops still ran in queue order
+            assert rows["kernel"].is_monotonic_increasing, step
+    assert joined >= 1, "the device caught up with the host in every step"
 
 
+@pytest.mark.timing
 def test_host_bound_and_device_bound_steps_are_named_so(run, summary):
+    # the device's busy share of a step, measured with the 2 cores loaded (load average 4-5):
+    # host-bound steps 5-12% (the threshold is 40%), device-bound ones 92-97% (the threshold is
+    # 70%): each at least 3x its spread away from its threshold; the host's 16 x 16 ms of work
+    # is a wall-clock floor, the device's 48 matmuls a floor of device work
     verdicts = dev.step_verdicts(run.device_steps).set_index("step")["verdict"]
     for step in range(1, DEVICE_STEPS):  # step 0 is warm-up: lazy set-up of everything
         want = "device-bound" if ex.device_bound(step) else "host-bound"
@@ -86,7 +109,7 @@ def test_host_bound_and_device_bound_steps_are_named_so(run, summary):
     assert by_kind["device-bound"]["busy_pct"] > by_kind["host-bound"]["busy_pct"]
 
 
-def test_the_stall_is_at_its_line_and_waits_about_the_device_time_queued_before_it(run, summary):
+def test_the_stall_is_at_its_line_and_waits_for_the_device_time_queued_before_it(run, summary):
     top = summary["device"]["stalls"][0]
     assert (top["source"], top["reason"], top["host_op"]) == (_line("STALL-LINE"), "sync", "aten::_local_scalar_dense")
     flushes = run.queue_flushes[run.queue_flushes["source"].astype(str) == _line("STALL-LINE")]
@@ -95,16 +118,14 @@ def test_the_stall_is_at_its_line_and_waits_about_the_device_time_queued_before_
     assert top["count"] == len(flushes)
     corr, kernels = run.device_correlation, run.device_kernels.set_index("id")
     for f in flushes.itertuples():
-        queued = corr[corr["ts"] < f.ts]["kernel"].unique()  # everything queued before the wait began ...
-        k = kernels.loc[queued]
-        k = k[k["ts"] + k["dur"] > f.ts]  # ... that had not finished then
-        remaining = int((k["ts"] + k["dur"] - np.maximum(k["ts"], f.ts)).sum())
-        # never shorter than the work left; longer by the host thread's wake-up after the last
-        # kernel, which on a loaded 2-core machine is scheduler time slices (milliseconds)
-        assert 0.8 * remaining <= f.dur <= 1.25 * remaining + 20_000_000, (f.step, f.dur, remaining)
-    bound_waits = flushes[[ex.device_bound(s) for s in flushes["step"]]]["dur"]
-    host_waits = flushes[[not ex.device_bound(s) for s in flushes["step"]]]["dur"]
-    assert bound_waits.min() > host_waits.median(), "a device-bound step's .item() waited no longer"
+        queued = kernels.loc[corr[corr["ts"] < f.ts]["kernel"].unique()]  # everything queued before the wait began
+        # the wait ends after the last of those kernels ends: it is never shorter than the device
+        # time still queued (kernels of one stream run one after another)
+        assert f.ts + f.dur >= (queued["ts"] + queued["dur"]).max(), f
+        left = queued[queued["ts"] + queued["dur"] > f.ts]
+        assert f.dur >= int((left["ts"] + left["dur"] - np.maximum(left["ts"], f.ts)).sum()), f
+        if ex.device_bound(f.step):  # the host reached .item() while the device still had matmuls to start
+            assert f.ts < left["ts"].max(), f
     # the sync point's cost is that measured wait
     sync = {x["source"]: x for x in summary["sync_points"]["by_source"]}
     assert sync[_line("STALL-LINE")]["wait_ms"] == pytest.approx(flushes["dur"].sum() / 1e6)
