@@ -21,16 +21,20 @@ LOOP = '''
 import os, signal, sys, threading, time
 import torch, torch.nn as nn
 import neuron_prof
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 opt = torch.optim.Adam(model.parameters())
 x = torch.randn(16, 32)
 lock = threading.Lock()
+held = threading.Event()
 
 
 def holder():
     with lock:
+        held.set()
         time.sleep(HANG_S)  # HOLDER-LINE
 
 
@@ -44,9 +48,9 @@ def train_step():
 
 def _always_on_script(tmp: Path) -> Path:
     return write_script(tmp / "always_on.py", LOOP + '''
-HANG_S = 3.0
+HANG_S = 6.0  # the hang: 3x the timeout; a step of this loop takes milliseconds, even loaded (over 100x below it)
 run = sys.argv[1]
-with neuron_prof.profile(run, mode="always-on", ring_steps=4, hang_timeout_s=1.0) as prof:
+with neuron_prof.profile(run, mode="always-on", ring_steps=4, hang_timeout_s=2.0) as prof:
     for i in range(40):
         train_step()
         prof.step()
@@ -55,7 +59,7 @@ with neuron_prof.profile(run, mode="always-on", ring_steps=4, hang_timeout_s=1.0
         if i == 19:
             t = threading.Thread(target=holder, name="holder")
             t.start()
-            time.sleep(0.2)
+            held.wait()  # the holder has the lock
             with lock:  # WAIT-LINE
                 pass
             t.join()
@@ -73,6 +77,7 @@ def always_on_run(tmp_path_factory) -> tuple[Path, Path]:
     return run, script
 
 
+@pytest.mark.timing  # the hang watchdog: a 2 s timeout against millisecond steps and a 6 s hang
 def test_each_trigger_writes_the_last_steps_with_where_each_thread_was(always_on_run):
     run_dir, script = always_on_run
     run = Run(run_dir)

@@ -168,9 +168,7 @@ def test_module_tree_is_a_groupby_over_millions_of_ops():
                         "depth": np.zeros(n, np.int16),
                         "module": pd.Categorical.from_codes(rng.integers(0, len(mods), n), categories=mods)})
     self_ns = self_time(ops)
-    t0 = time.perf_counter()
-    t = module_tree(ops, self_ns)
-    assert time.perf_counter() - t0 < 10  # a few tens of ms in practice
+    t = module_tree(ops, self_ns)  # a few tens of ms (a groupby); pytest-timeout catches a loop per op
     assert t.iloc[0]["id"] == MODULE_ROOT and t.iloc[0]["total_ms"] == pytest.approx(n * 5 / 1e6)
     assert t["calls"].sum() == n
 
