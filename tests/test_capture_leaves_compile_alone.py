@@ -22,6 +22,8 @@ from conftest import cli, write_script
 COUNTERS = """
 import atexit, json
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 def _print_counters():
     from torch._dynamo.utils import counters, get_compilation_metrics
     metrics = [m for m in get_compilation_metrics() if m.is_forward is not False]

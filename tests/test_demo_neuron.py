@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 import neuron_prof
 from conftest import cli
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 
 def test_demo_trains_on_the_emulated_neuron_device(tmp_path):

@@ -22,6 +22,8 @@ from neuron_prof.cli.export import export_run
 from neuron_prof.examples import device_defects
 from neuron_prof.export.trace_device import OPS_SEPARATOR
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 EXAMPLE = Path(device_defects.__file__)
 DEVICE = "Device neuron:0 (stream 0)"  # then "... #2", ... where clock jitter makes kernels overlap
 CHAIN_KERNEL = "+".join(op.split("::")[1] for op in device_defects.CHAIN)   # "mul+add+tanh+mul+sub+relu"

@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import neuron_prof
 from conftest import check_trace, cli, free_port, gloo_run, write_script
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 def test_two_gloo_ranks_write_two_folders_and_one_trace(tmp_path):
     run_dir = gloo_run(tmp_path, steps=3)

@@ -14,6 +14,8 @@ import pytest
 import neuron_prof
 from conftest import line_of
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 SCRIPT = Path(__file__).with_name("neuron_compile_script.py")
 PHASES = ("neuron lowering", "neuron partitioning", "neuron codegen")
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import neuron_prof
@@ -14,6 +15,8 @@ OTHER_RUN = """
 import sys
 import torch
 import neuron_prof
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Linear(4, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+import pytest
+
 import neuron_prof
 from conftest import cli, free_port, write_script
 
@@ -20,6 +22,8 @@ TRAINER = """
 import subprocess
 import sys
 import torch
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Linear(8, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

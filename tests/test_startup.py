@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import neuron_prof
 from conftest import cli, write_script
 from neuron_prof.collectors import _engine
@@ -21,6 +23,8 @@ HEAVY = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension", "panda
 START = """
 import json, sys
 import torch
+
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 heavy = {heavy!r}
 def loaded():
     return sorted(h for h in heavy if h in sys.modules)

@@ -25,6 +25,8 @@ import pytest
 
 from conftest import REPO, cli
 
+pytestmark = pytest.mark.browser  # a real Streamlit server driven by headless Chromium
+
 CHROMIUM = Path("/usr/bin/chromium")
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                "--disable-component-update", "--disable-sync"]
