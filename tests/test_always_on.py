@@ -17,12 +17,13 @@ from neuron_prof.report import render_text, summarize
 from neuron_prof.run import Run
 from conftest import check_trace, cli, line_of, one_line_error, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 LOOP = '''
 import os, signal, sys, threading, time
 import torch, torch.nn as nn
 import neuron_prof
 
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))

@@ -18,11 +18,11 @@ import pytest
 import neuron_prof
 from conftest import cli, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 # torch's own view of what it compiled, printed by every script below at exit
 COUNTERS = """
 import atexit, json
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 def _print_counters():
     from torch._dynamo.utils import counters, get_compilation_metrics

@@ -11,12 +11,12 @@ import pytest
 import neuron_prof
 from conftest import check_trace, cli, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 LOOP = """
 import sys
 import torch
 import neuron_prof
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

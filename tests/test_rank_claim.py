@@ -11,12 +11,12 @@ import torch
 import neuron_prof
 from conftest import cli, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 OTHER_RUN = """
 import sys
 import torch
 import neuron_prof
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Linear(4, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -8,6 +8,8 @@ import pytest
 import neuron_prof
 from conftest import cli, line_of, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 PLAIN = """
 import sys
 import torch
@@ -25,8 +27,6 @@ sys.exit(int(sys.argv[1]))
 
 CRASH = """
 import torch
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Linear(8, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

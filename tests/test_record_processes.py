@@ -16,14 +16,14 @@ import pytest
 import neuron_prof
 from conftest import cli, free_port, write_script
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 STEPS = 6
 
 TRAINER = """
 import subprocess
 import sys
 import torch
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 model = torch.nn.Linear(8, 8)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -17,6 +17,8 @@ import neuron_prof
 from conftest import cli, write_script
 from neuron_prof.collectors import _engine
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 HEAVY = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension", "pandas")
 
 # prints which heavy modules the process has, before and after neuron_prof starts a capture
@@ -24,7 +26,6 @@ START = """
 import json, sys
 import torch
 
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 heavy = {heavy!r}
 def loaded():
     return sorted(h for h in heavy if h in sys.modules)

@@ -25,14 +25,14 @@ from neuron_prof.units import format_bytes  # noqa: E402
 
 from conftest import DEVICE_STEPS, line_of, plotly_array, shown, viewer_page, write_script  # noqa: E402
 
+pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
+
 EXAMPLE = Path(ex.__file__)
 WAITING_SCRIPT = """
 import sys
 import torch
 import neuron_prof
 from neuron_prof.testing import neuron
-
-pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
 neuron.enable(launch_us=2000)  # each kernel 2 ms: the host always finds the queue busy at .item()
 x = torch.randn(128, 128).to("neuron")
