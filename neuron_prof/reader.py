@@ -9,8 +9,11 @@ Arrow tables fully validated, interned ids range-checked. What passes is safe fo
 """
 from __future__ import annotations
 
+import errno
+import fnmatch
 import os
 import signal
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,7 @@ import pyarrow.compute as pc
 
 from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import open_regular, read_at, read_whole
+from neuron_prof.safefile import cannot_read, open_regular, read_at, read_whole
 from neuron_prof.schema import (CONFLICT_GLOB, INFLIGHT, INFLIGHT_MAGIC, INFLIGHT_SLOT, INFLIGHT_STATES, JOURNAL_SUFFIX,
                                 LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
                                 RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
@@ -69,6 +72,7 @@ class RankData:
 _JSON_LIMIT = 16 << 20  # run.json, rank.json, a conflict note: kilobytes when written by neuron_prof
 _MANIFEST_TAIL = 1 << 20  # the last commit is the last complete line: read only the end of the file
 _DAMAGED = "the rank folder is damaged: re-record the run (or delete this rank folder)"
+_UNREADABLE = "check the disk it is on, or copy the run again"  # an OSError other than no permission
 
 
 def _read_json(path: Path, what: str, spec: Mapping[str, documents.Check],
@@ -172,21 +176,47 @@ def _read_journal(path: Path, committed: int, crc: int | None, schema: pa.Schema
 
 def read_run_meta(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_META
-    return _read_json(path, "run metadata", documents.RUN_META) if os.path.lexists(path) else {}
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:  # os.path.lexists would say "missing" for a run.json it may not look at
+        raise cannot_read(path, exc, _UNREADABLE) from None
+    return _read_json(path, "run metadata", documents.RUN_META)
+
+
+def _names(folder: Path, pattern: str) -> list[Path]:
+    """The entries of a run's folder whose names match ``pattern`` (as ``glob`` would, which
+    instead reads a folder it may not list as an empty one)."""
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        raise cannot_read(folder, exc, _UNREADABLE) from None
+    return [folder / n for n in sorted(fnmatch.filter(names, pattern))]
 
 
 def rank_dirs(run_dir: Path) -> list[Path]:
     """The rank folders in a run directory (a missing directory is a NeuronProfError)."""
-    if not run_dir.exists():
-        raise NeuronProfError(f"{run_dir}: no such run directory; {RECORD_HINT.replace('RUN', str(run_dir))}")
-    if not run_dir.is_dir():
+    try:
+        mode = os.stat(run_dir).st_mode
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise NeuronProfError(f"{run_dir}: no such run directory; "
+                                  f"{RECORD_HINT.replace('RUN', str(run_dir))}") from None
+        raise cannot_read(run_dir, exc, _UNREADABLE) from None
+    if not stat.S_ISDIR(mode):
         raise NeuronProfError(f"{run_dir}: not a directory; pass the run directory that holds run.json")
-    dirs = sorted(p for p in run_dir.glob("rank-*") if p.name[5:].isdigit() and len(p.name) <= 12)
+    dirs = [p for p in _names(run_dir, "rank-*") if p.name[5:].isdigit() and len(p.name) <= 12]
+    modes = {}
     for p in dirs:
-        if p.is_symlink():
+        try:
+            modes[p] = os.lstat(p).st_mode
+        except OSError as exc:
+            raise cannot_read(p, exc, _UNREADABLE) from None
+        if stat.S_ISLNK(modes[p]):
             raise NeuronProfError(f"{p}: a rank folder that is a symbolic link; neuron_prof reads only the run's own "
                                   "folders: replace it by the folder itself, or delete it")
-    return [p for p in dirs if p.is_dir()]
+    return [p for p in dirs if stat.S_ISDIR(modes[p])]
 
 
 def describe_exit(exit_status: Any) -> str:
@@ -223,7 +253,15 @@ def _owner(rank_dir: Path) -> str | None:
 
 def read_run(run_dir: Path) -> RunFiles:
     """This run's rank folders (read), and what the capture's health section reports about the
-    rest. A run with no rank folder of its own is a NeuronProfError that says how it ended."""
+    rest. A run with no rank folder of its own is a NeuronProfError that says how it ended; so is
+    any file or folder of it the OS refuses to read (no permission, an I/O error)."""
+    try:
+        return _read_run(run_dir)
+    except OSError as exc:  # the reads below name their path; this is for any one that does not
+        raise cannot_read(exc.filename or run_dir, exc, _UNREADABLE) from None
+
+
+def _read_run(run_dir: Path) -> RunFiles:
     dirs = rank_dirs(run_dir)
     meta = read_run_meta(run_dir)
     world = meta.get("world_size")
@@ -258,7 +296,7 @@ def read_run(run_dir: Path) -> RunFiles:
 def _conflict_notes(run_dir: Path) -> list[dict[str, Any]]:
     notes = []
     fix = "delete the file (it only reports a process that wrote nothing)"
-    for path in sorted(run_dir.glob(CONFLICT_GLOB)):
+    for path in _names(run_dir, CONFLICT_GLOB):
         notes.append(_read_json(path, "conflict note", documents.CONFLICT, fix, required=("rank", "pid", "argv")))
     return notes
 
@@ -289,7 +327,7 @@ def read_rank(rank_dir: Path) -> RankData:
         if extra:
             ignored[name] = ignored.get(name, 0) + extra
     for suffix in (TABLE_SUFFIX, JOURNAL_SUFFIX):  # written but never committed: killed in step 0
-        for path in rank_dir.glob(f"*{suffix}"):
+        for path in _names(rank_dir, f"*{suffix}"):
             name = path.name[: -len(suffix)]
             size = path.lstat().st_size
             if name in TABLES and name not in tables and size:

@@ -22,7 +22,8 @@ from typing import BinaryIO, Iterator
 
 from neuron_prof.errors import NeuronProfError
 
-__all__ = ["NotRegularFile", "kind", "open_regular", "read_regular", "read_whole", "read_at", "atomic_output"]
+__all__ = ["NotRegularFile", "ACCESS_ADVICE", "cannot_read", "kind", "open_regular", "read_regular", "read_whole",
+           "read_at", "atomic_output"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -33,6 +34,17 @@ class NotRegularFile(NeuronProfError):
     def __init__(self, path: str | os.PathLike, what: str, advice: str = "") -> None:
         self.path, self.what = str(path), what
         super().__init__(f"{path}: is {what}, not a regular file" + (f"; {advice}" if advice else ""))
+
+
+ACCESS_ADVICE = "give this user read access to it (chmod or chown), or run as a user who has it"
+
+
+def cannot_read(path: str | os.PathLike, exc: OSError, advice: str = "") -> NeuronProfError:
+    """The one-line error for a file or folder the OS refuses to read: it names ``path`` and says
+    what to do (no permission: :data:`ACCESS_ADVICE`; another failure: ``advice``)."""
+    if isinstance(exc, PermissionError):
+        advice = ACCESS_ADVICE
+    return NeuronProfError(f"{path}: cannot read it ({exc.strerror or exc})" + (f"; {advice}" if advice else ""))
 
 
 def kind(mode: int) -> str:
@@ -58,7 +70,7 @@ def open_regular(path: str | os.PathLike, advice: str = "", follow_links: bool =
     except OSError as exc:
         if not follow_links and os.path.islink(path):  # ELOOP: the final component is a link
             raise NotRegularFile(path, "a symbolic link", advice) from None
-        raise NeuronProfError(f"{path}: cannot read it ({exc.strerror})" + (f"; {advice}" if advice else "")) from None
+        raise cannot_read(path, exc, advice) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

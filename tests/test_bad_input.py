@@ -1,7 +1,12 @@
 """Bad input gets one line naming the file and the fix, exit code 2, no traceback, nothing lost."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +91,86 @@ def test_rows_in_the_journal_are_read_and_a_truncated_journal_is_named(tmp_path)
     data = journal.read_bytes()
     journal.write_bytes(data[: len(data) // 3])
     one_line_error(cli("report", run), str(journal), "truncated", "re-record")
+
+
+# ----------------------------------------------------------------------------- no permission
+# Tests run as root, which the OS lets read anything: the CLI and load run as the unprivileged
+# user `nobody` (65534), for real, on a copy of the run in a folder of /tmp that user can enter.
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+LOAD = """
+import sys
+import neuron_prof
+from neuron_prof.errors import NeuronProfError
+try:
+    neuron_prof.load(sys.argv[1])
+except NeuronProfError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def _unprivileged() -> list[str]:
+    """The prefix that runs a command as a user the OS checks permissions for."""
+    if os.geteuid() != 0:
+        return []  # not root: the OS already checks this user's permissions
+    if shutil.which("setpriv"):
+        prefix = NOBODY
+    elif shutil.which("runuser"):
+        prefix = ["runuser", "-u", "nobody", "--"]
+    else:
+        pytest.skip("running as root and neither setpriv nor runuser is here to drop privileges")
+    ok = subprocess.run([*prefix, sys.executable, "-c", "import neuron_prof"], capture_output=True, text=True,
+                        cwd="/tmp", timeout=600)
+    if ok.returncode:
+        pytest.skip(f"the unprivileged user cannot import neuron_prof with {sys.executable} (its files or folders "
+                    f"are not readable by others): {ok.stderr.strip()[-300:]}")
+    return prefix
+
+
+@pytest.fixture
+def open_run(demo_run):
+    """A copy of the demo run that every user may read, in a folder every user may enter."""
+    root = Path(tempfile.mkdtemp(prefix="neuron_prof-perm-"))
+    os.chmod(root, 0o755)
+    run = root / "run"
+    shutil.copytree(demo_run, run)
+    for folder, dirs, files in os.walk(run):
+        os.chmod(folder, 0o755)
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o644)
+    yield run
+    for folder, dirs, files in os.walk(root):
+        os.chmod(folder, 0o755)
+    shutil.rmtree(root)
+
+
+def test_a_run_or_file_this_user_may_not_read_is_one_line(open_run):
+    prefix = _unprivileged()
+
+    def as_user(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, sys.executable, *map(str, args)], capture_output=True, text=True,
+                              cwd="/", timeout=600)
+
+    # the folder that holds the run (the run named, it cannot be looked at), the run directory
+    # (cannot be listed), one table in it (cannot be opened): each is named, with what to do
+    table = open_run / "rank-00000" / "ops.arrows"
+    for locked, named in ((open_run.parent, open_run), (open_run, open_run), (table, table)):
+        os.chmod(locked, 0o000)
+        try:
+            for cmd in ("report", "export"):
+                one_line_error(as_user("-m", "neuron_prof", cmd, open_run), f"{named}: cannot read it",
+                               "Permission denied", "give this user read access")
+            res = as_user("-c", LOAD, open_run)  # the library raises the same error, not PermissionError
+            assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+            assert res.stderr.startswith(f"{named}: cannot read it (Permission denied)"), res.stderr
+        finally:
+            os.chmod(locked, 0o755 if locked.is_dir() else 0o644)
+    # a run it may read but not write into: export's default output there is refused in one line
+    os.chmod(open_run, 0o555)
+    try:
+        one_line_error(as_user("-m", "neuron_prof", "export", open_run), f"{open_run / 'trace.perfetto-trace'}: "
+                       "cannot write it (Permission denied)", "choose another -o")
+    finally:
+        os.chmod(open_run, 0o755)
+    assert as_user("-m", "neuron_prof", "report", open_run).returncode == 0  # readable again: it reads

@@ -55,12 +55,16 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
         what = "memory snapshot" if fmt == "memory-snapshot" else "trace"
         raise NeuronProfError(f"{out.parent}: no such directory for the {what}; create it or choose another -o")
     check_destination(out, fmt, force)
-    if fmt == "memory-snapshot":
-        from neuron_prof.export import memory_snapshot
-        return out, memory_snapshot.write(run, out, rank, step)
-    from neuron_prof.export.trace import write_run
-    from neuron_prof.export.tracewriter import open_writer
-    return out, write_run(run, open_writer(out, fmt), progress)
+    try:
+        if fmt == "memory-snapshot":
+            from neuron_prof.export import memory_snapshot
+            return out, memory_snapshot.write(run, out, rank, step)
+        from neuron_prof.export.trace import write_run
+        from neuron_prof.export.tracewriter import open_writer
+        return out, write_run(run, open_writer(out, fmt), progress)
+    except OSError as exc:  # the run is read by now: this is the output's folder (no permission, disk full)
+        raise NeuronProfError(f"{out}: cannot write it ({exc.strerror or exc}); choose another -o, in a folder "
+                              "this user may write to") from None
 
 
 def run(args: argparse.Namespace) -> int:
