@@ -49,7 +49,11 @@ def straggler_run(tmp: Path, *, steps: int, slow_rank: int, slow_steps: list[int
     port = free_port()
     argv = [sys.executable, str(script), str(run_dir), str(steps), str(slow_rank), str(sleep_s),
             ",".join(map(str, slow_steps))]
-    procs = [subprocess.Popen(argv, cwd=tmp, env={**os.environ, **gloo_env(r, world, port)}, stdout=subprocess.PIPE,
+    # one intra-op thread per rank, as torchrun sets it: on a busy 2-core machine torch's default
+    # (one OpenMP thread per core) spin-waits against the other ranks and stretches every step by
+    # hundreds of ms, as long as the injected sleep
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(argv, cwd=tmp, env={**env, **gloo_env(r, world, port)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
         for p in procs:

@@ -242,8 +242,10 @@ def test_c_abi_reports_and_flag(tmp_path):
     assert b.api.capturing[0] == 0
     assert b.api.op_enqueued(0, 0, b"aten::add", 1) == 0  # not capturing: 0, nothing kept
     check_run(run, b)
-    # a kernel reported from a device worker thread (another thread, no host op)
-    assert abs(b.api.now_ns() - time.monotonic_ns()) < 10_000_000
+    # the API's clock is time.monotonic_ns's: read between two of its reads, it falls between them
+    before = time.monotonic_ns()
+    now = b.api.now_ns()
+    assert before <= now <= time.monotonic_ns()
 
 
 def test_kernels_from_worker_thread_and_no_events_outside_windows(tmp_path):
@@ -301,11 +303,18 @@ def test_no_backend_gives_empty_tables_and_report_works(tmp_path):
     assert js["health"]
 
 
-def test_python_report_functions_cost_nothing_off():
-    """Not capturing, a Python report returns at once (one global test)."""
+def test_python_report_functions_keep_nothing_off(tmp_path):
+    """Not capturing, a Python report returns 0 and nothing is kept: every call of many, and none
+    reaches a capture that starts after them. What a call costs is measured by
+    benchmarks/device_hooks.py, not asserted here."""
     n = 20000
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        dev.report_enqueue(0, 0, "aten::add", 1)
-    per = (time.perf_counter_ns() - t0) / n
-    assert per < 2000, per
+    assert [dev.report_enqueue(0, 0, "aten::add", 1) for _ in range(n)] == [0] * n
+    t0 = time.monotonic_ns()
+    dev.report_kernel(0, 0, "off", t0, t0 + 1, [])
+    dev.report_flush(0, "size", 1, t0, t0 + 1)
+    dev.report_fallback("neuron:0", "aten::nonzero", 4, 4, t0, t0 + 1)
+    with neuron_prof.profile(tmp_path / "run") as prof:
+        torch.ones(4).sum()
+        prof.step()
+    run = neuron_prof.load(tmp_path / "run")
+    assert all(len(getattr(run, t)) == 0 for t in ("device_enqueues", "device_kernels", "queue_flushes", "fallbacks"))

@@ -50,6 +50,7 @@ def test_training_on_the_device_is_bitwise_the_cpu_with_and_without_capture(devi
     assert all(facts["fallback_results_equal"].values()) and facts["random_as_cpu"]
 
 
+@pytest.mark.timing  # the host's queueing against the device's sleeps: 20x
 def test_the_host_runs_ahead_and_item_waits_for_the_queue(device_run):
     facts, _ = device_run
     r = facts["run_ahead"]

@@ -130,6 +130,7 @@ with neuron_prof.profile(sys.argv[1], collectors=["eager", "compiler"]) as prof:
 """
 
 
+@pytest.mark.multiprocess
 def test_compile_page_reads_no_source_inside_the_run(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -185,12 +186,14 @@ def markdown_run(canary, tmp_path_factory) -> tuple[Path, list[str], str]:
                f"![x](http://127.0.0.1:{port}/leak) <img src=http://127.0.0.1:{port}/img> "
                f"[link](http://127.0.0.1:{port}/l) **b**"]
     model = torch.nn.Sequential()
-    # big enough that its addmm (or its backward's mm) is the top op by self time, which the
-    # Overview's finding names with its module (at 8x8, autograd's AccumulateGrad took the top
-    # place in some runs; a batch drawn in the loop made aten::normal_, with no module, a close
-    # second: it is drawn once)
-    model.add_module(module, torch.nn.Linear(256, 256))
-    batch = torch.randn(64, 256)
+    # its addmm and its backward's mm (both in the module) are the top ops by self time, which the
+    # Overview's finding names with its module: 2048x1024 @ 1024x1024 took ~130 ms over the 3
+    # steady steps on the loaded 2-core machine, the first op with no module (aten::sum) ~1 ms:
+    # >100x, so no stall inside a small op takes its place (at 8x8, autograd's AccumulateGrad took
+    # the top place in some runs; at 256x256 with a batch of 64, 20x). The batch is drawn once
+    # (drawn in the loop, aten::normal_, with no module, came close)
+    model.add_module(module, torch.nn.Linear(1024, 1024))
+    batch = torch.randn(2048, 1024)
     run_dir = tmp_path_factory.mktemp("markdown") / "run"
     with neuron_prof.profile(run_dir, command=command) as prof:
         for _ in range(4):
@@ -206,6 +209,7 @@ def _rendered(at) -> list[str]:
     return out + [m.label for m in at.metric] + [str(m.value) for m in at.metric]
 
 
+@pytest.mark.timing  # the finding names the module of the top op by self time (a >100x margin: markdown_run)
 def test_markdown_and_html_in_run_text_are_shown_not_rendered(markdown_run, monkeypatch):
     run_dir, command, module = markdown_run
     at = viewer_page(monkeypatch, run_dir, "overview", "Overview")
@@ -219,6 +223,7 @@ def test_markdown_and_html_in_run_text_are_shown_not_rendered(markdown_run, monk
     assert labels and not [x for x in labels if "<img" in str(x)]  # Plotly would render the tag
 
 
+@pytest.mark.browser
 def test_markdown_in_run_text_fetches_nothing_in_a_browser(markdown_run, canary, page, tmp_path):
     """The same run in Chromium: the page shows the text and no request reaches the canary."""
     from test_viewer_browser import main_text, serve, wait_rendered

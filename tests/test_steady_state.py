@@ -20,6 +20,8 @@ from neuron_prof.analysis.ops import comm_ops, run_time_ops, run_time_rows
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.report import summarize
 
+pytestmark = pytest.mark.multiprocess  # every test records a subprocess training under `neuron-prof record`
+
 SETUP_SECONDS = 1.0
 
 TRAINER = f"""
@@ -116,12 +118,18 @@ def compiled_run(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_startup_is_its_own_span_and_step_0_begins_at_the_first_forward(trainer_run):
-    _, run_dir = trainer_run
+    script, run_dir = trainer_run
     run = neuron_prof.load(run_dir)
     (startup,) = run.spans[run.spans["name"].astype(str) == "start-up"].itertuples()
-    assert startup.dur >= SETUP_SECONDS * 1e9  # the sleep is start-up ...
     step0 = run.steps.set_index("step").loc[0]
-    assert step0["ts"] == startup.ts + startup.dur and step0["dur"] < startup.dur  # ... not step 0
+    assert step0["ts"] == startup.ts + startup.dur
+    # the sleep runs after the set-up's .item() and before the next op on its thread (building the
+    # model): both lie in start-up, so the sleep is start-up, not step 0 (order, not durations)
+    ops = run.ops.sort_values("ts")
+    (item,) = ops[(ops["name"].astype(str) == "aten::item")
+                  & (ops["user_source"].astype(str) == f"{script.name}:{line_of(script, 'SETUP-SYNC')}")].itertuples()
+    after_sleep = ops[(ops["tid"] == item.tid) & (ops["ts"] > item.ts + item.dur)].iloc[0]
+    assert startup.ts <= item.ts and after_sleep["ts"] + after_sleep["dur"] <= startup.ts + startup.dur
     first_forward = run.ops[run.ops["module"].astype(str) != ""]["ts"].min()
     assert startup.ts + startup.dur <= first_forward
     # what ran before (imports, the set-up's .item()) is in no step
@@ -134,9 +142,15 @@ def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypa
     s = summarize(run)
     (st,) = s["steps"]
     assert (st["steps"], st["warmup"], st["steady"], st["basis"]) == (8, 1, 7, "steady")
-    assert st["max_ms"] * 1e6 < run.spans["dur"].max()
+    # the statistics and the step breakdown (whose outside-ops share drives a finding) are over the
+    # 7 steady steps, which begin after start-up ends: its 1 s sleep is in none of them
+    (startup,) = run.spans[run.spans["name"].astype(str) == "start-up"].itertuples()
+    steady = run.steps[run.steps["step"].between(1, 7)]
+    assert (steady["ts"] >= startup.ts + startup.dur).all()
+    assert st["max_ms"] == pytest.approx(steady["dur"].max() / 1e6, rel=1e-9)
+    (row,) = s["step_breakdown"]
+    assert row["steps"] == 7 and row["step_ms"] == pytest.approx(steady["dur"].mean() / 1e6, rel=1e-9)
     texts = [f["text"] for f in neuron_prof.findings.findings(s)]
-    assert not any("outside any op" in t for t in texts), texts
     assert any(t.startswith("start-up took") for t in texts)
     at = viewer_page(monkeypatch, run_dir, "overview", title="Overview")
     metrics = {m.label: m.value for m in at.metric}
@@ -161,16 +175,20 @@ def test_the_optimizer_is_not_charged_for_the_sessions_own_work(trainer_run):
     _, run_dir = trainer_run
     run = neuron_prof.load(run_dir)
     steps = run.steps.set_index("step")
-    gaps = own_work(run.steps)
+    gaps = own_work(run.steps).set_index("step")
     assert len(gaps) == len(steps) - 1 and (gaps["dur"] > 0).all()  # the session's work between steps
-    opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
+    top = run.ops[run.ops["depth"] == 0].sort_values("ts")
+    opt = top[top["name"].astype(str).str.startswith("Optimizer.step#")]
     assert len(opt) == 8
-    # the post-hook that ends the step runs inside this range; the flush after it is not in it:
-    # the range ends by the next step's start, unless the thread lost its core between the
-    # session's last clock read and the range's end (a loaded CI machine: once 2.9 ms). Without
-    # the exclusion no range would end in time, so one late boundary is allowed
-    late = [step for step, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]) if ts + dur > steps.loc[step + 1, "ts"]]
-    assert len(late) <= 1, late
+    for r in opt.itertuples():
+        # the post-hook that ends the step runs inside this range, which ends after the hook returns
+        # (so after the next step's start), less the session's work (the gap): never before the step's end
+        end = steps.loc[r.step, "ts"] + steps.loc[r.step, "dur"]
+        assert r.ts <= end <= r.ts + r.dur, r
+        # ... and the gap is taken out of the range: its end plus the gap is its true end, which the
+        # next op on the thread (zero_grad) follows. Order from recorded timestamps, on any load
+        nxt = top[(top["tid"] == r.tid) & (top["ts"] > r.ts)].iloc[0]
+        assert r.ts + r.dur + gaps.loc[r.step, "dur"] <= nxt["ts"], (r, nxt)
 
 
 def test_compiling_is_not_running(compiled_run):
@@ -214,6 +232,7 @@ def test_compile_time_ops_are_left_out_of_op_figures(compiled_run):
         assert row["calls"] == len(calls), row  # compile-time ops (fake tensors, tracing) are not in the table
 
 
+@pytest.mark.timing  # compile time against run time: ~80x, where this asks for 1x
 def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
     _, run_dir = compiled_run
     run = neuron_prof.load(run_dir)
@@ -224,6 +243,8 @@ def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
     comm = comm_ops(run.ops, run.op_parent, keep, run.op_compile[1])
     (row,) = time_split(top, step0, sync, comm).to_dict("records")
     parts = sum(row[f"{k}_ms"] for k in ("compute", "communication", "sync", "compile", "idle"))
+    # compiling (Dynamo and Inductor: seconds) against running the 2-layer model once (ms): 13.3 s
+    # against 0.16 s on the loaded 2-core machine, ~80x, where this asks for 1x (compile > the rest)
     assert row["compile_ms"] > 0.5 * row["step_ms"]
     assert parts == pytest.approx(row["step_ms"], rel=0.01)
 
@@ -269,7 +290,17 @@ def test_the_last_captured_steps_optimizer_range_ends_with_its_step(tmp_path):
     opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
     assert sorted(opt["step"]) == [2, 3, 4]  # every captured step's, the last one's included
     steps = run.steps.set_index("step")
-    assert all(ts + dur <= steps.loc[s + 1, "ts"] for s, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]))
+    # the window closes in step 4's range: it ends there, before step 5 begins (clock reads in that
+    # order); steps 2 and 3's ranges end after the hook returns, less the session's work (see
+    # test_the_optimizer_is_not_charged_for_the_sessions_own_work), never before their step's end
+    last = opt[opt["step"] == 4].iloc[0]
+    assert last["ts"] + last["dur"] <= steps.loc[5, "ts"]
+    assert all(ts <= steps.loc[s, "ts"] + steps.loc[s, "dur"] <= ts + dur
+               for s, ts, dur in zip(opt["step"], opt["ts"], opt["dur"]))
+    gaps = own_work(run.steps).set_index("step")["dur"]
+    top = run.ops[run.ops["depth"] == 0]
+    for r in opt[opt["step"] < 4].itertuples():
+        assert r.ts + r.dur + gaps[r.step] <= top[(top["tid"] == r.tid) & (top["ts"] > r.ts)]["ts"].min(), r
     assert summarize(run)["sync_points"]["events"] == 0
 
 

@@ -18,7 +18,9 @@ from ddp_straggler import straggler_run
 
 pytest.importorskip("streamlit")
 
-SLOW_RANK, SLOW_STEPS, SLEEP_S, STEPS = 1, [2, 4], 0.5, 6
+# The sleep only has to stand out: with two CPU burners on the 2 cores, waits outside the slow
+# steps stay under ~60 ms (ranks run one intra-op thread each), over 10x below half of 1 s.
+SLOW_RANK, SLOW_STEPS, SLEEP_S, STEPS = 1, [2, 4], 1.0, 6
 SLEEP_MS = SLEEP_S * 1e3
 
 
@@ -62,6 +64,8 @@ def test_a_run_without_collectives_says_so_and_how_to_capture_them(demo_run, mon
     assert not at.dataframe and not at.get("plotly_chart") and not at.selectbox
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timing
 def test_the_page_names_the_straggler_and_its_steps(straggler, monkeypatch):
     at = _page(monkeypatch, straggler)
     assert not at.info  # no "no collective data" above real data
@@ -76,30 +80,38 @@ def test_the_page_names_the_straggler_and_its_steps(straggler, monkeypatch):
     assert list(ranking["rank"]) == [SLOW_RANK, 1 - SLOW_RANK]
     assert set(SLOW_STEPS) <= set(ast.literal_eval(ranking["straggler in steps"].iloc[0]))
     assert ranking["straggler in steps"].iloc[1] == "[]"
-    assert ranking["wait caused (ms)"].iloc[0] >= 0.8 * len(SLOW_STEPS) * SLEEP_MS  # the sleeps dominate
+    assert ranking["wait caused (ms)"].iloc[0] >= 0.5 * len(SLOW_STEPS) * SLEEP_MS  # the sleeps (margin above)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timing
 def test_heat_map_has_the_other_rank_waiting_the_sleep_in_exactly_those_steps(straggler, monkeypatch):
     cells = _heatmap(_page(monkeypatch, straggler))
     assert sorted(cells) == [0, 1]
     waiter = cells[1 - SLOW_RANK]
-    # step 0 (warm-up: ranks start their first step apart) aside, exactly the slow steps
+    # step 0 (warm-up: ranks start their first step apart) aside, exactly the slow steps hold a
+    # wait of half the sleep or more (margin above), each longer than any other step's on either rank
     assert sorted(s for s, ms in waiter.items() if ms >= SLEEP_MS / 2 and s > 0) == SLOW_STEPS
-    assert all(0.8 * SLEEP_MS <= waiter[s] <= SLEEP_MS + 250 for s in SLOW_STEPS)
-    assert all(cells[SLOW_RANK][s] < SLEEP_MS / 2 for s in SLOW_STEPS)  # the straggler hardly waited
+    quiet = max(ms for r in cells for s, ms in cells[r].items() if s > 0 and s not in SLOW_STEPS)
+    assert all(waiter[s] > quiet for s in SLOW_STEPS)
+    assert all(cells[SLOW_RANK][s] == 0 for s in SLOW_STEPS)  # the straggler arrived last: no wait
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timing
 def test_lanes_open_on_a_slow_step_and_follow_the_step_picked(straggler, monkeypatch):
     at = _page(monkeypatch, straggler)
     step = at.selectbox(key="coll_step")
     assert step.value in SLOW_STEPS  # the step with the most significant wait comes first
+    cells = _heatmap(at)
     bars = _wait_bars(at)
-    assert max(bars[f"rank {1 - SLOW_RANK}"]) >= 0.8 * SLEEP_MS
-    assert max(bars.get(f"rank {SLOW_RANK}", [0])) < SLEEP_MS / 2
+    # the waiter's bar is its heat-map cell (one all-reduce a step); the straggler has none
+    assert max(bars[f"rank {1 - SLOW_RANK}"]) == pytest.approx(cells[1 - SLOW_RANK][step.value])
+    assert f"rank {SLOW_RANK}" not in bars
     calm = next(s for s in step.options if int(s) not in SLOW_STEPS and int(s) > 0)
     step.set_value(int(calm)).run()
     assert not at.exception
-    assert all(x < SLEEP_MS / 2 for xs in _wait_bars(at).values() for x in xs)
+    assert all(x < min(cells[1 - SLOW_RANK][s] for s in SLOW_STEPS) for xs in _wait_bars(at).values() for x in xs)
     lanes = next(f for f in _figures(at) if any(t["type"] == "bar" for t in f["data"]))
     ops = {t["name"] for t in lanes["data"]} - {"wait for the last rank"}
     assert "all_reduce" in ops and all(np.isfinite(plotly_array(t["x"])).all() for t in lanes["data"])
