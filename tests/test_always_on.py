@@ -274,9 +274,11 @@ def test_a_signal_inside_our_own_work_waits_for_its_end(tmp_path):
             model(torch.randn(4, 8)).sum().backward()
             prof.step()
         with prof.session._lock:  # as inside a flush
-            os.kill(os.getpid(), signal.SIGUSR1)
-            time.sleep(0.05)  # the handler has run by now: deferred
-            assert prof.session._deferred is not None
+            os.kill(os.getpid(), signal.SIGUSR1)  # delivered to this thread as the call returns
+            deadline = time.monotonic() + 60  # its Python handler runs at the next bytecode boundary
+            while prof.session._deferred is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert prof.session._deferred is not None  # the handler ran, and deferred the dump
         model(torch.randn(4, 8)).sum().backward()
         prof.step()  # its end writes the deferred dump
         assert prof.session._deferred is None
