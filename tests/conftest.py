@@ -251,6 +251,20 @@ def run_bounded(cmd: list[str], timeout: float, cwd: Path | None = None, env: di
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def stuck_collectives(run_dir: Path):
+    """Rank 0's collectives that are in flight in the run as written so far (an empty frame while
+    nothing is written yet): how a test sees that rank 0 has issued a collective its peer never
+    joins, before it kills the ranks."""
+    import pandas as pd
+    import neuron_prof
+    from neuron_prof.errors import NeuronProfError
+    try:
+        c = neuron_prof.load(run_dir).collectives
+    except (NeuronProfError, FileNotFoundError):
+        return pd.DataFrame({"seq": []})  # not written yet
+    return c[(c["rank"] == 0) & (c["status"].astype(str) == "in_flight")]
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group ``proc`` leads (started with ``start_new_session=True``)."""
     import signal

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import cli, free_port, kill_group, line_of, run_bounded, write_script
+from conftest import cli, free_port, kill_group, line_of, run_bounded, stuck_collectives, write_script
 from neuron_prof.analysis import collectives as C
 from neuron_prof.analysis.steps import time_split
 from neuron_prof.findings import steps_text
@@ -409,17 +409,6 @@ if __name__ == "__main__":
 """
 
 
-def _rank0_in_flight(run_dir) -> bool:
-    import neuron_prof
-    from neuron_prof.errors import NeuronProfError
-    try:
-        c = neuron_prof.load(run_dir).collectives
-    except (NeuronProfError, FileNotFoundError):
-        return False  # not written yet
-    # its fourth all-reduce (seq 4), after the three both ranks completed
-    return bool(((c["rank"] == 0) & (c["seq"] == 4) & (c["status"].astype(str) == "in_flight")).any())
-
-
 def _broken(tmp, mode: str):
     """The BROKEN job in ``mode``, its whole session SIGKILLed once it is stuck (the hang) or
     ended (the mismatch: by the group's timeout); (run directory, script)."""
@@ -431,8 +420,10 @@ def _broken(tmp, mode: str):
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            if run_dir.with_suffix(".waiting").exists() and _rank0_in_flight(run_dir):
-                break  # rank 1 sleeps, rank 0 has issued its all-reduce, alone
+            # rank 1 sleeps, rank 0 has issued its fourth all-reduce (seq 4, after the three both
+            # ranks completed), alone
+            if run_dir.with_suffix(".waiting").exists() and (stuck_collectives(run_dir)["seq"] == 4).any():
+                break
             time.sleep(0.2)
     finally:
         kill_group(proc)  # kill -9, every rank

@@ -27,8 +27,7 @@ import pytest
 import torch
 
 import neuron_prof
-from conftest import cli, free_port, gloo_env, kill_group, line_of, run_bounded, write_script
-from neuron_prof.errors import NeuronProfError
+from conftest import cli, free_port, gloo_env, kill_group, line_of, run_bounded, stuck_collectives, write_script
 from neuron_prof.schema import INFLIGHT
 
 pytestmark = [pytest.mark.multiprocess]
@@ -499,14 +498,6 @@ with neuron_prof.profile(sys.argv[1]) as prof:
 """
 
 
-def _stuck(run_dir: Path) -> pd.DataFrame:
-    try:
-        c = neuron_prof.load(run_dir).collectives
-    except (NeuronProfError, FileNotFoundError):
-        return pd.DataFrame()  # not written yet
-    return c[(c["rank"] == 0) & (c["status"] == "in_flight")]
-
-
 @pytest.mark.parametrize("steps", [0, 2])
 def test_rank_killed_in_a_collective_leaves_it_in_flight(tmp_path, steps):
     """Rank 0 all-reduces, rank 1 never joins; both are killed with SIGKILL. With steps=0 nothing
@@ -519,7 +510,7 @@ def test_rank_killed_in_a_collective_leaves_it_in_flight(tmp_path, steps):
                               start_new_session=True) for r in range(2)]
     try:
         deadline = time.monotonic() + 90
-        while _stuck(run_dir).empty:
+        while stuck_collectives(run_dir).empty:
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "rank 0 never got stuck"
             time.sleep(0.3)
         for p in procs:

@@ -16,9 +16,8 @@ import pandas as pd
 import pytest
 
 import neuron_prof
-from conftest import check_trace, cli, free_port, gloo_env, write_script
+from conftest import check_trace, cli, free_port, gloo_env, stuck_collectives, write_script
 from ddp_straggler import straggler_run
-from neuron_prof.errors import NeuronProfError
 from neuron_prof.export.clock import TraceClock
 
 # The sleep only has to stand out: with two CPU burners on the 2 cores, waits outside the slow
@@ -197,14 +196,6 @@ time.sleep(300)  # until the test kills it
 """
 
 
-def _in_flight_on_rank0(run_dir: Path, seq: int) -> bool:
-    try:
-        c = neuron_prof.load(run_dir).collectives
-    except (NeuronProfError, FileNotFoundError):
-        return False  # not written yet
-    return bool(((c["rank"] == 0) & (c["seq"] == seq) & (c["status"] == "in_flight")).any())
-
-
 @pytest.mark.multiprocess
 def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_rank(tmp_path):
     """Rank 0 is killed (-9) while stuck in an all-reduce rank 1 never issued: the trace still
@@ -218,7 +209,7 @@ def test_a_hung_collective_is_an_ended_in_flight_slice_that_names_the_missing_ra
     try:
         deadline = time.monotonic() + 240
         # rank 1 closed its capture, and rank 0 issued its fourth all-reduce (its in-flight row)
-        while not (all(Path(f"{marker}.{r}").exists() for r in (0, 1)) and _in_flight_on_rank0(run_dir, seq=4)):
+        while not (all(Path(f"{marker}.{r}").exists() for r in (0, 1)) and (stuck_collectives(run_dir)["seq"] == 4).any()):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
                 [p.stderr.read() for p in procs if p.poll() is not None]
             time.sleep(0.2)
