@@ -12,7 +12,7 @@ Each step trains a small MLP with SGD, and:
   the host, the result back);
 - MATMUL-LINE queues four ``BIG`` x ``BIG`` matmuls, CAT-LINE a ``torch.cat`` (no epilogue joins
   it), and FUSED-LINE a chain of ``CHAIN`` pointwise ops that wait in the queue behind them and so
-  fuse into one kernel;
+  fuse into one kernel, which MEAN-LINE reduces (a kernel of its own);
 - even steps are then **host-bound**: HOST-LINE does ``HOST_WORK_MS`` of Python work before each
   of ``HOST_OPS`` tiny device ops, so the device waits for work;
 - odd steps are **device-bound**: DEVICE-LINE queues ``BIG_MATMULS`` more matmuls, which the
@@ -68,7 +68,7 @@ def train(steps: int = 8, prof=None) -> list[float]:
             h = a @ b @ b @ b @ b  # MATMUL-LINE
             h = torch.cat([h, torch.zeros(1, BIG, device=dev)])  # CAT-LINE
             z = ((h * 0.5 + 1.0).tanh() * 2.0 - 1.0).relu()  # FUSED-LINE
-            acc = z.mean()
+            acc = z.mean()  # MEAN-LINE
             if device_bound(step):
                 for _ in range(BIG_MATMULS):
                     h = h[:BIG] @ b  # DEVICE-LINE
