@@ -89,7 +89,8 @@ class FusionRecord:
             raise
 
     def recall(self, key: str | None) -> Kernels:
-        """The kernels of the graph with code key ``key`` ([] if it was compiled without capture)."""
+        """The kernels of the graph with code key ``key`` ([] if it was compiled without capture);
+        raises if its record cannot be read (the caller counts the loss)."""
         if not key:
             return []
         if key in self._known:
@@ -100,8 +101,9 @@ class FusionRecord:
         try:
             with open(path) as f:
                 data = json.load(f)
-            kernels = [(str(k), [str(n) for n in nodes]) for k, nodes in data["kernels"]]
-        except (OSError, TypeError, ValueError, KeyError):
+        except FileNotFoundError:  # compiled without capture: no record, nothing is lost
             return []
+        # a record that cannot be read raises: the caller counts the cache hit's fusions as lost
+        kernels = [(str(k), [str(n) for n in nodes]) for k, nodes in data["kernels"]]
         self._known[key] = kernels
         return kernels

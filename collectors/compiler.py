@@ -67,7 +67,9 @@ a compile that restarts (every graph break restarts tracing once) is one compile
 that runs without recompiling calls none of the hooks.
 
 If torch changed the shape of a hooked function, nothing is hooked: the collector records the
-failure (capture health) and the run goes on without compiler tables. With
+failure (capture health) and the run goes on without compiler tables. A record a hook (or the
+parse in ``flush``) could not file is counted as dropped for its table, the first of each table
+with its message in ``failures`` (``collectors/_hookguard``); the collector goes on. With
 ``torch._dynamo.config.log_compilation_metrics = False`` torch does not hand over its metrics,
 and the ``compiles`` table stays empty.
 
@@ -88,6 +90,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from neuron_prof.collectors._fusions import FusionRecord, Kernels, fused_nodes
+from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Frame, Recorder, framework_prefixes
 from neuron_prof.torchhooks import skip_frames, when_imported
 
@@ -140,6 +143,10 @@ PHASE_NAMES = {
     "TritonBundler.read_and_emit": "inductor: triton bundle load",
     "TritonBundler.collect": "inductor: triton bundle",
 }
+_RAW_TABLES = {  # kind of a filed hook record -> the table its parse feeds (what a lost one counts against)
+    "timed": "compile_phases", "start": "compiles", "backend": "compiles", "metrics": "compiles",
+    "break": "graph_breaks", "recompile": "recompiles", "fusion": "fusions",
+}
 _ROOTS = frozenset({"dynamo", "entire_frame_compile"})  # the compile itself, not a phase of it
 _ATTEMPT = re.compile(r"^compile_attempt_(\d+)$")
 
@@ -159,7 +166,7 @@ def _current_compile_id() -> str:
 
         cid = torch._guards.CompileContext.current_compile_id()
         return "" if cid is None else str(cid)
-    except Exception:
+    except Exception:  # a probe: no compile context on this thread is the answer "", nothing is lost
         return ""
 
 
@@ -177,8 +184,8 @@ def report_fusion(backend: str, kernel: str, nodes: list[str], compile_id: str =
     try:
         col._add_fusion(time.monotonic_ns(), compile_id or _current_compile_id(), str(backend), str(kernel),
                         [str(n) for n in nodes])
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - a backend's report never raises
+        col._guard.lost("fusions", exc)
 
 
 def report_cache(cache: str, result: str, compile_id: str = "") -> None:
@@ -193,8 +200,8 @@ def report_cache(cache: str, result: str, compile_id: str = "") -> None:
         return
     try:
         col._add_cache(time.monotonic_ns(), compile_id or _current_compile_id(), str(cache), str(result))
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - a backend's report never raises
+        col._guard.lost("compile_cache", exc)
 
 
 # ---------------------------------------------------------------- graph-break classification
@@ -301,8 +308,8 @@ class _BreakHandler(logging.Handler):
     def handle(self, record: logging.LogRecord) -> bool:  # skip Handler's lock and filters
         try:
             self.sink._on_break(record)
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - torch's logging call must go on
+            self.sink._guard.lost("graph_breaks", exc)
         return True
 
     def emit(self, record: logging.LogRecord) -> None:  # pragma: no cover - handle() does it
@@ -329,6 +336,7 @@ class CompilerCollector:
         self._handler: _BreakHandler | None = None
         self._loggers: list[tuple[logging.Logger, int, bool] | tuple[logging.Logger, None, None]] = []
         self._fusion_record = FusionRecord()
+        self._guard = HookGuard(self.name)  # what the hooks lost (capture health)
         self._tls = threading.local()  # .kernels: those of the graph being generated on this thread
         self._kernel_hook: Callable | None = None  # our wrapper of Inductor's per-kernel function
         self._hook_lock = threading.RLock()  # installing and removing hooks (imports may nest)
@@ -353,6 +361,7 @@ class CompilerCollector:
         global _ACTIVE
         try:
             self._rec = rec
+            self._guard.attach(rec)
             self._wall_to_mono = time.monotonic_ns() - time.time_ns()
             self._prefixes = tuple(framework_prefixes())
             hooks: list[tuple[str, Callable[[Any], None]]] = [("torch._dynamo", self._hook_dynamo)]
@@ -435,13 +444,15 @@ class CompilerCollector:
                 trace_id = current_trace_id()
                 cid = str(trace_id.compile_id) if trace_id is not None and trace_id.compile_id else ""
                 now, tid = time.monotonic_ns(), threading.get_native_id()
+                begins = phase == "B" and event_name == "entire_frame_compile"
+                stack = col._caller_stack() if begins else None  # before any put: all or nothing is filed
                 col._put(("timed", now, tid, cid, event))
-                if phase == "B" and event_name == "entire_frame_compile":
-                    col._put(("start", now, tid, cid, col._caller_stack()))
+                if begins:
+                    col._put(("start", now, tid, cid, stack))
                 elif phase == "B" and event_name == "backend_compile":
                     col._put(("backend", now, tid, cid, _backend_name()))
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - torch's compile must go on
+                col._guard.lost("compile_phases", exc)
             record_internal(event)
             return event
 
@@ -465,8 +476,8 @@ class CompilerCollector:
                     col._last_counts = counts
                     col._put(("metrics", time.monotonic_ns(), threading.get_native_id(),
                               str(getattr(metrics, "compile_id", "") or ""), (metrics, delta)))
-                except Exception:
-                    pass
+                except Exception as exc:  # noqa: BLE001 - torch's compile must go on
+                    col._guard.lost("compiles", exc)
             return original(metrics)
 
         self._patches.replace(dynamo_utils, "log_compilation_event", log_compilation_event)
@@ -485,8 +496,8 @@ class CompilerCollector:
                 try:
                     col._put(("recompile", time.monotonic_ns(), threading.get_native_id(),
                               _current_compile_id(), [str(r) for r in reasons]))
-                except Exception:
-                    pass
+                except Exception as exc:  # noqa: BLE001 - torch's compile must go on
+                    col._guard.lost("recompiles", exc)
             return reasons
 
         self._patches.replace(convert_frame, "get_and_maybe_log_recompilation_reasons",
@@ -546,8 +557,8 @@ class CompilerCollector:
                     kernels = getattr(col._tls, "kernels", None)
                     if kernels is not None:
                         kernels.append((str(kernel_name), nodes))
-                except Exception:
-                    pass
+                except Exception as exc:  # noqa: BLE001 - Inductor's codegen must go on
+                    col._guard.lost("fusions", exc)
             return out
 
         set_kernel_post_grad_provenance_tracing.original = original  # type: ignore[attr-defined]
@@ -572,8 +583,8 @@ class CompilerCollector:
                 col._tls.kernels = outer
             try:
                 col._fusion_record.remember(getattr(out, "cache_key", None), kernels)
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - the rows are filed; a later process's cache hit lacks them
+                col._guard.lost("fusions", exc, n=0)
             return out
 
         self._patches.replace(compile_fx, "fx_codegen_and_compile", fx_codegen_and_compile)
@@ -592,8 +603,8 @@ class CompilerCollector:
                     now, tid, cid = time.monotonic_ns(), threading.get_native_id(), _current_compile_id()
                     for kernel in kernels:
                         col._put(("fusion", now, tid, cid, kernel))
-                except Exception:
-                    pass
+                except Exception as exc:  # noqa: BLE001 - the cache hit must go on
+                    col._guard.lost("fusions", exc)
             return out
 
         self._patches.replace(codecache.FxGraphCache, "cache_hit_post_compile", staticmethod(cache_hit_post_compile))
@@ -622,20 +633,17 @@ class CompilerCollector:
         torch's convert_frame/eval_frame and ``contextlib`` (``dynamo_timed`` is a context
         manager) to the first user frame, then user frames only.
         """
-        try:
-            f = sys._getframe(1)
-            skip = self._prefixes + (contextlib.__file__,)
-            while f is not None and f.f_code.co_filename.startswith(skip):
-                f = f.f_back
-            out: list[Frame] = []
-            while f is not None and len(out) < 128:
-                file = f.f_code.co_filename
-                if not file.startswith(self._prefixes):
-                    out.append((file, f.f_code.co_name, int(f.f_lineno or 0)))
-                f = f.f_back
-            return out
-        except Exception:
-            return []
+        f = sys._getframe(1)
+        skip = self._prefixes + (contextlib.__file__,)
+        while f is not None and f.f_code.co_filename.startswith(skip):
+            f = f.f_back
+        out: list[Frame] = []
+        while f is not None and len(out) < 128:
+            file = f.f_code.co_filename
+            if not file.startswith(self._prefixes):
+                out.append((file, f.f_code.co_name, int(f.f_lineno or 0)))
+            f = f.f_back
+        return out
 
     def _add_fusion(self, ts: int, cid: str, backend: str, kernel: str, nodes: list[str]) -> None:
         with self._lock:
@@ -656,8 +664,8 @@ class CompilerCollector:
         with self._hook_lock:
             try:
                 self._patches.restore()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - a hook left in torch: the process is not as before
+                self._teardown_failed(exc)
             self._kernel_hook = None
         for lg, level, propagate in self._loggers:
             try:
@@ -665,9 +673,16 @@ class CompilerCollector:
                 if level is not None:
                     lg.setLevel(level)
                     lg.propagate = propagate
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - a logger left as we set it
+                self._teardown_failed(exc)
         self._loggers, self._handler = [], None
+        self._guard.attach(None)
+
+    def _teardown_failed(self, exc: BaseException) -> None:
+        """Something of ours could not be put back: the collector's failure (the rest is still
+        put back)."""
+        if self._rec is not None:
+            self._rec.failure(self.name, exc)
 
     # ---- parse side (flush)
     def _mono(self, wall_us: float) -> int:
@@ -680,8 +695,8 @@ class CompilerCollector:
         for kind, ts, tid, cid, payload in raw:
             try:
                 self._parse_one(kind, ts, tid, cid, payload, rows)
-            except Exception:
-                continue  # one odd record must not lose the others
+            except Exception as exc:  # noqa: BLE001 - one odd record must not lose the others
+                self._guard.lost(_RAW_TABLES[kind], exc)
 
     def _parse_one(self, kind: str, ts: int, tid: int, cid: str, payload: Any, rows: "_Rows") -> None:
         if kind == "timed":
@@ -846,7 +861,7 @@ def _backend_name() -> str:
             if isinstance(v, str) and v:
                 return v
         return type(fn).__name__
-    except Exception:
+    except Exception:  # a probe: no tracer on this thread (or a torch without one) is the answer ""
         return ""
 
 

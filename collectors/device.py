@@ -34,7 +34,9 @@ Timestamps are ns of ``CLOCK_MONOTONIC`` (the run clock; the API's ``now_ns``). 
 becomes ``"<backend>:<index>"`` with the PrivateUse1 backend's name
 (``torch._C._get_privateuse1_backend_name()``, ``privateuseone`` until the backend renames it);
 index -1 is the backend name alone. Rows of warmup steps are dropped like the ops'. Each kind
-buffers at most ``max_buffered_events`` rows between flushes; the rest are counted as dropped.
+buffers at most ``max_buffered_events`` rows between flushes; the rest are counted as dropped. A
+Python report the capture cannot take (a value it cannot convert) is counted as dropped too, the
+first of each table with its message in ``failures`` (``collectors/_hookguard``).
 No backend reporting, no rows: the tables are then empty in the run (the reader gives them empty).
 """
 from __future__ import annotations
@@ -44,6 +46,7 @@ import time
 
 import numpy as np
 
+from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
 
 __all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_flush", "report_kernel",
@@ -106,7 +109,8 @@ def report_enqueue(device, stream: int, op: str, queue_depth: int) -> int:
         return 0
     try:
         return _ext.device_enqueue(_index(device), int(stream), str(op), int(queue_depth))
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("device_enqueues", exc)
         return 0
 
 
@@ -118,8 +122,8 @@ def report_flush(device, reason: str, ops: int, start_ns: int, end_ns: int) -> N
         return
     try:
         _ext.device_flush(_index(device), _REASON_CODES.get(reason, 4), int(ops), int(start_ns), int(end_ns))
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("queue_flushes", exc)
 
 
 def report_kernel(device, stream: int, name: str, start_ns: int, end_ns: int, enqueue_ids=()) -> None:
@@ -130,8 +134,8 @@ def report_kernel(device, stream: int, name: str, start_ns: int, end_ns: int, en
     try:
         _ext.device_kernel(_index(device), int(stream), str(name), int(start_ns), int(end_ns),
                            [int(i) for i in enqueue_ids])
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("device_kernels", exc)
 
 
 def report_fallback(device, op: str, bytes_to_host: int, bytes_from_host: int, start_ns: int, end_ns: int) -> None:
@@ -143,8 +147,18 @@ def report_fallback(device, op: str, bytes_to_host: int, bytes_from_host: int, s
     try:
         _ext.device_fallback(_index(device), str(op), int(bytes_to_host), int(bytes_from_host), int(start_ns),
                              int(end_ns))
-    except Exception:
-        pass
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("fallbacks", exc)
+
+
+def _lost(table: str, exc: BaseException) -> None:
+    """A report the capture could not take (a value it cannot convert, an engine error): counted
+    as one dropped event of ``table``, the first with its message (``collectors/_hookguard``).
+    Called only from the report functions' handlers: their path costs nothing more when nothing
+    raises."""
+    col = _ACTIVE
+    if col is not None:
+        col._guard.lost(table, exc)
 
 
 def now_ns() -> int:
@@ -174,6 +188,7 @@ class DeviceCollector:
         self._max = max_buffered
         self._window = False
         self._lock = threading.Lock()
+        self._guard = HookGuard(self.name)  # reports the capture could not take (capture health)
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
@@ -185,6 +200,7 @@ class DeviceCollector:
         from neuron_prof.collectors import _engine
 
         self._rec = rec
+        self._guard.attach(rec)
         _ACTIVE = self
         if _ext is not None or _engine._engine is not None:
             self._attach()
@@ -228,6 +244,7 @@ class DeviceCollector:
         with self._lock:
             if _ACTIVE is self:
                 _ACTIVE = None
+            self._guard.attach(None)
             _set_capturing(False)
             if _ext is not None and self._dtypes:
                 _ext.device_drain()

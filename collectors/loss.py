@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.autograd
 
+from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
 from neuron_prof.torchhooks import skip_frames, without_ops
 
@@ -41,10 +42,13 @@ class LossCollector:
     def __init__(self) -> None:
         self._original: Any = None
         self._wrapper: Any = None
+        self._guard = HookGuard(self.name)  # losses that could not be recorded (capture health)
 
     def install(self, rec: Recorder) -> None:
         original = torch.autograd.backward
         detach = torch.Tensor.detach
+        self._guard.attach(rec)
+        lost = self._guard.lost
 
         def record(tensors: Any) -> None:
             root = _root(tensors)
@@ -52,8 +56,8 @@ class LossCollector:
                 return
             try:
                 rec.scalar(LOSS, without_ops(detach, root))  # detach is our work, not an op of the user's
-            except Exception as exc:  # noqa: BLE001 - training goes on without the loss
-                rec.failure(LossCollector.name, exc)
+            except Exception as exc:  # noqa: BLE001 - training goes on without this loss
+                lost("metrics", exc)
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
@@ -77,3 +81,4 @@ class LossCollector:
         if self._wrapper is not None and torch.autograd.backward is self._wrapper:
             torch.autograd.backward = self._original
         self._original = self._wrapper = None
+        self._guard.attach(None)

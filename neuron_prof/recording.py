@@ -51,6 +51,17 @@ def batch_since(batch: Batch, t0: int) -> Batch:
     return batch[keep] if isinstance(batch, np.ndarray) else {k: np.asarray(v)[keep] for k, v in batch.items()}
 
 
+def lost_events_label(collector: str, table: str) -> str:
+    """The name a ``failures`` row gives a collector that lost events of ``table`` and went on
+    (counted with ``Recorder.dropped``); a collector's own name alone says it was switched off."""
+    return f"{collector} ({table})"
+
+
+def went_on(failed: str) -> bool:
+    """Whether a ``failures`` row's name is a :func:`lost_events_label`: the collector went on."""
+    return failed.endswith(")") and " (" in failed
+
+
 class Recorder(Protocol):
     """Where collectors put what they captured. Ids it hands out are valid for this rank's run."""
 
