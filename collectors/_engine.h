@@ -1,5 +1,6 @@
-// What the eager op observer (_observer.cpp) shares with the other native parts of the engine
-// (_memory.cpp): the calling thread's open op, the clock and the string table.
+// What the eager op observer (_observer.cpp, _engine_services.cpp, _input_meta.cpp) shares with
+// the other native parts of the engine (_memory.cpp): the calling thread's open op, the clock and
+// the string table.
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -197,8 +197,8 @@ _lock = threading.Lock()
 _engine: CppOpEngine | None = None
 _build_seconds: float | None = None
 
-_SOURCES = ("_observer.cpp", "_memory.cpp", "_comms.cpp", "_device.cpp")
-_HEADERS = ("_engine.h", "neuron_prof_backend.h")  # included by the sources: part of what is built
+_SOURCES = ("_observer.cpp", "_engine_services.cpp", "_input_meta.cpp", "_memory.cpp", "_comms.cpp", "_device.cpp")
+_HEADERS = ("_engine.h", "_observer.h", "neuron_prof_backend.h")  # included by the sources: part of what is built
 _CFLAGS = ("-O2", "-DNDEBUG")
 
 

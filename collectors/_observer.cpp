@@ -4,6 +4,9 @@
 // completed op (FUNCTION, BACKWARD_FUNCTION and USER_SCOPE scopes) into per-thread buffers that
 // Python drains, then takes as packed ``ops`` journal rows with its own ids (`OpRow`, `take_rows`).
 //
+// The engine-wide services it uses (string table, thread registry, forward-seq table, Python
+// stacks) are in _engine_services.cpp, the input metadata in _input_meta.cpp (_observer.h).
+//
 // Concurrency model
 //  * Every recording thread owns a ThreadState: its stack of open ops (owner-only), its caches
 //    (owner-only) and an event buffer guarded by a tiny spin lock (owner pushes, drain swaps).
@@ -16,13 +19,13 @@
 //    drain reads them under the GIL too. No lock is ever held while acquiring the GIL.
 //  * A forked child never records (pthread_atfork).
 #include <Python.h>
-#include <frameobject.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <ATen/record_function.h>
 
 #include "_engine.h"
+#include "_observer.h"
 
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -40,25 +43,11 @@
 
 namespace py = pybind11;
 
-namespace {
+namespace neuron_prof::observer {
 
-// ------------------------------------------------------------------ packed event row
-struct Event {
-  int64_t ts;
-  int64_t dur;
-  int64_t tid;
-  int64_t seq;
-  int64_t fwd_tid;
-  int32_t name;
-  int32_t module;
-  int32_t stack;
-  int32_t shapes;
-  int32_t dtypes;
-  int32_t devices;
-  int16_t depth;
-  uint8_t bwd;
-  uint8_t pad_;
-};
+std::atomic<bool> g_started{false};
+
+namespace {
 
 // One ``ops`` journal row exactly as the run store lays it out (neuron_prof.schema.row_dtype:
 // schema order, packed): ``take_rows`` writes these with the Recorder's ids, so the collector
@@ -74,127 +63,7 @@ struct OpRow {
 #pragma pack(pop)
 static_assert(sizeof(OpRow) == 67, "OpRow must match the ops table's packed journal row");
 
-inline int64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t(t.tv_sec) * 1000000000LL + t.tv_nsec;
-}
-
-struct SpinLock {
-  std::atomic<bool> f{false};
-  void lock() {
-    while (f.exchange(true, std::memory_order_acquire)) {
-      while (f.load(std::memory_order_relaxed)) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-      }
-    }
-  }
-  void unlock() { f.store(false, std::memory_order_release); }
-};
-
-// ------------------------------------------------------------------ global string table
-struct StringTable {
-  std::mutex mu;
-  std::unordered_map<std::string, int32_t> ids;
-  std::vector<std::string> strs{std::string()};  // id 0 = ""
-  size_t drained = 1;
-
-  int32_t intern(const std::string& s) {
-    if (s.empty()) return 0;
-    std::lock_guard<std::mutex> g(mu);
-    auto it = ids.find(s);
-    if (it != ids.end()) return it->second;
-    int32_t id = (int32_t)strs.size();
-    strs.push_back(s);
-    ids.emplace(s, id);
-    return id;
-  }
-};
-StringTable& strings() {
-  static StringTable* t = new StringTable();  // leaked on purpose: usable during exit
-  return *t;
-}
-
-// ------------------------------------------------------------------ per-thread state
-struct OpenFrame {
-  const void* rf;
-  int64_t ts;
-  int64_t excluded;  // neuron_prof's own work on this thread while the op was open (py_exclude)
-  int64_t seq;
-  int64_t fwd_tid;
-  int32_t name, module, stack, shapes, dtypes, devices;
-  int32_t alloc_shape, alloc_dtype;  // allocation ops (aten::empty...): the tensor they make
-  int16_t depth;
-  bool bwd;
-  bool unresolved;  // backward wrapper whose forward attribution is not known yet
-  bool user_scope;
-};
-
-struct NameEntry {
-  const char* p = nullptr;  // the name pointer this slot was filled for (checked with strcmp)
-  std::string s;
-  int32_t id;
-  bool skip;
-  bool eval_fn;
-  bool alloc_op;  // aten::empty, empty_strided, resize_: their size argument is what they allocate
-};
-
-struct MetaIds {
-  int32_t shapes, dtypes, devices;
-};
-
-struct MetaSlot {
-  uint64_t h = 0;
-  std::string key;
-  MetaIds ids{0, 0, 0};
-};
-constexpr size_t kNameSlots = 1024;  // direct-mapped per-thread caches (power of two)
-constexpr size_t kMetaSlots = 2048;
-
-struct ThreadState {
-  int64_t os_tid = 0;
-  uint64_t logical_tid = 0;
-  uint64_t gen = 0;
-  bool named_py = false;  // the Python thread name was looked up
-  int32_t module = 0;  // current module path id (set from Python on this thread)
-  std::vector<OpenFrame> open;
-  // owner-only caches
-  std::vector<NameEntry> names = std::vector<NameEntry>(kNameSlots);     // by name pointer
-  std::vector<NameEntry> names_c = std::vector<NameEntry>(kNameSlots);   // by name content
-  std::vector<MetaSlot> metas = std::vector<MetaSlot>(kMetaSlots);  // by hash(key), 2-way
-  char kb[2048];  // metadata cache key being built
-  // event buffer (owner pushes, drain swaps)
-  SpinLock lock;
-  std::vector<Event> events;
-  // ends of our ops that happened on other threads
-  std::atomic<bool> has_foreign{false};
-  std::mutex foreign_mu;
-  std::vector<std::pair<const void*, int64_t>> foreign;
-};
-
-struct Registry {
-  std::mutex mu;
-  std::vector<ThreadState*> states;
-  std::vector<Event> orphans;
-  std::unordered_map<uint64_t, int64_t> logical_to_os;
-  std::unordered_map<int64_t, std::string> names;  // OS tid -> thread name
-  std::vector<int64_t> names_dirty;                  // tids whose name is not drained yet
-  void set_name(int64_t tid, const std::string& n) {  // registry mutex held
-    auto it = names.find(tid);
-    if (it != names.end() && it->second == n) return;
-    names[tid] = n;
-    names_dirty.push_back(tid);
-  }
-};
-Registry& registry() {
-  static Registry* r = new Registry();  // leaked on purpose
-  return *r;
-}
-
 // ------------------------------------------------------------------ globals
-std::atomic<bool> g_started{false};
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_child{false};
 std::atomic<uint64_t> g_gen{0};
@@ -204,69 +73,15 @@ std::atomic<int64_t> g_max_buffered{1 << 22};
 at::CallbackHandle g_handle = 0;
 std::mutex g_ctl_mu;  // start/stop/set_recording
 
-// forward (logical tid, seq) -> attribution, for backward ops: a direct-mapped table (the
-// newest forward op of a slot wins; a backward node older than ~kFwdSlots forward ops that
-// collide with it loses its attribution). Slots are guarded by one spin lock.
-struct FwdSlot {
-  uint64_t tid;  // logical RecordFunction thread id, 0 = empty
-  int64_t seq;
-  int64_t os_tid;
-  int32_t module, stack;
-};
-constexpr size_t kFwdSlots = 1 << 18;
-FwdSlot* g_fwd = new FwdSlot[kFwdSlots]();
-SpinLock g_fwd_lock;
-inline size_t fwd_index(uint64_t tid, int64_t seq) {
-  return ((uint64_t)seq + tid * 0x9E3779B97F4A7C15ULL) & (kFwdSlots - 1);
-}
-
-// Python-side state: everything below is only touched with the GIL held.
-std::vector<std::string>* g_skip = new std::vector<std::string>();
-std::unordered_map<PyObject*, bool>* g_code_skip = new std::unordered_map<PyObject*, bool>();
-using StackKey = std::vector<std::pair<PyObject*, int>>;
-struct StackKeyHash {
-  size_t operator()(const StackKey& k) const {
-    size_t h = 1469598103934665603ULL;
-    for (auto& p : k) {
-      h ^= std::hash<void*>()(p.first) + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-      h ^= std::hash<int>()(p.second) + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-    }
-    return h;
-  }
-};
-std::unordered_map<StackKey, int32_t, StackKeyHash>* g_stack_ids =
-    new std::unordered_map<StackKey, int32_t, StackKeyHash>();
-std::vector<StackKey>* g_stacks = new std::vector<StackKey>(1);  // id 0 = no stack
-size_t g_stacks_drained = 1;
 // Drained events not yet packed, and the Recorder's id of each engine string and stack id (set
 // by take_rows from what the drain reported new). GIL held for all three.
 std::vector<Event>* g_taken = new std::vector<Event>();
 std::vector<int32_t>* g_string_map = new std::vector<int32_t>(1, 0);
 std::vector<int32_t>* g_stack_map = new std::vector<int32_t>(1, 0);
-constexpr size_t kMaxFrames = 32;
-constexpr int kMaxWalk = 1024;
-constexpr size_t kMaxStacks = 4 << 20;
-constexpr size_t kMaxCodeCache = 1 << 18;
 
-// ------------------------------------------------------------------ thread registry
+// ------------------------------------------------------------------ per-thread state
 thread_local ThreadState* tls_state = nullptr;
 thread_local bool tls_dead = false;
-
-void retire(ThreadState* st) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  {
-    std::lock_guard<SpinLock> g2(st->lock);
-    r.orphans.insert(r.orphans.end(), st->events.begin(), st->events.end());
-  }
-  for (size_t i = 0; i < r.states.size(); ++i) {
-    if (r.states[i] == st) {
-      r.states.erase(r.states.begin() + i);
-      break;
-    }
-  }
-  delete st;
-}
 
 struct TlsHolder {
   ~TlsHolder() {
@@ -298,376 +113,6 @@ ThreadState* get_state() {
   }
   tls_state = st;
   return st;
-}
-
-int64_t os_tid_of_logical(uint64_t logical) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> g(r.mu);
-  auto it = r.logical_to_os.find(logical);
-  return it == r.logical_to_os.end() ? 0 : it->second;
-}
-
-// ------------------------------------------------------------------ metadata strings
-const char* dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Bool: return "bool";
-    case c10::ScalarType::ComplexFloat: return "complex64";
-    case c10::ScalarType::ComplexDouble: return "complex128";
-    case c10::ScalarType::ComplexHalf: return "complex32";
-    case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
-    case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
-    default: return c10::toString(t);
-  }
-}
-
-constexpr int64_t kSymDim = INT64_MIN;
-
-// Writes the shape-relevant facts of one tensor into the cache key; returns false if undefined.
-// Fixed-size key writer (no allocation, no capacity checks per byte); overflow disables caching.
-struct KeyBuf {
-  char* p;
-  char* end;
-  bool over = false;
-  inline void put(char c) {
-    if (p < end) *p++ = c; else over = true;
-  }
-  inline void put8(int64_t v) {
-    if (p + 8 <= end) { memcpy(p, &v, 8); p += 8; } else over = true;
-  }
-};
-
-inline void key_tensor(KeyBuf& k, const at::Tensor& t) {
-  if (!t.defined()) {
-    k.put('u');
-    return;
-  }
-  auto* impl = t.unsafeGetTensorImpl();
-  c10::Device d = impl->device();
-  k.put8(int64_t('T') | (int64_t((uint8_t)t.scalar_type()) << 8) | (int64_t((uint8_t)d.type()) << 16) |
-         (int64_t((uint8_t)d.index()) << 24));
-  if (impl->is_nested()) {
-    k.put('n');
-    return;
-  }
-  c10::SymIntArrayRef sz = impl->sym_sizes();
-  k.put((char)sz.size());
-  for (const auto& s : sz) {
-    auto m = s.maybe_as_int();
-    k.put8(m ? *m : kSymDim);
-  }
-}
-
-void shape_str(std::string& out, const at::Tensor& t) {
-  auto* impl = t.unsafeGetTensorImpl();
-  if (impl->is_nested()) {
-    out += "nested";
-    return;
-  }
-  out.push_back('[');
-  bool first = true;
-  for (const auto& s : impl->sym_sizes()) {
-    if (!first) out += ", ";
-    first = false;
-    auto m = s.maybe_as_int();
-    if (m)
-      out += std::to_string(*m);
-    else
-      out.push_back('?');
-  }
-  out.push_back(']');
-}
-
-struct Entry {
-  std::string shape, dtype, device;
-  bool meaningful = false;
-};
-
-void join_uniform(std::string& out, const std::vector<std::string>& v) {
-  bool uniform = true;
-  for (auto& s : v) uniform = uniform && s == v[0];
-  if (v.empty()) return;
-  if (uniform) {
-    out = v[0];
-    return;
-  }
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) out.push_back('|');
-    out += v[i];
-  }
-}
-
-void entry_of_list(Entry& e, const std::vector<at::Tensor>& ts) {
-  std::vector<std::string> dts, dvs;
-  e.shape.push_back('[');
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (i) e.shape += ", ";
-    if (ts[i].defined()) {
-      shape_str(e.shape, ts[i]);
-      dts.emplace_back(dtype_name(ts[i].scalar_type()));
-      dvs.emplace_back(ts[i].device().str());
-    } else {
-      e.shape += "[]";
-    }
-  }
-  e.shape.push_back(']');
-  join_uniform(e.dtype, dts);
-  join_uniform(e.device, dvs);
-  e.meaningful = true;
-}
-
-bool list_tensors(const c10::IValue& iv, std::vector<at::Tensor>& out) {
-  if (iv.isTensorList()) {
-    for (const at::Tensor& t : iv.toTensorList()) out.push_back(t);
-    return true;
-  }
-  if (iv.isList()) {
-    bool any = false;
-    for (const c10::IValue& el : iv.toListRef()) {
-      if (el.isTensor()) {
-        out.push_back(el.toTensor());
-        any = true;
-      } else {
-        out.emplace_back();
-      }
-    }
-    return any;
-  }
-  return false;
-}
-
-MetaIds build_meta(c10::ArrayRef<const c10::IValue> inputs) {
-  std::vector<Entry> es(inputs.size());
-  size_t last = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::IValue& iv = inputs[i];
-    Entry& e = es[i];
-    if (iv.isTensor()) {
-      const at::Tensor& t = iv.toTensor();
-      if (t.defined()) {
-        shape_str(e.shape, t);
-        e.dtype = dtype_name(t.scalar_type());
-        e.device = t.device().str();
-        e.meaningful = true;
-      }
-    } else if (iv.isDevice()) {
-      e.device = iv.toDevice().str();
-      e.meaningful = true;
-    } else {
-      std::vector<at::Tensor> ts;
-      if (list_tensors(iv, ts)) entry_of_list(e, ts);
-    }
-    if (e.meaningful) last = i + 1;
-  }
-  std::string shapes = "[", dtypes, devices;
-  for (size_t i = 0; i < last; ++i) {
-    if (i) {
-      shapes += ", ";
-      dtypes.push_back(',');
-      devices.push_back(',');
-    }
-    shapes += es[i].shape.empty() ? std::string("[]") : es[i].shape;
-    dtypes += es[i].dtype;
-    devices += es[i].device;
-  }
-  shapes.push_back(']');
-  auto& st = strings();
-  return MetaIds{st.intern(shapes), st.intern(dtypes), st.intern(devices)};
-}
-
-std::atomic<int64_t> g_meta_miss{0};  // metadata cache misses (diagnostics)
-inline uint64_t hash_bytes(const char* p, size_t n) {
-  // 8 bytes at a time, multiply-xorshift mixing (keys are short: tens of bytes)
-  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xC2B2AE3D27D4EB4FULL);
-  while (n >= 8) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    h = (h ^ v) * 0xBF58476D1CE4E5B9ULL;
-    h ^= h >> 31;
-    p += 8;
-    n -= 8;
-  }
-  uint64_t v = 0;
-  memcpy(&v, p, n);
-  h = (h ^ v) * 0x94D049BB133111EBULL;
-  return h ^ (h >> 29);
-}
-
-MetaIds meta_ids(ThreadState* st, const at::RecordFunction& rf) {
-  c10::ArrayRef<const c10::IValue> inputs = rf.inputs();
-  if (inputs.empty()) return MetaIds{0, 0, 0};
-  KeyBuf k{st->kb, st->kb + sizeof(st->kb)};
-  for (const c10::IValue& iv : inputs) {
-    if (iv.isTensor()) {
-      key_tensor(k, iv.toTensor());
-    } else if (iv.isDevice()) {
-      c10::Device d = iv.toDevice();
-      k.put('D');
-      k.put((char)d.type());
-      k.put((char)d.index());
-    } else if (!iv.isList() || iv.isIntList() || iv.isDoubleList() || iv.isBoolList()) {
-      k.put('x');
-    } else {
-      auto l = iv.toListRef();
-      k.put('G');
-      k.put8((int64_t)l.size());
-      for (const c10::IValue& el : l) {
-        if (el.isTensor())
-          key_tensor(k, el.toTensor());
-        else
-          k.put('x');
-      }
-    }
-  }
-  if (k.over) return build_meta(inputs);
-  const size_t klen = (size_t)(k.p - st->kb);
-  const uint64_t h = hash_bytes(st->kb, klen);
-  const size_t i0 = h & (kMetaSlots - 1), i1 = i0 ^ 1;
-  for (size_t i : {i0, i1}) {
-    MetaSlot& sl = st->metas[i];
-    if (sl.h == h && sl.key.size() == klen && memcmp(sl.key.data(), st->kb, klen) == 0)
-      return sl.ids;
-  }
-  g_meta_miss.fetch_add(1, std::memory_order_relaxed);
-  MetaIds m = build_meta(inputs);
-  MetaSlot& sl = st->metas[st->metas[i0].key.empty() || !st->metas[i1].key.empty() ? i0 : i1];
-  sl.h = h;
-  sl.key.assign(st->kb, klen);
-  sl.ids = m;
-  return m;
-}
-
-// ------------------------------------------------------------------ python stacks (GIL held)
-bool py_alive() {
-  if (!Py_IsInitialized()) return false;
-#if PY_VERSION_HEX >= 0x030D0000
-  if (Py_IsFinalizing()) return false;
-#else
-  if (_Py_IsFinalizing()) return false;
-#endif
-  return true;
-}
-
-bool code_skipped(PyObject* code) {
-  auto it = g_code_skip->find(code);
-  if (it != g_code_skip->end()) return it->second;
-  bool skip = false;
-  PyObject* fn = PyObject_GetAttrString(code, "co_filename");
-  if (fn) {
-    const char* s = PyUnicode_Check(fn) ? PyUnicode_AsUTF8(fn) : nullptr;
-    if (s) {
-      for (const auto& p : *g_skip) {
-        if (strncmp(s, p.data(), p.size()) == 0) {
-          skip = true;
-          break;
-        }
-      }
-    }
-    Py_DECREF(fn);
-  }
-  if (PyErr_Occurred()) PyErr_Clear();
-  if (g_code_skip->size() >= kMaxCodeCache) {
-    for (auto& kv : *g_code_skip) Py_DECREF(kv.first);
-    g_code_skip->clear();
-  }
-  Py_INCREF(code);
-  g_code_skip->emplace(code, skip);
-  return skip;
-}
-
-inline int frame_lasti(PyFrameObject* f) {
-#if PY_VERSION_HEX >= 0x030B0000
-  return PyFrame_GetLasti(f);
-#else
-  return f->f_lasti * (int)sizeof(_Py_CODEUNIT);
-#endif
-}
-
-thread_local StackKey tls_walk;
-
-// The Python name of the calling thread (threading._active[ident]._name), "" if none. GIL held.
-std::string py_thread_name() {
-  std::string out;
-  PyObject* name = PyUnicode_FromString("threading");
-  PyObject* mod = name ? PyImport_GetModule(name) : nullptr;
-  Py_XDECREF(name);
-  if (mod) {
-    PyObject* active = PyObject_GetAttrString(mod, "_active");
-    if (active && PyDict_Check(active)) {
-      PyObject* key = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-      PyObject* th = key ? PyDict_GetItemWithError(active, key) : nullptr;  // borrowed
-      if (th) {
-        PyObject* nm = PyObject_GetAttrString(th, "_name");
-        if (nm && PyUnicode_Check(nm)) {
-          const char* c = PyUnicode_AsUTF8(nm);
-          if (c) out = c;
-        }
-        Py_XDECREF(nm);
-      }
-      Py_XDECREF(key);
-    }
-    Py_XDECREF(active);
-    Py_DECREF(mod);
-  }
-  if (PyErr_Occurred()) PyErr_Clear();
-  return out;
-}
-
-int32_t walk_python(ThreadState* st) {
-  if (!py_alive()) return 0;
-  PyThreadState* ts = PyGILState_GetThisThreadState();
-  if (!ts) return 0;
-  PyGILState_STATE g = PyGILState_Ensure();
-  int32_t id = 0;
-  if (g_started.load(std::memory_order_relaxed)) {
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    if (!st->named_py) {
-      st->named_py = true;
-      std::string n = py_thread_name();
-      if (!n.empty()) {
-        auto& r = registry();
-        std::lock_guard<std::mutex> g(r.mu);
-        r.set_name(st->os_tid, n);
-      }
-    }
-    StackKey& buf = tls_walk;
-    buf.clear();
-    PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference
-    int walked = 0;
-    while (f && walked < kMaxWalk && buf.size() < kMaxFrames) {
-      PyCodeObject* code = PyFrame_GetCode(f);  // new reference
-      if (!code_skipped((PyObject*)code)) buf.emplace_back((PyObject*)code, frame_lasti(f));
-      Py_DECREF(code);  // kept alive by the running frame (and by g_code_skip)
-      PyFrameObject* back = PyFrame_GetBack(f);
-      Py_DECREF(f);
-      f = back;
-      ++walked;
-    }
-    Py_XDECREF(f);
-    if (!buf.empty()) {
-      auto it = g_stack_ids->find(buf);
-      if (it != g_stack_ids->end()) {
-        id = it->second;
-      } else if (g_stacks->size() < kMaxStacks) {
-        id = (int32_t)g_stacks->size();
-        for (auto& p : buf) Py_INCREF(p.first);
-        g_stacks->push_back(buf);
-        g_stack_ids->emplace(buf, id);
-      }
-    }
-    PyErr_Restore(et, ev, etb);
-  }
-  PyGILState_Release(g);
-  return id;
 }
 
 // ------------------------------------------------------------------ callbacks
@@ -758,35 +203,7 @@ void foreign_end(uint64_t owner_logical, const void* rf, int64_t te) {
   }
 }
 
-// The shape and dtype of the tensor an allocation op makes, from its arguments: the first int
-// list is the size (empty_strided's second is the stride); the dtype is the first tensor's
-// (resize_) or the first int argument (a ScalarType), else the default dtype.
 std::atomic<bool> g_alloc_meta{false};  // set by the memory tracker while it records in detail
-
-void alloc_meta(const at::RecordFunction& rf, OpenFrame& f) {
-  std::string shape;
-  const char* dtype = nullptr;
-  for (const c10::IValue& iv : rf.inputs()) {
-    if (iv.isIntList() && shape.empty()) {
-      shape.push_back('[');
-      bool first = true;
-      for (int64_t d : iv.toIntVector()) {
-        if (!first) shape += ", ";
-        first = false;
-        shape += std::to_string(d);
-      }
-      shape.push_back(']');
-    } else if (iv.isTensor() && !dtype && iv.toTensor().defined()) {
-      dtype = dtype_name(iv.toTensor().scalar_type());
-    } else if (iv.isInt() && !dtype && !shape.empty()) {
-      dtype = dtype_name(static_cast<c10::ScalarType>(iv.toInt()));
-    }
-  }
-  if (!dtype) dtype = dtype_name(c10::typeMetaToScalarType(c10::get_default_dtype()));
-  auto& st = strings();
-  f.alloc_shape = st.intern(shape);
-  f.alloc_dtype = st.intern(dtype);
-}
 
 void start_impl(const at::RecordFunction& rf) {
   ThreadState* st = get_state();
@@ -1148,33 +565,11 @@ py::dict py_stats() {
   return d;
 }
 
-// Names of engine string ids (for collectors other than the eager one: memory events).
-py::list py_strings_of(const std::vector<int32_t>& ids) {
-  py::list out;
-  auto& s = strings();
-  std::lock_guard<std::mutex> g(s.mu);
-  for (int32_t i : ids) out.append(py::str(i >= 0 && (size_t)i < s.strs.size() ? s.strs[i] : std::string()));
-  return out;
-}
-
-// Frames (file, function, line), innermost first, of engine stack ids (GIL held, as for drain).
-py::list py_stacks_of(const std::vector<int32_t>& ids) {
-  py::list out;
-  for (int32_t i : ids) {
-    py::list frames;
-    if (i > 0 && (size_t)i < g_stacks->size()) {
-      for (auto& fr : (*g_stacks)[i]) {
-        py::object co = py::reinterpret_borrow<py::object>(fr.first);
-        py::object func = py::hasattr(co, "co_qualname") ? co.attr("co_qualname") : co.attr("co_name");
-        frames.append(py::make_tuple(co.attr("co_filename"), func, PyCode_Addr2Line((PyCodeObject*)fr.first, fr.second)));
-      }
-    }
-    out.append(frames);
-  }
-  return out;
-}
-
 }  // namespace
+
+}  // namespace neuron_prof::observer
+
+using namespace neuron_prof::observer;
 
 namespace neuron_prof {
 bool current_op(OpContext* out) {
@@ -1191,9 +586,7 @@ bool current_op(OpContext* out) {
   out->dtype = in.alloc_dtype;
   return true;
 }
-int64_t now_ns() { return ::now_ns(); }
-const char* dtype_name(c10::ScalarType t) { return ::dtype_name(t); }
-int32_t intern(const std::string& s) { return strings().intern(s); }
+int64_t now_ns() { return observer::now_ns(); }
 bool in_forked_child() { return g_child.load(std::memory_order_relaxed); }
 void set_alloc_meta(bool on) { g_alloc_meta.store(on); }
 int32_t thread_module() {

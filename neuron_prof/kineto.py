@@ -35,7 +35,7 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.imported import ImportedRun, check_new, number
 from neuron_prof.safefile import read_whole
 from neuron_prof.schema import MEMORY_KINDS
-from neuron_prof.session import Interner
+from neuron_prof.interner import Interner
 
 MAX_TRACE_BYTES = 8 << 30
 _PY_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")

@@ -6,10 +6,11 @@ from typing import Iterable, Sequence
 
 from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS, AlwaysOn
 from neuron_prof.autostep import OptimizerStepClock
+from neuron_prof.capture_buffer import DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.ownership import current
 from neuron_prof.scalars import check_value
 from neuron_prof.schedule import Schedule
-from neuron_prof.session import (DEFAULT_COLLECTORS, DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES,
-                                 DEFAULT_MAX_EVENTS, Session, current, log)
+from neuron_prof.session import DEFAULT_COLLECTORS, Session, log
 
 
 MODES = ("detail", "always-on")

@@ -1,7 +1,9 @@
 """The capture session: owns the collectors, the step clock, the interners and the rank writer.
 
 It implements the Recorder protocol (neuron_prof.recording) that collectors write to, and is the
-only place that decides when data is kept, flushed and committed.
+only place that decides when data is kept, flushed and committed. What it holds between flushes
+and the rank's disk budget are ``capture_buffer``'s; which process records and writes the rank's
+folder is ``ownership``'s.
 """
 from __future__ import annotations
 
@@ -15,123 +17,35 @@ import threading
 import time
 import uuid
 import weakref
-from collections import defaultdict, deque
+from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from neuron_prof.alwayson import AlwaysOn, DetailRing, Triggers, exit_by_signal, frames_of, traceback_frames
+from neuron_prof.capture_buffer import (DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS,
+                                        DETAIL_TABLES, IDLE_FLUSH_INTERVAL_NS, CaptureBuffer)
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.recording import Collector, Frame, batch_since
+from neuron_prof.interner import Interner
+from neuron_prof.ownership import (claim_process, device_name, forget_in_child, open_rank, rank_and_world,
+                                   release_process, yields_rank)
+from neuron_prof.recording import Collector, Frame, went_on
 from neuron_prof.scalars import ScalarBuffer
 from neuron_prof.schedule import Action, Schedule
-from neuron_prof.schema import RUN_META, SCHEMA_VERSION, TABLES, rank_dir_name, row_dtype
-from neuron_prof.store import RankClaimed, RankWriter, load_json, run_ranks, update_run_meta, write_conflict_note
+from neuron_prof.schema import RUN_META, SCHEMA_VERSION, TABLES, row_dtype
+from neuron_prof.store import RankWriter, load_json, update_run_meta
 
 log = logging.getLogger("neuron_prof")
 
 DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives", "device", "loss")
-DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
-DEFAULT_MAX_EVENTS = 50_000_000
-DEFAULT_MAX_BYTES = 256 << 20  # per rank; the README's "Bounded memory and disk" says why this size
-IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s
-COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
-COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
-EVENT_TABLES = ("ops", "marks")
 _STEP_ROW = row_dtype(TABLES["steps"])
-DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
-DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
-"""Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
-and compiles go on)."""
 STARTUP_SPAN = "start-up"
 SUMMARY_AT_CLOSE_ROWS = 1_000_000
 """A rank that wrote this many op and mark rows has its run's summary stored at close (in the
 background: ``summarize_later``); smaller runs are summarised by their first reader, in well
 under a second, and stored then."""
 SUMMARY_AT_CLOSE_ENV = "NEURON_PROF_SUMMARY_AT_CLOSE_ROWS"
-
-_current: "Session | None" = None
-_current_lock = threading.Lock()
-
-
-def current() -> "Session | None":
-    """The session recording in this process, if any."""
-    return _current
-
-
-class Interner:
-    """Strings, frames and stacks to small ints, remembering which ids are not yet written."""
-
-    def __init__(self) -> None:
-        self.strings: dict[str, int] = {"": 0}
-        self.frames: dict[tuple[int, int, int], int] = {}
-        self.stacks: dict[tuple[int, ...], int] = {(): 0}
-        self._new_strings: list[str] = [""]
-        self._new_frames: list[tuple[int, int, int]] = []
-        self._new_stacks: list[tuple[int, ...]] = []
-
-    def string(self, s: str) -> int:
-        sid = self.strings.get(s)
-        if sid is None:
-            sid = self.strings[s] = len(self.strings)
-            self._new_strings.append(s)
-        return sid
-
-    def stack(self, frames: Sequence[Frame]) -> int:
-        fids = []
-        for file, func, line in frames:
-            key = (self.string(file), self.string(func), int(line))
-            fid = self.frames.get(key)
-            if fid is None:
-                fid = self.frames[key] = len(self.frames) + 1
-                self._new_frames.append(key)
-            fids.append(fid)
-        key = tuple(fids)
-        sid = self.stacks.get(key)
-        if sid is None:
-            sid = self.stacks[key] = len(self.stacks)
-            self._new_stacks.append(key)
-        return sid
-
-    def take_new(self) -> dict[str, dict[str, Any]]:
-        """Rows for the strings/frames/stacks tables created since the last call."""
-        out: dict[str, dict[str, Any]] = {}
-        if self._new_frames:
-            first = len(self.frames) - len(self._new_frames) + 1
-            f = np.array(self._new_frames, dtype=np.int32).reshape(-1, 3)
-            out["frames"] = {"id": np.arange(first, first + len(f), dtype=np.int32),
-                             "file": f[:, 0], "func": f[:, 1], "line": f[:, 2]}
-        if self._new_stacks:
-            first = len(self.stacks) - len(self._new_stacks)
-            out["stacks"] = {"id": np.arange(first, first + len(self._new_stacks), dtype=np.int32),
-                             "frames": [list(s) for s in self._new_stacks]}
-        if self._new_strings:  # after stacks: interning frames adds strings
-            first = len(self.strings) - len(self._new_strings)
-            out["strings"] = {"id": np.arange(first, len(self.strings), dtype=np.int32),
-                              "value": self._new_strings}
-        self._new_strings, self._new_frames, self._new_stacks = [], [], []
-        return out
-
-
-def _rank_and_world() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # a half-initialised process group must not stop the capture
-        pass
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def _device_name() -> str:
-    import torch
-    acc = getattr(torch, "accelerator", None)
-    try:
-        dev = acc.current_accelerator() if acc is not None else None
-    except Exception:
-        dev = None
-    return dev.type if dev is not None else "cpu"
 
 
 def _make_collectors(names: Iterable[str]) -> list[Collector]:
@@ -173,27 +87,17 @@ class Session:
         # step's own call gives them
         self.step_scalars = {name: float(v) for name, v in (step_scalars or {}).items()}
         self.max_buffered_events = max_buffered_events
-        self.max_events = max_events
-        self.max_bytes = max_bytes
         self.command = list(command) if command is not None else [sys.executable, *sys.argv]
         self.collectors = _make_collectors(collectors)
         self.step_num = 0
         self._interner = Interner()
-        self._pending: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        self._buffer = CaptureBuffer(max_events, max_bytes)
         self._scalars = ScalarBuffer()
-        self._dropped: dict[str, int] = defaultdict(int)
-        self._written: dict[str, int] = defaultdict(int)
         self._failed: set[str] = set()
         self._writer: RankWriter | None = None
         self._lock = threading.RLock()
         self._window_on = False
-        self._cut: dict[str, Any] | None = None  # where detail capture stopped (see _budget_cut)
-        self._detail_seen: set[str] = set()  # DETAIL_TABLES written so far
         self._step_start = 0
-        self._last_commit = 0
-        self._last_compact = 0
-        self._metrics_written = 0
-        self._keep_from = 0  # after a discard: events that began before this are not kept either
         self._started = False
         self._closed = False
         # always-on (neuron_prof.alwayson): detail goes to a ring, written by dumps
@@ -218,7 +122,7 @@ class Session:
 
     def append(self, table: str, columns: Mapping[str, Any]) -> None:
         with self._lock:
-            self._pending[table].append(columns)
+            self._buffer.pending[table].append(columns)
 
     def scalar(self, name: str, value: Any) -> None:
         """A scalar of the current step (a float, or a one-element detached tensor read at a
@@ -227,7 +131,7 @@ class Session:
 
     def dropped(self, table: str, n: int) -> None:
         with self._lock:
-            self._dropped[table] += int(n)
+            self._buffer.dropped[table] += int(n)
 
     def training_began(self, ts: int) -> None:
         if self._first_call_ns is None:
@@ -238,11 +142,12 @@ class Session:
         with self._lock:
             first = collector not in self._failed
             self._failed.add(collector)
-            self._pending["failures"].append(
+            self._buffer.pending["failures"].append(
                 {"ts": [time.monotonic_ns()], "collector": [collector], "message": [msg]})
         if first:
-            log.warning("neuron_prof: collector %r failed and is off for this run (%s); training goes on",
-                        collector, msg)
+            log.warning("neuron_prof: collector %r failed (%s); %s; training goes on", collector, msg,
+                        "the events are counted as dropped and it went on" if went_on(collector)
+                        else "it is off for this run")
 
     def rank_file(self, name: str) -> int | None:
         """An fd of a new file ``name`` in this rank's folder, outside the manifest (a collector's
@@ -272,19 +177,13 @@ class Session:
         return self._window_on
 
     def start(self) -> "Session":
-        global _current
-        with _current_lock:
-            if _current is not None:
-                raise NeuronProfError(
-                    f"a neuron_prof session is already recording to {_current.run_dir}; "
-                    "stop it before starting another (one session per process)")
-            _current = self
+        claim_process(self)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self._start_ns = self._origin_ns if self._origin_ns is not None else time.monotonic_ns()
         for c in list(self.collectors):
             self._guard(c, c.install, self)
-        self._step_start = self._last_commit = self._last_compact = time.monotonic_ns()
+        self._step_start = self._buffer.last_commit = self._buffer.last_compact = time.monotonic_ns()
         self._ring_starts.append(self._step_start)
         self._enter_step()
         self._started = True
@@ -364,7 +263,6 @@ class Session:
         ``exc``: the exception that ends the capture, if any (collectors may record what it
         says, e.g. the memory collector on an out-of-memory error); it is not handled here.
         """
-        global _current
         if not self._started or self._closed:
             return
         with self._lock:
@@ -382,12 +280,9 @@ class Session:
             self._set_window(False)
             for c in self.collectors:
                 self._guard(c, c.uninstall)
-            if self._writer is not None and sum(self._written.values()) >= _summary_at_close_rows():
+            if self._writer is not None and self._buffer.events_written() >= _summary_at_close_rows():
                 summarize_later(self.run_dir)
-        with _current_lock:
-            if _current is self:
-                _current = None
-        atexit.unregister(self._stop_at_exit)
+        self._release()
         self._run_deferred()
 
     def _stop_at_exit(self) -> None:
@@ -396,7 +291,7 @@ class Session:
 
     # ---- internals
     def _action(self, step: int) -> Action:
-        if self._cut is not None:
+        if self._buffer.cut is not None:
             return Action.NONE
         return Action.RECORD if self.schedule is None else self.schedule.action(step)
 
@@ -406,9 +301,9 @@ class Session:
         the light tables about once a second; other steps flush about once a second."""
         if self._ring is not None:
             self._steps_since_drain += 1
-            return (now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS
+            return (now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
                     or self._steps_since_drain >= self.always_on.ring_steps)
-        return action is not Action.NONE or now - self._last_commit >= IDLE_FLUSH_INTERVAL_NS
+        return action is not Action.NONE or now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
 
     def _run_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None
@@ -419,7 +314,7 @@ class Session:
         """The ring, the step in flight and one ``dumps`` row per thread, committed (lock held)."""
         first = self.step_num - (len(self._ring_starts) - 1)
         now = time.monotonic_ns()
-        self._pending["dumps"].append({
+        self._buffer.pending["dumps"].append({
             "ts": np.full(len(stacks), now, np.int64), "reason": np.full(len(stacks), self.intern(reason), np.int32),
             "first_step": np.full(len(stacks), first, np.int32),
             "last_step": np.full(len(stacks), self.step_num, np.int32),
@@ -435,7 +330,8 @@ class Session:
 
     def _into_ring(self) -> None:
         """Always-on: this flush's detail rows go to the ring, or (a dump) the ring's to the writer."""
-        detail = {t: self._pending.pop(t) for t in DETAIL_TABLES if t in self._pending}
+        pending = self._buffer.pending
+        detail = {t: pending.pop(t) for t in DETAIL_TABLES if t in pending}
         self._steps_since_drain = 0
         since = self._ring_starts[0]
         if not self._dumping:
@@ -443,11 +339,11 @@ class Session:
             self._ring.trim(since)
             return
         for table, batches in self._ring.take(since).items():
-            self._pending[table].extend(batches)
+            pending[table].extend(batches)
         for table, batches in detail.items():
-            self._pending[table].extend(batches)
+            pending[table].extend(batches)
         if self._ring.dropped_rows:
-            self._dropped["ring"] += self._ring.dropped_rows
+            self._buffer.dropped["ring"] += self._ring.dropped_rows
             self._ring.dropped_rows = 0
 
     def _enter_step(self) -> None:
@@ -473,7 +369,7 @@ class Session:
         began = self._first_call_ns
         if began is None or began <= self._step_start:
             return
-        self._pending["spans"].append({"ts": [self._start_ns], "dur": [began - self._start_ns],
+        self._buffer.pending["spans"].append({"ts": [self._start_ns], "dur": [began - self._start_ns],
                                        "tid": [threading.get_native_id()], "name": [self.intern(STARTUP_SPAN)]})
         self._step_start = began
 
@@ -481,7 +377,7 @@ class Session:
         # one row in the steps journal's own layout: written as it is (no per-column conversion)
         # active: its detail is on disk (always-on: only if a dump writes it; the reader tells)
         active = action is Action.RECORD and self._ring is None
-        self._pending["steps"].append(np.array(
+        self._buffer.pending["steps"].append(np.array(
             [(self.step_num, self._step_start, now - self._step_start, active, complete)], dtype=_STEP_ROW))
 
     def _settle_scalars(self, final: bool) -> None:
@@ -491,7 +387,7 @@ class Session:
             self.failure("metrics", exc)
             return
         if rows is not None:
-            self._pending["metrics"].append(rows)
+            self._buffer.pending["metrics"].append(rows)
 
     def _guard(self, collector: Collector, fn, *args) -> None:
         """Run a collector callback; a failing collector is switched off, training goes on."""
@@ -511,120 +407,49 @@ class Session:
             self._guard(c, c.flush, self, keep)
         if self._ring is not None:
             self._into_ring()
-        if keep and self._keep_from:
-            self._drop_events_before(self._keep_from)
-            self._keep_from = 0
-        elif not keep:
-            for t in EVENT_TABLES:
-                self._pending.pop(t, None)
-            self._keep_from = time.monotonic_ns()
+        self._buffer.keep_or_discard_events(keep)
         if final:
             self._settle_scalars(final=True)
-        if final and (self._writer is not None or self._pending or self.step_num > 0):
+        if final and (self._writer is not None or self._buffer.pending or self.step_num > 0):
             # the step in progress when capture ends: kept, but not counted as a training step
             self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
         writer = self._ensure_writer(final)
         if writer is None:
             return  # nothing to write yet, or nothing this process may write (see _ensure_writer)
-        for table, rows in self._interner.take_new().items():
-            writer.append(table, rows)
-        pending, self._pending = self._pending, defaultdict(list)
-        self._detail_seen.update(t for t in DETAIL_TABLES if pending.get(t))
-        metrics = pending.pop("metrics", [])
-        if metrics and not final and time.monotonic_ns() - self._metrics_written < IDLE_FLUSH_INTERVAL_NS:
-            # scalars go to disk about once a second, in one write: a journal write per step cost
-            # 25-35 us at the boundary (a kill -9 can lose the last second's scalars)
-            self._pending["metrics"] = metrics
-        elif metrics:
-            writer.append("metrics", np.concatenate(metrics))
-            self._metrics_written = time.monotonic_ns()
-        for table in ("threads", "spans", "steps", "ops", "marks", "failures"):
-            for cols in pending.pop(table, ()):
-                writer.append(table, cols)
-                if table in EVENT_TABLES:
-                    self._written[table] += len(cols["ts"])
-        for table, batches in pending.items():  # tables of collectors added later
-            for cols in batches:
-                writer.append(table, cols)
-        now = time.monotonic_ns()
-        if self._cut is None and not final:
-            self._cut = self._budget_cut(writer, now)
-        counters = {"dropped": dict(self._dropped), "written": dict(self._written),
-                    "cap_reached_at_step": None if self._cut is None else self._cut["step"]}
-        if self._cut is not None:
-            counters["detail_cut"] = self._cut
-        if final:
-            writer.close(self.step_num, counters)
-        elif now - self._last_compact >= COMPACT_INTERVAL_NS or writer.journal_bytes() >= COMPACT_JOURNAL_BYTES:
-            writer.compact(self.step_num, counters)
-            self._last_compact = now
-        else:
-            writer.commit(self.step_num, counters)
-        self._last_commit = now
-
-    def _budget_cut(self, writer: RankWriter, now: int) -> dict[str, Any] | None:
-        """Whether this flush used up the rank's budget: ``max_bytes`` of files (every table, the
-        manifest) or ``max_events`` op and mark rows. If so, the step just flushed was the last one
-        captured in detail, and the cut (step, time, bytes, which limit, the detail tables it
-        stops) goes into every later manifest line for the report."""
-        size = writer.bytes_written()
-        if self.max_bytes is not None and size >= self.max_bytes:
-            by, limit = "max_bytes", self.max_bytes
-        elif sum(self._written.values()) >= self.max_events:
-            by, limit = "max_events", self.max_events
-        else:
-            return None
-        tables = [t for t in DETAIL_TABLES if t in self._detail_seen]
-        log.warning("neuron_prof: %s=%d reached after step %d (%d bytes on disk); later steps keep step times "
-                    "and per-step memory only, not %s (raise %s)", by, limit, self.step_num, size,
-                    ", ".join(tables) or "detail", by)
-        return {"step": self.step_num, "ts": now, "bytes": size, "by": by, "limit": limit, "tables": tables}
-
-    def _drop_events_before(self, t0: int) -> None:
-        """An event still open at a discard (a range around the step boundary) ends up alone in
-        the next batch; without its discarded children it would mislead, so it goes too."""
-        for table in EVENT_TABLES:
-            batches = self._pending.get(table)
-            for i, cols in enumerate(batches or ()):
-                batches[i] = batch_since(cols, t0)
+        self._buffer.write(writer, self._interner, self.step_num, final)
 
     def _ensure_writer(self, final: bool, now: bool = False) -> RankWriter | None:
         """The rank's writer, made at the first flush that has data, once this process owns the
         rank's folder. None: nothing to write yet, or another process owns the folder (the
         capture then ends here: see ``_refuse``), or a capture that completed no step yields to
         the process that wrote its rank."""
-        if self._writer is not None or not (self._pending or now):
+        if self._writer is not None or not (self._buffer.pending or now):
             return self._writer
         import torch
-        rank, world = _rank_and_world()
+        rank, world = rank_and_world()
         stepless = final and self.step_num == 0
-        if stepless and self.yield_if_stepless:
-            # a process with no rank of its own (no process group, no $RANK) that completed no step
-            # is a launcher-like parent: any rank of this run written by its children wins
-            taken = run_ranks(self.run_dir, self.run_id)
-            if rank in taken or taken and not _has_own_rank():
-                return None
+        if stepless and self.yield_if_stepless and yields_rank(self.run_dir, self.run_id, rank):
+            return None
         meta = {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "rank": rank, "world_size": world,
-            "pid": os.getpid(), "hostname": socket.gethostname(), "device": _device_name(),
+            "pid": os.getpid(), "hostname": socket.gethostname(), "device": device_name(),
             "torch_version": torch.__version__, "python": sys.version.split()[0],
             "clock_offset_ns": self._clock_offset_ns, "start_ns": self._start_ns,
             "collectors": [c.name for c in self.collectors],
             "schedule": None if self.schedule is None else vars(self.schedule),
-            "max_buffered_events": self.max_buffered_events, "max_events": self.max_events,
-            "max_bytes": self.max_bytes,
+            "max_buffered_events": self.max_buffered_events, "max_events": self._buffer.max_events,
+            "max_bytes": self._buffer.max_bytes,
             "stepless": stepless,  # a training process of the same run may replace this folder
         }
-        try:
-            self._writer = RankWriter(self.run_dir / rank_dir_name(rank), meta)
-        except RankClaimed as claim:
-            self._refuse(rank, claim, report=not (stepless and self.yield_if_stepless), final=final)
+        self._writer = open_rank(self.run_dir, rank, meta, report=not (stepless and self.yield_if_stepless))
+        if self._writer is None:
+            self._refuse(final)
             return None
         # rank 0 writes run.json; another rank writes it where no rank has (record's own, with
         # rank 0 dead in step 0; or none yet)
         existing = load_json(self.run_dir / RUN_META)
         if rank == 0 or "world_size" not in existing:
-            from neuron_prof import __version__
+            from neuron_prof.version import __version__
             update_run_meta(self.run_dir, self.run_id, {
                 "schema_version": SCHEMA_VERSION, "neuron_prof_version": __version__,
                 "run_id_scope": self._run_id_scope, "command": self.command, "cwd": os.getcwd(),
@@ -633,14 +458,10 @@ class Session:
                 replace=rank == 0 or not existing)
         return self._writer
 
-    def _refuse(self, rank: int, claim: RankClaimed, report: bool, final: bool) -> None:
-        """Another process owns this rank's folder: this capture ends, writing nothing there (the
-        owner's files are never touched); a note in the run directory says who tried, for the report."""
-        if report:
-            note = write_conflict_note(self.run_dir, rank, claim.holder.get("run_id") or self.run_id, claim)
-            log.warning("neuron_prof: rank %d of %s is claimed by another process (%s); this process (pid %d) "
-                        "records nothing (noted in %s)", rank, self.run_dir, claim, os.getpid(), note.name)
-        self._pending.clear()
+    def _refuse(self, final: bool) -> None:
+        """Another process owns this rank's folder (``ownership.open_rank``): this capture ends,
+        writing nothing."""
+        self._buffer.pending.clear()
         if final:
             return  # stop() is ending the capture already
         self._closed = True
@@ -654,20 +475,15 @@ class Session:
     def _forked(self) -> None:
         """In a forked child: the parent's capture (and its open files) stay the parent's. Runs
         right after fork, one thread alive: no lock is taken (another thread may have held it)."""
-        global _current
         self._closed = True
         self._writer = None
         if self._triggers is not None:
             self._triggers.forget()
-        if _current is self:
-            _current = None
+        forget_in_child(self)
         atexit.unregister(self._stop_at_exit)
 
     def _release(self) -> None:
-        global _current
-        with _current_lock:
-            if _current is self:
-                _current = None
+        release_process(self)
         atexit.unregister(self._stop_at_exit)
 
 
@@ -691,13 +507,3 @@ def summarize_later(run_dir: Path) -> None:
     except (OSError, subprocess.SubprocessError) as exc:
         log.info("neuron_prof: the run's summary is left to its first reader (%s)", exc)
 
-
-def _has_own_rank() -> bool:
-    """Whether a launcher gave this process a rank (or it joined a process group)."""
-    if "RANK" in os.environ:
-        return True
-    dist = sys.modules.get("torch.distributed")
-    try:
-        return bool(dist is not None and dist.is_available() and dist.is_initialized())
-    except Exception:
-        return False

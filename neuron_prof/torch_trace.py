@@ -29,7 +29,7 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.imported import ImportedRun, check_new, number
 from neuron_prof.recording import Frame, framework_prefixes
 from neuron_prof.safefile import read_whole
-from neuron_prof.session import Interner
+from neuron_prof.interner import Interner
 
 LOG_GLOB = "dedicated_log_torch_trace_*.log"
 MAX_LOG_BYTES = 4 << 30

@@ -11,9 +11,9 @@ import torch
 
 import neuron_prof
 from conftest import cli, write_script
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 from neuron_prof.schema import TABLES, row_dtype
-from neuron_prof.session import DEFAULT_MAX_BYTES
+from neuron_prof.capture_buffer import DEFAULT_MAX_BYTES
 
 STEP_FACTS = 128
 """Bytes a step adds once detail stopped, at most: its rows of steps (22 B), memory_steps (44 B, one
@@ -53,7 +53,7 @@ def test_small_budget_stops_detail_keeps_every_step_and_says_where(tmp_path):
             prof.step()
 
     run = neuron_prof.load(run_dir)
-    (cut,) = summarize(run)["health"]["detail_cuts"]
+    (cut,) = summarize(run).to_json()["health"]["detail_cuts"]
     n = cut["step"]
     assert cut["by"] == "max_bytes" and cut["limit"] == budget and 0 < n < steps - 100
     assert set(cut["tables"]) >= {"ops", "memory_events"}
@@ -64,7 +64,7 @@ def test_small_budget_stops_detail_keeps_every_step_and_says_where(tmp_path):
     assert len(allocs) and allocs["ts"].max() <= cut_end
     # step statistics still see every step
     assert int(run.steps["complete"].sum()) == steps and int(run.memory_steps["step"].nunique()) >= steps
-    assert summarize(run)["steps"][0]["steps"] == steps
+    assert summarize(run).to_json()["steps"][0]["steps"] == steps
 
     # the bound: the budget, plus the detail of the one step whose flush crossed it (the largest
     # step's ops and memory rows, its new strings and manifest line within 4 KiB), plus each later

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from neuron_prof import session as _session
+from neuron_prof.ownership import current
 from neuron_prof.profile import profile
 from neuron_prof.schedule import Schedule
 
@@ -33,7 +33,7 @@ class FrameworkCapture:
     def start(self) -> None:
         if self.prof is not None:
             return
-        running = _session.current()
+        running = current()
         if running is not None:
             log.warning("neuron_prof: already capturing to %s (neuron-prof record?); the callback leaves the "
                         "steps to that capture", running.run_dir)
