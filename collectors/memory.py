@@ -36,14 +36,14 @@ import weakref
 
 import numpy as np
 
+from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
 from neuron_prof.schema import MEMORY_KINDS
 from neuron_prof.torchhooks import hide_from_dynamo
+from neuron_prof.units import parse_bytes
 
 DEFAULT_MAX_EVENTS = 4_000_000
-_OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+)\s*(bytes|[KMGT]i?B)?", re.I)
-_UNITS = {None: 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30, "tib": 2**40}
+_OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+\s*(?:bytes|[KMGT]i?B)?)", re.I)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -76,7 +76,7 @@ def requested_bytes(message: str) -> int:
     m = _OOM_SIZE.search(message)
     if not m:
         return 0
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "bytes").lower()])
+    return parse_bytes(m.group(1))
 
 
 class ResidentMemory:
@@ -133,9 +133,11 @@ class MemoryCollector:
         self._devices: dict[tuple[int, int], str] = {}
         self._tensor_texts: dict[tuple, tuple[str, str, str]] = {}  # (device, shape, dtype) -> their texts
         self._lock = threading.Lock()
+        self._guard = HookGuard(self.name)  # tensors a step boundary could not note (capture health)
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
+        self._guard.attach(rec)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -249,6 +251,7 @@ class MemoryCollector:
 
     # ---- internals
     def _teardown(self) -> None:
+        self._guard.attach(None)
         self._resident.close()
         if self._hook is not None:
             try:
@@ -285,6 +288,7 @@ class MemoryCollector:
         seen: set[tuple[object, int]] = set()
         rows = []
         texts = self._tensor_texts
+        lost = self._guard.lost
 
         def add(t, category: str) -> None:
             try:
@@ -298,8 +302,8 @@ class MemoryCollector:
                 if text is None:  # the same few per model, every step: built once
                     text = texts[kind] = (str(t.device), str(list(t.shape)), str(t.dtype).replace("torch.", ""))
                 rows.append((ts, step, key[1], text[0], st.nbytes(), category, text[1], text[2]))
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - e.g. a tensor without a storage: its block goes unnamed
+                lost("memory_tensors", exc)
 
         for opt in list(self._optimizers):
             params = [p for g in opt.param_groups for p in g["params"]]

@@ -1,8 +1,9 @@
-"""analysis.collectives: unit tests on small hand-made tables (expectations worked out by hand),
-and real 2-rank gloo jobs started with torch.multiprocessing: DDP in which rank 1 sleeps before
-``loss.backward()`` in chosen steps (the straggler, its steps and the wait it caused come out of
-the analyses, the report and its JSON), a different op on each rank at one seq (a mismatch) and a
-rank that never joins its peer's all-reduce, killed with SIGKILL (a hang)."""
+"""The collectives analyses (analysis.clock, collective_match, stragglers, comm_cost): unit
+tests on small hand-made tables (expectations worked out by hand), and real 2-rank gloo jobs
+started with torch.multiprocessing: DDP in which rank 1 sleeps before ``loss.backward()`` in
+chosen steps (the straggler, its steps and the wait it caused come out of the analyses, the
+report and its JSON), a different op on each rank at one seq (a mismatch) and a rank that never
+joins its peer's all-reduce, killed with SIGKILL (a hang)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ import pandas as pd
 import pytest
 
 from conftest import cli, free_port, kill_group, line_of, run_bounded, stuck_collectives, write_script
-from neuron_prof.analysis import collectives as C
+from neuron_prof.analysis import clock, collective_match, comm_cost, stragglers
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import time_split
 from neuron_prof.findings import steps_text
 
@@ -44,7 +46,7 @@ def _steps(durs: dict[int, list[int]]) -> pd.DataFrame:
 
 
 def _one_clock(ranks):
-    return C.clock_offsets(pd.DataFrame(), ranks)
+    return clock.clock_offsets(pd.DataFrame(), ranks)
 
 
 def test_clock_offsets_drift_one_sample_same_clock_and_none():
@@ -54,19 +56,19 @@ def test_clock_offsets_drift_one_sample_same_clock_and_none():
         {"rank": 2, "ts": 500, "offset": -40, "rtt": 10, "same_clock": False, "phase": "start"},
         {"rank": 3, "ts": 500, "offset": 123_456, "rtt": 10, "same_clock": True, "phase": "start"},
     ])
-    off = C.clock_offsets(cs, [0, 1, 2, 3, 4]).set_index("rank")
+    off = clock.clock_offsets(cs, [0, 1, 2, 3, 4]).set_index("rank")
     assert off.loc[1, "rtt"] == 300 and off.loc[1, "measured"] and not off.loc[1, "same_clock"]
     assert off.loc[3, "same_clock"] and off.loc[3, "offset_start"] == 0  # one clock: 0, whatever the estimate
     assert not off.loc[4, "measured"] and off.loc[4, "offset_start"] == 0
     ts = np.array([1_000, 501_000, 1_001_000, 2_001_000, 10, 10, 10, 10, -1])
     ranks = np.array([1, 1, 1, 1, 0, 2, 3, 4, 1])
     # rank 1 drifts 2000 ns over 1 ms: +5000 at its start sample, +6000 half way, +9000 1 ms after the end
-    assert list(C.to_rank0(ts, ranks, off.reset_index())) == [
+    assert list(clock.to_rank0(ts, ranks, off.reset_index())) == [
         6_000, 507_000, 1_008_000, 2_010_000, 10, -30, 10, 10, -1]
 
 
 def test_matched_joins_ranks_on_rank0s_clock_and_names_a_missing_rank():
-    offsets = C.clock_offsets(pd.DataFrame([{"rank": 1, "ts": 0, "offset": 1_000, "rtt": 10, "same_clock": False,
+    offsets = clock.clock_offsets(pd.DataFrame([{"rank": 1, "ts": 0, "offset": 1_000, "rtt": 10, "same_clock": False,
                                              "phase": "start"}]), [0, 1, 2])
     coll = _coll([
         {"rank": 0, "seq": 1, "ts": 10_000, "done": 50_000},
@@ -76,7 +78,7 @@ def test_matched_joins_ranks_on_rank0s_clock_and_names_a_missing_rank():
         {"rank": 1, "seq": 2, "ts": 60_000, "status": "in_flight"},
     ]).assign(group_size=3)
     groups = pd.DataFrame([{"rank": r, "group": "0", "ranks": [0, 1, 2]} for r in range(3)])
-    m = C.matched(coll, offsets, groups).set_index("seq")
+    m = collective_match.matched(coll, offsets, groups).set_index("seq")
     assert m.loc[1, "ranks_seen"] == [0, 1, 2] and m.loc[1, "missing"] == []
     assert (m.loc[1, "first_arrival"], m.loc[1, "last_arrival"], m.loc[1, "last_rank"]) == (10_000, 30_000, 1)
     assert m.loc[1, "wait_ns"] == 20_000
@@ -84,15 +86,15 @@ def test_matched_joins_ranks_on_rank0s_clock_and_names_a_missing_rank():
     assert m.loc[2, "missing"] == [2] and not m.loc[2, "complete"]
     assert (m.loc[2, "end"], m.loc[2, "transfer_ns"]) == (-1, -1)
 
-    w = C.waits(coll, m.reset_index(), offsets)
+    w = collective_match.waits(coll, m.reset_index(), offsets)
     assert list(w.loc[w["seq"] == 1, "wait_ns"]) == [20_000, 0, 10_000]
     assert set(w.loc[w["seq"] == 1, "late_rank"]) == {1}
 
-    stuck = C.in_flight(coll, m.reset_index())
+    stuck = collective_match.in_flight(coll, m.reset_index())
     assert list(stuck["rank"]) == [0, 1] and all(x == [2] for x in stuck["missing"])
     assert all(x == [0, 1] for x in stuck["arrived"])
 
-    mm = C.mismatches(coll, groups)
+    mm = collective_match.mismatches(coll, groups)
     assert list(zip(mm["seq"], mm["kind"], mm["ranks"])) == [(2, "missing", [2])]
     assert mm["detail"].iloc[0] == "rank 0 issued all_reduce of 4.0 KiB float32; rank 2 never did"
 
@@ -101,15 +103,15 @@ def test_wait_made_by_neuron_profs_own_step_boundary_work_is_not_the_ranks():
     steps = pd.DataFrame([{"rank": r, "step": i, "ts": t, "dur": 1000, "active": True, "complete": True}
                           for r, starts in {0: (0, 1500), 1: (0, 5000)}.items() for i, t in enumerate(starts)])
     coll = _coll([{"rank": 0, "seq": 1, "ts": 2000, "step": 1}, {"rank": 1, "seq": 1, "ts": 5500, "step": 1}])
-    (m,) = C.matched(coll, _one_clock([0, 1]), steps=steps).to_dict("records")
+    (m,) = collective_match.matched(coll, _one_clock([0, 1]), steps=steps).to_dict("records")
     # rank 1 flushed step 0 from 1000 to 5000: 3000 of rank 0's 3500 ns wait is the profiler's
     assert (m["last_rank"], m["wait_ns"], m["own_ns"]) == (1, 3500, 3000)
 
 
 def test_a_rank_whose_capture_began_later_is_not_missing_earlier_collectives():
     coll = _coll([{"rank": 0, "seq": 1, "ts": 0}, {"rank": 0, "seq": 2, "ts": 10}, {"rank": 1, "seq": 2, "ts": 10}])
-    m = C.matched(coll, _one_clock([0, 1])).set_index("seq")
-    assert m.loc[1, "missing"] == [] and C.mismatches(coll).empty
+    m = collective_match.matched(coll, _one_clock([0, 1])).set_index("seq")
+    assert m.loc[1, "missing"] == [] and collective_match.mismatches(coll).empty
 
 
 def test_mismatches_name_a_size_an_op_and_a_dtype():
@@ -120,7 +122,7 @@ def test_mismatches_name_a_size_an_op_and_a_dtype():
         {"rank": 0, "seq": 4, "ts": 29, "op": "all_to_all", "bytes": 100}, {"rank": 1, "seq": 4, "ts": 29,
                                                                             "op": "all_to_all", "bytes": 300},
     ])
-    mm = C.mismatches(coll)
+    mm = collective_match.mismatches(coll)
     # two ranks that disagree: the lowest rank's collective is the reference; all_to_all sizes may differ
     assert list(zip(mm["seq"], mm["kind"], mm["ranks"])) == [(1, "bytes", [1]), (2, "op", [1]), (3, "dtype", [1])]
     assert mm["detail"].iloc[0] == ("rank 1 issued all_reduce of 4.0 KiB float32, rank 0 issued all_reduce of "
@@ -141,7 +143,7 @@ def test_overlap_counts_innermost_ops_on_any_thread_and_never_a_collective():
         {"rank": 0, "ts": 165, "dur": 1, "tid": 3, "name": "aten::empty", "depth": 2},  # inside: communication
     ]).assign(name=lambda d: d["name"].astype("category"))
     steps = pd.DataFrame([{"rank": 0, "step": 0, "ts": 0, "dur": 400, "active": True}])
-    (row,) = C.overlap(coll, ops, steps).to_dict("records")
+    (row,) = comm_cost.overlap(coll, ops, steps).to_dict("records")
     # in collectives 100..260 = 160; compute within it 100..120 (mm), 155..160 (addmm), 240..250
     # (fill_, add's only child: add's own time is not counted) = 35
     assert (row["comm_ns"], row["overlapped_ns"], row["exposed_ns"], row["step_ns"]) == (160, 35, 125, 400)
@@ -171,16 +173,16 @@ def _straggled(late: dict[int, tuple[int, int]], n_steps: int = 9, step_ms: int 
                  {"rank": 1 - rank, "seq": step, "step": step, "ts": t, "done": t + by + MS}]
     coll = _coll(rows)
     steps = _steps({0: [step_ms * MS] * n_steps, 1: [step_ms * MS] * n_steps})
-    m = C.matched(coll, _one_clock([0, 1]))
-    return m, C.waits(coll, m, _one_clock([0, 1])), steps
+    m = collective_match.matched(coll, _one_clock([0, 1]))
+    return m, collective_match.waits(coll, m, _one_clock([0, 1])), steps
 
 
 def test_the_straggler_needs_real_waiting_not_jitter():
     m, w, steps = _straggled({3: (1, 40 * MS), 5: (1, 30 * MS), 0: (0, 90 * MS)})
-    per = C.straggler_steps(m, steps)
+    per = stragglers.straggler_steps(m, steps)
     assert list(per["step"]) == list(range(1, 9))  # step 0 is warm-up: left out
     assert per.loc[per["significant"], ["step", "rank"]].values.tolist() == [[3, 1], [5, 1]]
-    r = C.stragglers(m, w, steps)
+    r = stragglers.stragglers(m, w, steps)
     assert r.iloc[0]["rank"] == 1 and r.iloc[0]["steps"] == [3, 5] and r.iloc[0]["times_last"] == 2
     # the noise floor: tops of the other steps 55..90 us, median 75, MAD 15 -> 75 + 3 x 1.4826 x 15 us
     assert per["threshold_ns"].iloc[0] == pytest.approx(10 * MS)  # SHARE of the 100 ms step is higher
@@ -189,7 +191,7 @@ def test_the_straggler_needs_real_waiting_not_jitter():
     assert r.set_index("rank").loc[0, "steps"] == [] and r.iloc[0]["share"] > 0.99
     # 5 ms is 5% of a step: below SHARE, so no step is significant however quiet the rest is
     m, w, steps = _straggled({4: (1, 5 * MS)})
-    assert not C.straggler_steps(m, steps)["significant"].any()
+    assert not stragglers.straggler_steps(m, steps)["significant"].any()
 
 
 def test_steps_read_as_a_list():
@@ -198,7 +200,7 @@ def test_steps_read_as_a_list():
 
 def test_a_rank_late_in_every_step_is_named_in_every_step():
     m, w, steps = _straggled({s: (1, 30 * MS + s * 1000) for s in range(9)})
-    assert C.stragglers(m, w, steps).iloc[0]["steps"] == list(range(1, 9))
+    assert stragglers.stragglers(m, w, steps).iloc[0]["steps"] == list(range(1, 9))
 
 
 def test_bandwidth_uses_nccl_tests_bus_factors():
@@ -206,10 +208,10 @@ def test_bandwidth_uses_nccl_tests_bus_factors():
                   for r in range(4) for op, b, o in [("all_reduce", 1000, 1000)]]
                  + [{"rank": r, "seq": 2, "ts": 2000, "done": 4000, "op": "all_gather", "bytes": 500, "out_bytes": 2000,
                      "group_size": 4} for r in range(4)])
-    bw = C.bandwidth(C.matched(coll, _one_clock(range(4)))).set_index("op")
+    bw = comm_cost.bandwidth(collective_match.matched(coll, _one_clock(range(4)))).set_index("op")
     assert bw.loc["all_reduce", "algbw"] == pytest.approx(1.0) and bw.loc["all_reduce", "busbw"] == pytest.approx(1.5)
     assert bw.loc["all_gather", "algbw"] == pytest.approx(1.0) and bw.loc["all_gather", "busbw"] == pytest.approx(0.75)
-    g = C.group_bandwidth(bw.reset_index()).set_index("op")
+    g = comm_cost.group_bandwidth(bw.reset_index()).set_index("op")
     assert g.loc["all_reduce", "calls"] == 1 and g.loc["all_gather", "bytes"] == 2000
 
 
@@ -289,21 +291,21 @@ def test_real_ddp_straggler_is_rank_1_in_exactly_the_slow_steps(ddp_run):
     model = runpy.run_path(str(script))["model"]()  # the script's own model: what DDP all-reduces
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    m = run.collectives_matched
+    m = analyze(run).collectives_matched
     grads = m[(m["op"] == "all_reduce") & (m["step"] >= 1)]
     assert sorted(grads["step"].unique()) == list(range(1, STEPS))
     assert (grads.groupby("step")["bytes"].sum() == param_bytes).all()  # every bucket, both ranks
     assert all(r == [0, 1] for r in grads["ranks_seen"]) and grads["complete"].all()
 
-    per = C.straggler_steps(m, run.step_kinds)
+    per = stragglers.straggler_steps(m, analyze(run).step_kinds)
     sig = per[per["significant"]]
     assert set(SLOW_STEPS) <= set(sig["step"]) and set(sig.loc[sig["step"].isin(SLOW_STEPS), "rank"]) == {1}
     assert _slow(per) == [(s, 1) for s in SLOW_STEPS]
-    ranking = C.stragglers(m, run.collective_waits, run.step_kinds)
+    ranking = stragglers.stragglers(m, analyze(run).collective_waits, analyze(run).step_kinds)
     assert ranking.iloc[0]["rank"] == 1 and set(SLOW_STEPS) <= set(ranking.iloc[0]["steps"])
     assert (m["own_ns"] <= m["wait_ns"]).all()
 
-    w = run.collective_waits
+    w = analyze(run).collective_waits
     ar = w[(w["op"].astype(str) == "all_reduce") & w["step"].isin(SLOW_STEPS)]
     for s in SLOW_STEPS:
         # the sleeper arrived last: it does not wait, and rank 0's wait ends at its arrival
@@ -313,12 +315,12 @@ def test_real_ddp_straggler_is_rank_1_in_exactly_the_slow_steps(ddp_run):
     waited = w[w["op"].astype(str) == "all_reduce"].groupby(["rank", "step"])["wait_ns"].sum()
     quiet = waited[waited.index.get_level_values("step").isin(steady)].max()
     assert all(waited[(0, s)] > quiet for s in SLOW_STEPS), waited  # rank 0's waits are the sleeps
-    ov = run.collective_overlap.set_index(["rank", "step"])["exposed_ns"]
+    ov = analyze(run).collective_overlap.set_index(["rank", "step"])["exposed_ns"]
     quiet = ov[ov.index.get_level_values("step").isin(steady)].max()
     for s in SLOW_STEPS:
         assert ov[(0, s)] > max(quiet, ov[(1, s)])  # waiting, no compute under it; the sleeper not
-    assert C.mismatches(run.collectives, run.collective_groups).empty
-    assert C.in_flight(run.collectives, m).empty
+    assert collective_match.mismatches(run.collectives, run.collective_groups).empty
+    assert collective_match.in_flight(run.collectives, m).empty
 
 
 @pytest.mark.multiprocess
@@ -360,13 +362,14 @@ def test_real_ddp_report_and_json_name_the_straggler(ddp_run):
 def test_a_single_rank_run_has_no_collectives_section(tmp_path):
     import torch
     import neuron_prof
-    from neuron_prof.report import render_text, summarize
+    from neuron_prof.summary.build import summarize
+    from neuron_prof.summary.text import render_text
     with neuron_prof.profile(tmp_path / "one", collectors=["eager"]) as prof:
         for _ in range(3):
             torch.nn.functional.linear(torch.randn(4, 8), torch.randn(8, 8)).sum()
             prof.step()
     s = summarize(neuron_prof.load(tmp_path / "one"))
-    assert s["collectives"] == {"captured": False, "ranks": 1}
+    assert s.to_json()["collectives"] == {"captured": False, "ranks": 1}
     text = render_text(s).split("\n", 2)[2]  # after the command line, which names this file
     assert "collective" not in text.lower()
 
@@ -443,11 +446,11 @@ def test_real_mismatched_collective_is_a_mismatch_and_failed_on_both_ranks(broke
     run_dir, script = broken_runs["mismatch"]
     run = neuron_prof.load(run_dir)
     seq = int(run.collectives["seq"].max())
-    (mm,) = run.collective_mismatches.to_dict("records")
+    (mm,) = analyze(run).collective_mismatches.to_dict("records")
     assert (mm["seq"], mm["kind"], mm["ranks"]) == (seq, "op", [1])
     assert mm["detail"] == ("rank 1 issued broadcast of 3.9 KiB float32, rank 0 issued all_reduce of 3.9 KiB "
                             "float32 at the same seq")
-    stuck = C.in_flight(run.collectives, run.collectives_matched)
+    stuck = collective_match.in_flight(run.collectives, analyze(run).collectives_matched)
     assert list(zip(stuck["rank"], stuck["seq"], stuck["status"])) == [(0, seq, "failed"), (1, seq, "failed")]
     assert all(x == [] for x in stuck["missing"])
     res = cli("report", run_dir, timeout=120)
@@ -462,7 +465,7 @@ def test_real_hang_names_the_collective_and_the_rank_that_never_arrived(broken_r
     import neuron_prof
     run_dir, script = broken_runs["hang"]
     run = neuron_prof.load(run_dir)
-    stuck = C.in_flight(run.collectives, run.collectives_matched)
+    stuck = collective_match.in_flight(run.collectives, analyze(run).collectives_matched)
     (x,) = stuck.to_dict("records")
     assert (x["rank"], x["op"], x["status"], x["arrived"], x["missing"]) == (0, "all_reduce", "in_flight", [0], [1])
     assert x["seq"] == run.collectives.loc[run.collectives["rank"] == 1, "seq"].max() + 1
@@ -485,8 +488,8 @@ def test_a_delay_passed_on_through_a_subgroup_is_blamed_on_its_root():
     world = {0: t + late + 1.2 * MS, 1: t + late + 1.1 * MS, 2: t + 1.2 * MS, 3: t + 1.1 * MS}
     rows += [{"rank": r, "group": "0", "group_size": 4, "seq": 1, "step": 1, "ts": int(at), "done": t + late + 3 * MS}
              for r, at in world.items()]
-    m = C.matched(_coll(rows), _one_clock([0, 1, 2, 3])).set_index("group")
+    m = collective_match.matched(_coll(rows), _one_clock([0, 1, 2, 3])).set_index("group")
     assert m.loc["tp", "last_rank"] == 1 and m.loc["tp", "root_rank"] == 1
     assert m.loc["0", "last_rank"] == 0 and m.loc["0", "root_rank"] == 1
-    per = C.straggler_steps(m.reset_index(), _steps({r: [100 * MS, 100 * MS] for r in range(4)}))
+    per = stragglers.straggler_steps(m.reset_index(), _steps({r: [100 * MS, 100 * MS] for r in range(4)}))
     assert per.loc[per["step"] == 1, "rank"].tolist() == [1]

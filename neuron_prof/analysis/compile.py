@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.intervals import union_by_key
 from neuron_prof.analysis.ops import parent_index
+from neuron_prof.keys import thread_key, thread_key_parts
 
 REGION_PREFIX = "Torch-Compiled Region: "
 CACHE_LIMIT_WORDS = ("cache_size_limit", "recompile_limit", "cache size limit", "recompile limit")
@@ -40,13 +42,36 @@ def compile_spans(compiles: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=cols)
     s = pd.concat(parts, ignore_index=True)
-    s = s.assign(end=s["ts"] + s["dur"]).sort_values(["rank", "tid", "ts"], ignore_index=True)
-    # merge overlaps per thread: a span starts a new group unless it begins before the running end
-    run_end = s.groupby(["rank", "tid"])["end"].cummax()
-    prev_end = run_end.groupby([s["rank"], s["tid"]]).shift()
-    group = (prev_end.isna() | (s["ts"] > prev_end)).cumsum()
-    out = s.groupby(group).agg(rank=("rank", "first"), tid=("tid", "first"), ts=("ts", "min"), end=("end", "max"))
-    return out.reset_index(drop=True)[cols]
+    ts = s["ts"].to_numpy(np.int64)
+    key, start, end = union_by_key(thread_key(s["rank"], s["tid"]), ts, ts + s["dur"].to_numpy(np.int64))
+    rank, tid = thread_key_parts(key)
+    return pd.DataFrame({"rank": rank, "tid": tid, "ts": start, "end": end}, columns=cols)
+
+
+def _region_mask(ops: pd.DataFrame) -> np.ndarray:
+    """Which ops are compiled-region ranges (``REGION_PREFIX``): one string test per distinct
+    name, not per op."""
+    names = ops["name"].astype("category")
+    cats = pd.Series(names.cat.categories.astype(str))
+    return cats.str.startswith(REGION_PREFIX).to_numpy()[names.cat.codes.to_numpy()]
+
+
+def _region_compile_ids(names: pd.Series) -> pd.Series:
+    """The compile id of each region range's graph, from its name."""
+    return names.astype(str).str[len(REGION_PREFIX):].map(normalize_compile_id)
+
+
+def first_region_runs(ops: pd.DataFrame) -> pd.Series:
+    """Per compiled graph (index: compile id), the row position in ``ops`` of its first run (the
+    earliest region range; on a tie, the first row): where the graph a compile produced first
+    ran, e.g. for a trace's flow from the compile to it. Pass one rank's ops: ids repeat across
+    ranks."""
+    is_region = _region_mask(ops) if len(ops) else np.zeros(0, dtype=bool)
+    pos = np.flatnonzero(is_region)
+    pos = pos[np.argsort(ops["ts"].to_numpy()[pos], kind="stable")]
+    cid = _region_compile_ids(ops["name"].iloc[pos])
+    first = ~cid.duplicated().to_numpy()
+    return pd.Series(pos[first], index=cid.to_numpy()[first], dtype=np.int64)
 
 
 def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None,
@@ -64,9 +89,7 @@ def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None,
     cols = ["rank", "step", "tid", "ts", "dur", "compile_id", "self_ns", "compile_ns"]
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    names = ops["name"].astype("category")
-    cats = pd.Series(names.cat.categories.astype(str))
-    is_region = cats.str.startswith(REGION_PREFIX).to_numpy()[names.cat.codes.to_numpy()]
+    is_region = _region_mask(ops)
     if not is_region.any():
         return pd.DataFrame(columns=cols)
     parent = parent_index(ops) if parent is None else parent
@@ -83,7 +106,7 @@ def region_runs(ops: pd.DataFrame, parent: np.ndarray | None = None,
     nested = is_region & (enclosing >= 0)
     inner = np.bincount(enclosing[nested], weights=run_dur[nested], minlength=len(ops))
     runs = ops.loc[is_region, ["rank", "step", "tid", "ts", "dur"]].copy()
-    runs["compile_id"] = ops.loc[is_region, "name"].astype(str).str[len(REGION_PREFIX):].map(normalize_compile_id)
+    runs["compile_id"] = _region_compile_ids(ops.loc[is_region, "name"])
     runs["self_ns"] = np.maximum(run_dur[is_region] - inner[is_region].astype(np.int64), 0)
     runs["compile_ns"] = cns[is_region]
     return runs.sort_values(["rank", "tid", "ts"], ignore_index=True)[cols]

@@ -23,7 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.intervals import covered
 from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.steps import captured_steps, steps_per_rank
+from neuron_prof.keys import backend_key, thread_key
 
 DEVICE_BOUND_BUSY = 0.70
 """A step is device-bound when its busiest device ran kernels for at least this share of it:
@@ -38,49 +41,6 @@ UNFUSED_MIN_RUN = 3
 """Consecutive one-op kernels on a device, at least this many, form an unfused sequence."""
 SIGNATURE_OPS = 6
 """Kernel names shown (and grouped on) per unfused sequence; longer runs end in ``...``."""
-
-
-def rank_key(rank, ids) -> np.ndarray:
-    """One int64 per (rank, id): a backend's enqueue and kernel ids are unique within a process."""
-    return np.asarray(rank, dtype=np.int64) * (1 << 44) + np.asarray(ids, dtype=np.int64)
-
-
-def _steps_per_rank(basis: pd.DataFrame) -> int:
-    """The most ``basis`` steps one rank has: what per-step figures divide by (0: none)."""
-    return int(basis.groupby("rank").size().max()) if len(basis) else 0
-
-
-# --------------------------------------------------------------------------- intervals
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint intervals covering ``[starts, ends)``, in time order."""
-    if not len(starts):
-        return starts.astype(np.int64), ends.astype(np.int64)
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
-    reach = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(s) - 1)
-    return s[first], reach[last]
-
-
-def _covered(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
-    """Per window ``[w0, w1]``: how much of it the union of ``[starts, ends)`` covers (ns)."""
-    a, b = _union(starts, ends)
-    if not len(a):
-        return np.zeros(len(w0), dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(b - a)])  # covered time before interval i
-
-    def upto(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(a, t, side="right") - 1
-        j = np.maximum(i, 0)
-        part = np.clip(t - a[j], 0, b[j] - a[j])
-        return np.where(i >= 0, before[j] + part, 0)
-
-    return (upto(np.asarray(w1, np.int64)) - upto(np.asarray(w0, np.int64))).astype(np.int64)
 
 
 def _str_codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -104,10 +64,6 @@ def _str_values(col: pd.Series) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- correlation
-
-
-def _thread_key(df: pd.DataFrame) -> np.ndarray:
-    return df["rank"].to_numpy(np.int64) * (1 << 40) + df["tid"].to_numpy(np.int64) % (1 << 40)
 
 
 def _last_at_or_before(keys: np.ndarray, ts: np.ndarray, qkeys: np.ndarray, qts: np.ndarray) -> np.ndarray:
@@ -134,9 +90,9 @@ def enqueuing_ops(enqueues: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     out = np.full(len(enqueues), -1, dtype=np.int64)
     if enqueues.empty or ops.empty:
         return out
-    okey, ots = _thread_key(ops), ops["ts"].to_numpy(np.int64)
+    okey, ots = thread_key(ops["rank"], ops["tid"]), ops["ts"].to_numpy(np.int64)
     oend, odepth = ots + ops["dur"].to_numpy(np.int64), ops["depth"].to_numpy()
-    ekey, ets = _thread_key(enqueues), enqueues["ts"].to_numpy(np.int64)
+    ekey, ets = thread_key(enqueues["rank"], enqueues["tid"]), enqueues["ts"].to_numpy(np.int64)
     for d in range(int(odepth.max()), -1, -1):  # innermost first; ops at one depth of a thread never overlap
         at = np.flatnonzero(odepth == d)
         todo = np.flatnonzero(out < 0)
@@ -156,8 +112,8 @@ def kernel_of(enqueues: pd.DataFrame, links: pd.DataFrame) -> np.ndarray:
     out = np.full(len(enqueues), -1, dtype=np.int64)
     if enqueues.empty or links.empty:
         return out
-    e = rank_key(enqueues["rank"], enqueues["id"])
-    lk = rank_key(links["rank"], links["enqueue"])
+    e = backend_key(enqueues["rank"], enqueues["id"])
+    lk = backend_key(links["rank"], links["enqueue"])
     order = np.argsort(lk, kind="stable")
     pos = np.clip(np.searchsorted(lk[order], e), 0, len(lk) - 1)
     hit = lk[order][pos] == e
@@ -182,8 +138,8 @@ def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFra
     out = enqueues[[c for c in CORRELATION_COLUMNS[:13]]].copy()
     out["op_index"] = enqueuing_ops(enqueues, ops)
     out["kernel"] = kernel_of(enqueues, links)
-    kindex = pd.Index(rank_key(kernels["rank"], kernels["id"]))
-    key = rank_key(out["rank"], out["kernel"])
+    kindex = pd.Index(backend_key(kernels["rank"], kernels["id"]))
+    key = backend_key(out["rank"], out["kernel"])
     found = out["kernel"].to_numpy() >= 0
     kts = np.full(len(out), -1, np.int64)
     kdur = np.full(len(out), -1, np.int64)
@@ -209,12 +165,12 @@ DEVICE_STEP_COLUMNS = ["rank", "device", "step", "ts", "dur", "kernels", "busy_n
 
 
 def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, device and step (``steps``: ``Run.step_kinds`` or plain steps; complete steps
+    """Per rank, device and step (``steps``: ``RunAnalysis.step_kinds`` or plain steps; complete steps
     captured in detail only: the backend reports nothing outside them): ``busy_ns`` (the time within the step's wall time that some kernel of the device ran,
     whichever step queued it), ``idle_ns``, ``kernels`` (started in the step), ``wait_ns`` (time
     within the step that a host thread of the rank waited for the device's queue: flushes), and
     both as a percentage of the step."""
-    done = steps[steps["complete"] & steps["active"]]
+    done = captured_steps(steps, complete_only=True)
     if kernels.empty or done.empty:
         return pd.DataFrame(columns=DEVICE_STEP_COLUMNS)
     rows = []
@@ -225,10 +181,10 @@ def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFra
         w0 = s["ts"].to_numpy(np.int64)
         w1 = w0 + s["dur"].to_numpy(np.int64)
         kts = k["ts"].to_numpy(np.int64)
-        busy = _covered(kts, kts + k["dur"].to_numpy(np.int64), w0, w1)
+        busy = covered(kts, kts + k["dur"].to_numpy(np.int64), w0, w1)
         f = flushes[(flushes["rank"] == rank) & (flushes["device"].astype(str) == str(device))]
         fts = f["ts"].to_numpy(np.int64)
-        wait = _covered(fts, fts + f["dur"].to_numpy(np.int64), w0, w1)
+        wait = covered(fts, fts + f["dur"].to_numpy(np.int64), w0, w1)
         started = np.searchsorted(np.sort(kts), w1, side="left") - np.searchsorted(np.sort(kts), w0, side="left")
         dur = (w1 - w0).astype(np.float64)
         rows.append(pd.DataFrame({
@@ -297,7 +253,7 @@ def stalls(flushes: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     and ``ops`` (queued ops waited for, in all). Most waited first."""
     if flushes.empty:
         return pd.DataFrame(columns=STALL_COLUMNS)
-    n = _steps_per_rank(basis)
+    n = steps_per_rank(basis)
     hit = in_steps(flushes, basis) if n else np.zeros(len(flushes), dtype=bool)
     f = flushes.assign(hit=hit, hit_dur=np.where(hit, flushes["dur"], 0))
     g = f.groupby(["rank", "source", "user_source", "host_op", "reason", "device"], observed=True)
@@ -317,11 +273,11 @@ def sync_waits(sync: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
     device queue inside it (ns; 0 where it did not wait, e.g. the queue was already empty)."""
     if sync.empty or flushes.empty:
         return np.zeros(len(sync), dtype=np.int64)
-    fk, fts = _thread_key(flushes), flushes["ts"].to_numpy(np.int64)
+    fk, fts = thread_key(flushes["rank"], flushes["tid"]), flushes["ts"].to_numpy(np.int64)
     order = np.lexsort((fts, fk))
     fk, fts = fk[order], fts[order]
     cum = np.concatenate([[0], np.cumsum(flushes["dur"].to_numpy(np.int64)[order])])
-    sk, s0 = _thread_key(sync), sync["ts"].to_numpy(np.int64)
+    sk, s0 = thread_key(sync["rank"], sync["tid"]), sync["ts"].to_numpy(np.int64)
     s1 = s0 + sync["dur"].to_numpy(np.int64)
     # the thread's flushes that start within the op: after the last one before it, up to the last by its end
     before = _last_at_or_before(fk, fts, sk, s0 - 1)
@@ -344,7 +300,7 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
     ``top`` by device time: on an asynchronous device this, not the host ops' time, is the cost."""
     if kernels.empty:
         return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
-    n = _steps_per_rank(basis)
+    n = steps_per_rank(basis)
     k = kernels.reset_index(drop=True)
     hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
     # grouped on codes that sort as the names do (not on a million strings), named afterwards
@@ -404,7 +360,7 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame) -> tuple[np.ndarray, 
     ``corr`` of its first and last queued op by enqueue id (meaningful where it is named)."""
     kern = corr["kernel"].to_numpy(np.int64)
     rows = np.flatnonzero(kern >= 0)
-    ck = rank_key(corr["rank"].to_numpy()[rows], kern[rows])
+    ck = backend_key(corr["rank"].to_numpy()[rows], kern[rows])
     o = np.lexsort((corr["id"].to_numpy()[rows], ck))  # per kernel, its ops by enqueue id
     rows, ck = rows[o], ck[o]
     new = np.ones(len(ck), dtype=bool)
@@ -412,7 +368,7 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame) -> tuple[np.ndarray, 
     last = np.ones(len(ck), dtype=bool)
     last[:-1] = new[1:]
     keys = ck[new]  # sorted, one per kernel named
-    key = rank_key(kernels["rank"], kernels["id"])
+    key = backend_key(kernels["rank"], kernels["id"])
     if not len(keys):
         nowhere = np.zeros(len(key), dtype=np.int64)
         return np.zeros(len(key), dtype=bool), nowhere, nowhere
@@ -466,7 +422,7 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
     starts, ends = starts[long], ends[long]
     if not len(starts):
         return pd.DataFrame(columns=UNFUSED_COLUMNS)
-    n_basis = _steps_per_rank(basis)
+    n_basis = steps_per_rank(basis)
     first, last = order[starts], order[ends - 1]
     # signatures: the first SIGNATURE_OPS names, joined once per distinct sequence of names
     name_code, names = _str_codes(k["name"])
@@ -550,7 +506,7 @@ def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFra
     calls per step (None when none fell in them). Costliest first."""
     if fallbacks.empty:
         return pd.DataFrame(columns=FALLBACK_COLUMNS)
-    n = _steps_per_rank(basis)
+    n = steps_per_rank(basis)
     hit = in_steps(fallbacks, basis) if n else np.zeros(len(fallbacks), dtype=bool)
     f = fallbacks.assign(hit=hit, hit_dur=np.where(hit, fallbacks["dur"], 0),
                          device=fallbacks["device"].astype(str), op=fallbacks["op"].astype(str))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from neuron_prof.keys import step_key, thread_key
+
 
 def parent_index(ops: pd.DataFrame) -> np.ndarray:
     """Row position of each op's enclosing op on the same thread (-1 for top-level ops).
@@ -22,9 +24,7 @@ def parent_index(ops: pd.DataFrame) -> np.ndarray:
     ts = keys[1][order]
     end = ops["dur"].to_numpy()[order]
     end += ts
-    group = keys[2][order].astype(np.int64, copy=False)
-    if not one_rank:
-        group = group + (rank[order].astype(np.int64) << 40)
+    group = keys[2][order].astype(np.int64, copy=False) if one_rank else thread_key(rank[order], keys[2][order])
     sorted_parent = np.full(n, -1, dtype=np.int64)
     for d in range(1, int(depth.max(initial=0)) + 1):
         cand = np.flatnonzero(depth == d - 1)
@@ -178,15 +178,15 @@ RUN_TIME_COLUMNS = ("rank", "step", "tid", "name", "bwd")  # what step breakdown
 
 def run_time_rows(ops: pd.DataFrame, in_compile: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     """Mask of the ops of ``steps`` (``step_kinds`` rows) that ran outside torch.compile's
-    compiles (``in_compile`` = ``Run.op_compile[0]``): what run-time figures are over."""
+    compiles (``in_compile`` = ``RunAnalysis.op_compile.inside``): what run-time figures are over."""
     return ~in_compile & in_steps(ops, steps)
 
 
 def run_time_ops(ops: pd.DataFrame, keep: np.ndarray, compile_ns: np.ndarray, run_self_ns: np.ndarray,
                  columns: tuple[str, ...] = RUN_TIME_COLUMNS, top_level: bool = False) -> pd.DataFrame:
     """The ``keep`` rows (``run_time_rows``) as ``columns`` plus ``dur`` and ``self_ns``: their
-    run time and run-time self time (``compile_ns`` = ``Run.op_compile[1]``, ``run_self_ns`` =
-    ``Run.op_run_self_ns``). Index labels are kept. ``top_level``: only depth-0 ops (what the
+    run time and run-time self time (``compile_ns`` = ``RunAnalysis.op_compile.compile_ns``, ``run_self_ns`` =
+    ``RunAnalysis.op_run_self_ns``). Index labels are kept. ``top_level``: only depth-0 ops (what the
     busiest thread of a step covered)."""
     if top_level:
         keep = keep & (ops["depth"].to_numpy() == 0)
@@ -197,8 +197,7 @@ def run_time_ops(ops: pd.DataFrame, keep: np.ndarray, compile_ns: np.ndarray, ru
 def in_steps(df: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     """Mask of the rows of ``df`` (events with rank and step) that belong to one of ``steps``'
     (rank, step) pairs."""
-    key = df["rank"].to_numpy(np.int64) * (1 << 32) + df["step"].to_numpy(np.int64)
-    return np.isin(key, steps["rank"].to_numpy(np.int64) * (1 << 32) + steps["step"].to_numpy(np.int64))
+    return np.isin(step_key(df["rank"], df["step"]), step_key(steps["rank"], steps["step"]))
 
 
 MODULE_ROOT = "(all ops)"

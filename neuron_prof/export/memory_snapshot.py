@@ -41,9 +41,11 @@ from typing import Any, Iterable
 import numpy as np
 
 from neuron_prof.analysis.memory import NEVER
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.run import Run
 from neuron_prof.safefile import atomic_output
+from neuron_prof.units import parse_bytes
 
 PICKLE_PROTOCOL = 4
 """The viewer decodes the pickle itself and accepts protocols 2 to 4 only (Python 3.14 defaults
@@ -53,8 +55,7 @@ LARGE_SEGMENT = 1 << 20
 NATIVE_FILE = "??"
 """The file of op frames: what torch writes for native frames it has no source file for."""
 _FREE_OLDER, _ALLOC, _FREE_SAME, _OOM = 0, 1, 2, 3  # order of trace entries at the same instant
-_FREE_TEXT = re.compile(r"of which ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB) (?:is )?free", re.I)
-_FREE_UNITS = {"bytes": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_FREE_TEXT = re.compile(r"of which ([\d.]+ ?(?:bytes|B|KiB|MiB|GiB|TiB)) (?:is )?free", re.I)
 RECORD_HINT = ("re-record with the memory collector on: neuron-prof record --collectors eager,compiler,memory -o RUN "
                "-- python train.py, or neuron_prof.profile(RUN, collectors=[\"eager\", \"memory\"])")
 
@@ -82,7 +83,7 @@ def device_free(message: str) -> int:
     """What an OOM message says was still free on the device (CUDA's "of which 1.2 GiB is free"),
     else 0: the viewer's OOM line and ``_memory_viz.trace`` show this field."""
     m = _FREE_TEXT.search(message)
-    return int(float(m.group(1)) * _FREE_UNITS[m.group(2).lower()]) if m else 0
+    return parse_bytes(m.group(1)) if m else 0
 
 
 def _pick_rank(run: Run, rank: int | None) -> int:
@@ -159,7 +160,7 @@ def _build(run: Run, rank: int | None, step: int | None) -> tuple[dict[str, Any]
     """The snapshot, the rank it is of, and its device indices."""
     rank = _pick_rank(run, rank)
     horizon = _horizon(run, rank, step)
-    allocs = run.memory_allocations
+    allocs = analyze(run).memory_allocations
     a = allocs[(allocs["rank"] == rank) & (allocs["alloc_ts"] <= horizon)].reset_index(drop=True)
     ooms = run.memory_ooms
     ooms = ooms[(ooms["rank"] == rank) & (ooms["ts"] <= horizon)].reset_index(drop=True)
