@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 
 import neuron_prof
-from neuron_prof.cli.export import export_run
-from neuron_prof.export.tracewriter import BufferedTraceWriter
+from neuron_prof.export.buffered_writer import BufferedTraceWriter
+from neuron_prof.export.run_export import export_run
 
 
 def capture(run_dir: Path, steps: int) -> None:

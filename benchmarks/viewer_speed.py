@@ -20,7 +20,7 @@ per step, compacted into the Arrow streams, closed with a manifest, as a capture
     step, 0.1% of blocks leaked; parameters listed in ``memory_tensors`` at every step boundary;
     ``memory_steps`` at every boundary; a few ops per step.
 
-Then measures, with ``neuron-prof view``'s server (``neuron_prof.cli.view.start``) and Debian's
+Then measures, with ``neuron-prof view``'s server (``neuron_prof.viewer_server.start``) and Debian's
 Chromium driven headless by Playwright:
 
 - Overview (ops run): time from opening the page until its title, until the metrics, until the
@@ -34,7 +34,7 @@ Chromium driven headless by Playwright:
   the peak's step, the diff's step and grouping): time from the click until the rerun is over and
   its charts are drawn. Peak RSS after.
 - ``profile``: in a fresh process, wall time and peak RSS of ``neuron_prof.load(run)``,
-  ``run.ops`` and ``neuron_prof.report.summarize(run)`` on the ops run, and cProfile's top
+  ``run.ops`` and ``neuron_prof.summary.build.summarize(run)`` on the ops run, and cProfile's top
   functions for the last two.
 
 Without ``--keep`` the runs go to a temporary folder that is deleted at the end; with it they are
@@ -390,7 +390,7 @@ def _launch(p):
 def measure_overview(run_dir: Path, timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from neuron_prof.cli.view import start
+    from neuron_prof.viewer_server import start
     proc, url = start(run_dir, quiet=True)
     try:
         with sync_playwright() as p:
@@ -493,7 +493,7 @@ def _select(page, label: str, option: str, timeout_s: float) -> float:
 def measure_memory(run_dir: Path, n_steps: int, timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from neuron_prof.cli.view import start
+    from neuron_prof.viewer_server import start
     proc, url = start(run_dir, quiet=True)
     out: dict = {}
     try:
@@ -533,7 +533,7 @@ def measure_memory(run_dir: Path, n_steps: int, timeout_s: float) -> dict:
 _PROFILE_CODE = r"""
 import cProfile, io, json, pstats, resource, sys, time
 import neuron_prof
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 path, top = sys.argv[1], int(sys.argv[2])
 def rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6

@@ -1,4 +1,6 @@
-"""User ranges: ``with neuron_prof.mark("data"):`` or ``@neuron_prof.mark("fwd")``."""
+"""What the user adds to the running capture by hand: ranges (``with neuron_prof.mark("data"):`` or
+``@neuron_prof.mark("fwd")``) and scalars (``neuron_prof.log("lr", lr)``; how they are read:
+``neuron_prof.scalars``)."""
 from __future__ import annotations
 
 import functools
@@ -7,8 +9,9 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from neuron_prof import session as _session
+from neuron_prof.ownership import current
 from neuron_prof.recording import Frame
+from neuron_prof.scalars import check_value
 
 F = TypeVar("F", bound=Callable[..., Any])
 _MAX_FRAMES = 16
@@ -37,7 +40,7 @@ class mark:  # noqa: N801 - used like a function, as torch.profiler.record_funct
         self._stack: list[Frame] | None = None
 
     def __enter__(self) -> "mark":
-        sess = _session.current()
+        sess = current()
         if sess is not None and sess.recording:
             self._stack = _caller_stack(1)
             self._t0 = time.monotonic_ns()
@@ -47,7 +50,7 @@ class mark:  # noqa: N801 - used like a function, as torch.profiler.record_funct
         if not self._t0:
             return
         t1 = time.monotonic_ns()
-        sess = _session.current()
+        sess = current()
         if sess is not None and sess.recording:
             sess.append("marks", {"ts": [self._t0], "dur": [t1 - self._t0], "tid": [threading.get_native_id()],
                                   "name": [sess.intern(self.name)],
@@ -62,3 +65,13 @@ class mark:  # noqa: N801 - used like a function, as torch.profiler.record_funct
             with mark(name):
                 return fn(*args, **kwargs)
         return wrapper  # type: ignore[return-value]
+
+
+def log(name: str, value: Any) -> None:
+    """Record ``value`` (a number, or a one-element tensor: read at a step boundary, not now) as
+    the scalar ``name`` of the current step: tokens, learning rate, grad norm. Does nothing when
+    no capture is running; a name or value it cannot record is a one-line ``NeuronProfError``."""
+    value = check_value(name, value)
+    sess = current()
+    if sess is not None:
+        sess.scalar(name, value)

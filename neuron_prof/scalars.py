@@ -29,18 +29,6 @@ DEVICE_READ_BATCH = 64
 DEVICE_READ_AGE_S = 30.0
 
 
-def log(name: str, value: Any) -> None:
-    """Record ``value`` (a number, or a one-element tensor: read at a step boundary, not now) as
-    the scalar ``name`` of the current step: tokens, learning rate, grad norm. Does nothing when
-    no capture is running; a name or value it cannot record is a one-line ``NeuronProfError``."""
-    from neuron_prof import session
-
-    value = check_value(name, value)
-    sess = session.current()
-    if sess is not None:
-        sess.scalar(name, value)
-
-
 def _is_tensor(value: Any) -> bool:
     return hasattr(value, "detach") and hasattr(value, "device")
 

@@ -18,8 +18,9 @@ import pytest
 
 import neuron_prof
 from conftest import DEVICE_STEPS, check_trace, cli, line_of, write_script
-from neuron_prof.cli.export import export_run
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import device_defects
+from neuron_prof.export.run_export import export_run
 from neuron_prof.export.trace_device import OPS_SEPARATOR
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
@@ -100,7 +101,7 @@ def test_kernel_args_name_the_ops_it_ran_in_queue_order(exported):
     run, _, _, events = exported
     kernels = _chrome_kernels(events)
     assert len(kernels) == len(run.device_kernels)
-    corr = run.device_correlation.sort_values("id")
+    corr = analyze(run).device_correlation.sort_values("id")
     ops = {kid: [str(o) for o in g["op"]] for kid, g in corr.groupby("kernel")}
     first = corr.drop_duplicates("kernel").set_index("kernel")
     by_id = run.device_kernels.set_index("id")
@@ -131,7 +132,7 @@ def test_the_fused_chain_kernel_holds_the_chain_of_its_line(exported):
 def test_flows_join_each_host_op_to_the_kernels_that_ran_its_work(exported):
     run, report, _, _ = exported
     names = _track_names(report)
-    ops, corr = run.ops, run.device_correlation
+    ops, corr = run.ops, analyze(run).device_correlation
     known = corr[(corr["op_index"] >= 0) & (corr["kernel"] >= 0)]
     assert len(known) == len(corr)  # every queued op of this run was captured and ran
     op_names = ops["name"].astype(str).to_numpy()

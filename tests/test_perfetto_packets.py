@@ -11,10 +11,10 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import neuron_prof
+from neuron_prof.export.buffered_writer import ProcessData
 from neuron_prof.export.perfetto import PerfettoTraceWriter, _varint
 from neuron_prof.export.perfetto_events import event_order
 from neuron_prof.export.trace import write_run
-from neuron_prof.export.tracewriter import ProcessData
 from neuron_prof.tracecheck import check_bytes, iter_packets
 
 T0 = 1_700_000_000_000_000_000

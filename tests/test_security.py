@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import neuron_prof
-from neuron_prof.cli.export import DEFAULT_NAME, export_run
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.export.run_export import DEFAULT_NAME, export_run
 
 from conftest import cli, one_line_error, shown, viewer_page, write_script
 from test_viewer_browser import browser, page  # noqa: F401 (fixtures: Chromium, as the browser tests drive it)
@@ -242,7 +242,7 @@ def test_markdown_in_run_text_fetches_nothing_in_a_browser(markdown_run, canary,
 
 
 def test_loopback_hosts():
-    from neuron_prof.cli.view import exposure_warning, is_loopback
+    from neuron_prof.viewer_server import exposure_warning, is_loopback
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.2", "example.com"))
     assert exposure_warning("127.0.0.1", Path("r")) is None

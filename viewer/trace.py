@@ -43,7 +43,7 @@ def trace_file(run_dir: Path, stamp: float, load: Callable[[], Run], spare: Path
     folder of this server's own). Read it with :func:`open_trace`."""
     from neuron_prof.export.output import check_destination
     from neuron_prof.export.trace import write_run
-    from neuron_prof.export.tracewriter import open_writer
+    from neuron_prof.export.trace_formats import open_writer
     outs = (run_dir / TRACE_NAME, spare / TRACE_NAME)
     for out in outs:
         try:

@@ -25,10 +25,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import neuron_prof
-    from neuron_prof.cli.export import export_run
     from neuron_prof.examples.train_transformer import train
-    from neuron_prof.report import render_text, summarize
+    from neuron_prof.export.run_export import export_run
+    from neuron_prof.profile import profile
+    from neuron_prof.run import load
+    from neuron_prof.schedule import schedule
+    from neuron_prof.summary.build import summarize
+    from neuron_prof.summary.text import render_text
     device = getattr(args, "device", "cpu")
     command = ["neuron-prof", "demo", "-o", str(args.output)]
     if device != "cpu":
@@ -38,13 +41,12 @@ def run(args: argparse.Namespace) -> int:
         command += ["--device", device]
     where = "on CPU" if device == "cpu" else f"on the emulated {device} device"
     print(f"training a 2-layer transformer for {args.steps} steps {where} under capture ...", file=sys.stderr)
-    with neuron_prof.profile(args.output, schedule=neuron_prof.schedule(wait=2, warmup=1, active=5),
-                             command=command) as prof:
+    with profile(args.output, schedule=schedule(wait=2, warmup=1, active=5), command=command) as prof:
         train(args.steps, prof, device=device)
-    print(render_text(summarize(neuron_prof.load(args.output))))
+    print(render_text(summarize(load(args.output))))
     trace, _ = export_run(args.output)
     print(f"run:   {args.output}\ntrace: {trace}  (open it in https://ui.perfetto.dev)")
     if args.no_view:
         return 0
-    from neuron_prof.cli.view import serve
+    from neuron_prof.viewer_server import serve
     return serve(args.output, browser=not args.no_browser)

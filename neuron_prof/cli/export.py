@@ -6,12 +6,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
-from neuron_prof.errors import NeuronProfError
+from neuron_prof.export.run_export import DEFAULT_NAME, export_run
 
-DEFAULT_NAME = {"perfetto": "trace.perfetto-trace", "chrome": "trace.json",
-                "memory-snapshot": "memory-snapshot.pickle"}
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
 
 
@@ -33,38 +30,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="replace the output even if it is a link, a special file or a file export did not write "
                         "(a link is replaced, its target never written)")
     p.set_defaults(func=run)
-
-
-def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto", rank: int | None = None,
-               step: int | None = None, force: bool = False,
-               progress: Callable[[str], None] = lambda phase: None) -> tuple[Path, dict]:
-    """Export a run; returns the output path and what was written (used by the CLI and the demo).
-    An existing output is replaced only if export wrote it, or with ``force``
-    (``neuron_prof.export.output``); a link there is never written through. ``progress``: told
-    each phase of a trace's writing as it begins."""
-    from neuron_prof.export.output import check_destination
-    from neuron_prof.run import load
-    if fmt != "memory-snapshot" and (rank is not None or step is not None):
-        raise NeuronProfError(f"--rank and --step apply to --format memory-snapshot; a {fmt} trace has every "
-                              "rank and step")
-    run = load(run_dir)
-    out = output or run_dir / DEFAULT_NAME[fmt]
-    if out.is_dir():
-        raise NeuronProfError(f"{out}: is a directory; pass a file name to -o, e.g. {out / DEFAULT_NAME[fmt]}")
-    if not out.parent.exists():
-        what = "memory snapshot" if fmt == "memory-snapshot" else "trace"
-        raise NeuronProfError(f"{out.parent}: no such directory for the {what}; create it or choose another -o")
-    check_destination(out, fmt, force)
-    try:
-        if fmt == "memory-snapshot":
-            from neuron_prof.export import memory_snapshot
-            return out, memory_snapshot.write(run, out, rank, step)
-        from neuron_prof.export.trace import write_run
-        from neuron_prof.export.tracewriter import open_writer
-        return out, write_run(run, open_writer(out, fmt), progress)
-    except OSError as exc:  # the run is read by now: this is the output's folder (no permission, disk full)
-        raise NeuronProfError(f"{out}: cannot write it ({exc.strerror or exc}); choose another -o, in a folder "
-                              "this user may write to") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -13,13 +12,15 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from neuron_prof import __version__
 from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
+from neuron_prof.capture_buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.reader import describe_exit
 from neuron_prof.schema import CONFLICT_GLOB, SCHEMA_VERSION
-from neuron_prof.session import DEFAULT_COLLECTORS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.session import DEFAULT_COLLECTORS
 from neuron_prof.store import load_json, run_ranks, update_run_meta, write_run_meta
+from neuron_prof.units import parse_bytes
+from neuron_prof.version import __version__
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "_bootstrap"
 PARENT_ENV = "NEURON_PROF_PARENT"  # sitecustomize.py's, which imports nothing of neuron_prof to say it once
@@ -37,13 +38,13 @@ def parse_schedule(text: str) -> dict[str, int]:
     return dict(zip(("wait", "warmup", "active", "repeat"), parts))
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.I)
-
-
 def parse_size(text: str) -> int:
-    """A byte count: ``300000``, ``512M``, ``1.5G`` (K, M, G, T: powers of 1024; ``MiB``/``MB`` read the same)."""
-    m = _SIZE.fullmatch(text.strip())
-    size = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")) if m else 0
+    """A positive byte count, as ``units.parse_bytes`` reads one: ``300000``, ``512M``, ``1.5G``,
+    ``2GiB`` (powers of 1024), ``500MB`` (powers of 1000)."""
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        size = 0
     if size < 1:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a positive byte count such as 512M or 2G")
     return size

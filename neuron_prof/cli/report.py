@@ -16,9 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.report import render_text
     from neuron_prof.run import load
+    from neuron_prof.summary.text import render_text
     from neuron_prof.summary_store import run_summary
     summary = run_summary(load(args.run), top=args.top)  # the run's stored summary when it is fresh
-    print(json.dumps(summary, indent=2) if args.json else render_text(summary), end="\n" if args.json else "")
+    print(json.dumps(summary.to_json(), indent=2) if args.json else render_text(summary), end="\n" if args.json else "")
     return 0

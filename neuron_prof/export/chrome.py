@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from neuron_prof.export.tracewriter import BufferedTraceWriter, EventTable, ProcessData
+from neuron_prof.export.buffered_writer import BufferedTraceWriter, EventTable, ProcessData
 
 __all__ = ["ChromeTraceWriter"]
 

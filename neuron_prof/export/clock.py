@@ -1,7 +1,7 @@
 """The one clock of a merged trace: every rank's events on rank 0's clock.
 
 Each rank records on its own CLOCK_MONOTONIC. Ranks on one host share it; across hosts they do not,
-and they drift. ``analysis.collectives.to_rank0`` moves a rank's times onto rank 0's clock with the
+and they drift. ``analysis.clock.to_rank0`` moves a rank's times onto rank 0's clock with the
 offsets measured at capture start and end, which is what lines up a collective's slices on two
 ranks (and the wait between them). The trace then shows rank 0's wall-clock time (its monotonic
 clock plus the wall-clock offset it recorded), so every rank reads as the time of day on rank 0.
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.collectives import to_rank0
+from neuron_prof.analysis.clock import to_rank0
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.run import Run
 
 
@@ -24,7 +25,7 @@ class TraceClock:
 
     def __init__(self, offsets: pd.DataFrame, wall: int) -> None:
         self.offsets = offsets
-        """``analysis.collectives.clock_offsets``: each rank's offset to rank 0's clock."""
+        """``analysis.clock.clock_offsets``: each rank's offset to rank 0's clock."""
         moved = offsets[(offsets["offset_start"] != 0) | (offsets["offset_end"] != 0)]
         self._own = {int(r): moved[moved["rank"] == r] for r in moved["rank"]}
         """rank -> its own row, for the ranks whose clock is not rank 0's (most share it: none to apply)."""
@@ -35,7 +36,7 @@ class TraceClock:
     def of_run(cls, run: Run) -> "TraceClock":
         metas = {rd.rank: rd.meta for rd in run.rank_data}
         first = metas[0] if 0 in metas else (metas[min(metas)] if metas else {})
-        return cls(run.collective_offsets, int(first.get("clock_offset_ns", 0)))
+        return cls(analyze(run).collective_offsets, int(first.get("clock_offset_ns", 0)))
 
     def aligned(self, aligned_ts: np.ndarray) -> np.ndarray:
         """Times already on rank 0's clock (an analysis's aligned columns) on the trace's clock."""

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from neuron_prof.export.buffered_writer import BufferedTraceWriter, ProcessData
 from neuron_prof.export.perfetto_events import EventPackets, event_order
 from neuron_prof.export.perfetto_templates import annotation_columns
 from neuron_prof.export.perfetto_wire import varint as _varint, varint_block
-from neuron_prof.export.tracewriter import BufferedTraceWriter, ProcessData
+from neuron_prof.version import __version__
 
 if TYPE_CHECKING:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
@@ -52,7 +53,6 @@ WRITER = "neuron_prof"
 
 
 def _start_packet() -> "TracePacket":
-    from neuron_prof import __version__
     p = _pb().TracePacket()
     p.trace_attributes.attribute.add(key=WRITER_KEY, string_value=f"{WRITER} {__version__}")
     return p

@@ -15,9 +15,10 @@ from typing import Mapping
 
 import numpy as np
 
+from neuron_prof.export.buffered_writer import ProcessData
+from neuron_prof.export.nesting import emission_order, slice_event_order
 from neuron_prof.export.perfetto_templates import Templates
 from neuron_prof.export.perfetto_wire import varint_block
-from neuron_prof.export.tracewriter import ProcessData, emission_order, slice_event_order
 
 __all__ = ["EventPackets", "event_order"]
 
@@ -47,7 +48,7 @@ class EventPackets:
     """One process's event packets: its templates built once, then any run of its events as bytes
     (runs may be encoded in parallel threads).
 
-    Events are numbered as ``tracewriter.slice_event_order`` lays them out: slice begins in input
+    Events are numbered as ``nesting.slice_event_order`` lays them out: slice begins in input
     order, slice ends in reversed input order, then instants, then counters."""
 
     def __init__(self, d: ProcessData, seq: int, uuid: np.ndarray, kiid: Mapping[str, int]) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.export import perfetto_wire as wire
-from neuron_prof.export.tracewriter import ProcessData
+from neuron_prof.export.buffered_writer import ProcessData
 
 __all__ = ["Templates", "annotation_columns"]
 

@@ -21,14 +21,16 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.compile import REGION_PREFIX, normalize_compile_id
+from neuron_prof.analysis.compile import first_region_runs, normalize_compile_id
 from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.clock import RankClock, TraceClock
+from neuron_prof.export.event_columns import lanes, string_args
 from neuron_prof.export.trace_collectives import CollectiveTracks
 from neuron_prof.export.trace_device import DeviceTracks
-from neuron_prof.export.tracewriter import TraceWriter, lanes, string_args
+from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
 from neuron_prof.units import format_bytes
 
@@ -55,8 +57,9 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     """Write every rank of ``run`` into ``writer`` (closing it); returns counts for the CLI.
     ``progress`` is told each phase as it begins (loading, the analyses, each rank, the flows)."""
     progress("loading ops and steps")
-    ops, marks, steps, threads = run.ops, run.marks, run.step_kinds, run.threads
-    sync = sync_points(ops, run.op_parent, exclude=run.op_compile[0])
+    analysis = analyze(run)
+    ops, marks, steps, threads = run.ops, run.marks, analysis.step_kinds, run.threads
+    sync = sync_points(ops, analysis.op_parent, exclude=analysis.op_compile.inside)
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
@@ -66,10 +69,10 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     collectives = CollectiveTracks(run, trace_clock)
     device = DeviceTracks(run, trace_clock)
     progress("memory and analyses")
-    allocs = run.memory_allocations
+    allocs = analysis.memory_allocations
     # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
     mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
-    peaks, ooms = run.memory_peaks, run.memory_ooms
+    peaks, ooms = analysis.memory_peaks, run.memory_ooms
     used_pids: set[int] = set()
     for rd in run.rank_data:
         rank = rd.rank
@@ -144,18 +147,6 @@ def _write_steps(writer: TraceWriter, track: int, clock: RankClock, steps: pd.Da
                                       np.full(n, "", object)])})
 
 
-def _first_region_run(r_ops: pd.DataFrame, op_ids: np.ndarray) -> dict[str, int]:
-    """compile id -> trace event id of the first run of its graph."""
-    if r_ops.empty:
-        return {}
-    names = r_ops["name"].astype(str)
-    is_region = names.str.startswith(REGION_PREFIX).to_numpy()
-    out: dict[str, int] = {}
-    for pos in np.flatnonzero(is_region)[np.argsort(r_ops["ts"].to_numpy()[is_region], kind="stable")]:
-        out.setdefault(normalize_compile_id(names.iloc[pos][len(REGION_PREFIX):]), int(op_ids[pos]))
-    return out
-
-
 def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, clock: RankClock,
                          r_ops: pd.DataFrame, op_ids: np.ndarray) -> int:
     compiles = run.compiles[run.compiles["rank"] == rank]
@@ -172,7 +163,7 @@ def _write_compile_track(run: Run, rank: int, writer: TraceWriter, proc: int, cl
                             {"backend": compiles["backend"], "status": compiles["status"],
                              "fail_reason": compiles["fail_reason"], "source": compiles["source_full"],
                              "graph_ops": compiles["graph_ops"].to_numpy(), "guards": compiles["guards"].to_numpy()})
-        first_run = _first_region_run(r_ops, op_ids)
+        first_run = {cid: int(op_ids[pos]) for cid, pos in first_region_runs(r_ops).items()}  # id of its slice
         pairs = [(int(i), first_run[normalize_compile_id(c)]) for i, c in zip(ids, compiles["compile_id"].astype(str))
                  if normalize_compile_id(c) in first_run]
         if pairs:

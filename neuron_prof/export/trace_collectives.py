@@ -10,16 +10,18 @@ straggler's collective leads to the ranks it held up. A collective that never co
 a timeout) ends at the rank's last recorded event and says so in its name ("(in flight)",
 "(failed)"), with the ranks that never arrived.
 
-Every number (alignment, matching, waits) comes from ``analysis.collectives``; this module only
-lays them out.
+Every number comes from the analyses (alignment: ``analysis.clock``; matching, waits:
+``analysis.collective_match``); this module only lays them out.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.export.clock import TraceClock
-from neuron_prof.export.tracewriter import TraceWriter, lanes
+from neuron_prof.export.event_columns import lanes
+from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
 
 UNFINISHED = {"in_flight": "in flight", "failed": "failed"}
@@ -35,14 +37,14 @@ class CollectiveTracks:
 
     def __init__(self, run: Run, clock: TraceClock) -> None:
         self.clock = clock
-        w = run.collective_waits
+        w = analyze(run).collective_waits
         self.ids = np.full(len(w), -1, np.int64)
         self.cols: dict[str, np.ndarray] = {}
         self._by_rank: dict[int, np.ndarray] = {}
         if w.empty:
             return
         # each row with the members of its group that never issued it
-        keys = run.collectives_matched[["group", "seq", "missing"]]
+        keys = analyze(run).collectives_matched[["group", "seq", "missing"]]
         w = w.assign(group=w["group"].astype(str)).merge(keys, on=["group", "seq"], how="left", sort=False)
         # columns as arrays, converted once: a rank's rows are then plain takes (256 ranks of
         # 2,000 collectives would otherwise spend most of the export in per-rank pandas calls)

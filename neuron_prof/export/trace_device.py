@@ -28,9 +28,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.device import enqueuing_ops, queue_depth, rank_key
+from neuron_prof.analysis.device import enqueuing_ops, queue_depth
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.export.clock import TraceClock
-from neuron_prof.export.tracewriter import TraceWriter, lanes, string_args
+from neuron_prof.export.event_columns import lanes, string_args
+from neuron_prof.export.tracewriter import TraceWriter
+from neuron_prof.keys import backend_key
 from neuron_prof.run import Run
 
 OPS_SEPARATOR = ", "
@@ -39,12 +42,12 @@ OPS_SEPARATOR = ", "
 
 def _kernel_rows(kernels: pd.DataFrame, rank: pd.Series, kernel: pd.Series) -> np.ndarray:
     """Per (rank, kernel id), the kernel's row in ``kernels``; -1 where it has none."""
-    keys = rank_key(kernels["rank"], kernels["id"])
+    keys = backend_key(kernels["rank"], kernels["id"])
     kernel = kernel.to_numpy(np.int64)
     if not len(keys):
         return np.full(len(kernel), -1, np.int64)
     order = np.argsort(keys, kind="stable")
-    q = rank_key(rank, kernel)
+    q = backend_key(rank, kernel)
     pos = np.minimum(np.searchsorted(keys[order], q), len(keys) - 1)
     return np.where((keys[order][pos] == q) & (kernel >= 0), order[pos], -1)
 
@@ -192,7 +195,7 @@ class DeviceTracks:
         """Distinct (``Run.ops`` row, kernel row): one flow each."""
         self.ops_text = self.source = self.module = np.empty(0, dtype=object)
         if len(self.kernels):
-            corr = run.device_correlation
+            corr = analyze(run).device_correlation
             rows = _kernel_rows(self.kernels, corr["rank"], corr["kernel"])
             self.ops_text, self.source, self.module = _kernel_ops(self.kernels, corr, rows)
             op_index = corr["op_index"].to_numpy(np.int64)
@@ -205,7 +208,7 @@ class DeviceTracks:
             if len(self.flushes):
                 self.wait_span = _fit_waits(self.flushes, at)
             if len(self.fallbacks):
-                self.fallback_span = _fit_fallbacks(self.fallbacks, at, run.op_parent)
+                self.fallback_span = _fit_fallbacks(self.fallbacks, at, analyze(run).op_parent)
         threads = run.threads
         self.thread_names = {(int(r), int(t)): str(n) for r, t, n in zip(threads["rank"], threads["tid"],
                                                                           threads["name"])}

@@ -33,15 +33,14 @@ memory, and out= tensors that must be resized by the op.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
 
 import torch
+
+from neuron_prof.testing import neuron_compile
+from neuron_prof.testing.neuron_extension import extension
 
 BACKEND = "neuron"
 DEVICE_THREADS = 1
@@ -52,33 +51,7 @@ UNIMPLEMENTED = ("aten::embedding_dense_backward", "aten::cumsum", "aten::sort",
                  "aten::linalg_vector_norm")
 """Ops left out of the device on purpose (as in ``_neuron.cpp``): they fall back to the CPU."""
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCE = "_neuron.cpp"
 _lock = threading.Lock()
-_ext = None
-
-
-def _collectors_folder() -> str:
-    import neuron_prof.collectors
-
-    return os.path.dirname(os.path.abspath(neuron_prof.collectors.__file__))
-
-
-def _extension():
-    """Build or load the device extension (keyed by its source, the API header and torch)."""
-    global _ext
-    if _ext is None:
-        from torch.utils.cpp_extension import load
-
-        header = os.path.join(_collectors_folder(), "neuron_prof_backend.h")
-        h = hashlib.sha256()
-        for path in (os.path.join(_HERE, _SOURCE), header):
-            with open(path, "rb") as f:
-                h.update(f.read())
-        h.update(torch.__version__.encode())
-        _ext = load(name=f"neuron_prof_neuron_{h.hexdigest()[:16]}", sources=[os.path.join(_HERE, _SOURCE)],
-                    extra_include_paths=[_collectors_folder()], extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
-    return _ext
 
 
 def _device_module(ext) -> types.ModuleType:
@@ -112,20 +85,6 @@ def _device_module(ext) -> types.ModuleType:
     return mod
 
 
-@contextlib.contextmanager
-def kernel(name: str) -> Iterator[None]:
-    """Every op the calling thread enqueues inside runs as one kernel named ``name`` (what a
-    compiler does with a fusion group; ``neuron_prof.testing.neuron_compile`` uses it). The kernel
-    runs once the block ends; a flush inside (a sync point, a fallback) ends it early, and the
-    rest of the block is a second kernel of the same name."""
-    ext = _extension()
-    ext.begin_kernel(name)
-    try:
-        yield
-    finally:
-        ext.end_kernel()
-
-
 def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 << 30, max_queue: int = 256,
            max_fused: int = 16, report: bool = True) -> types.ModuleType:
     """Turn the device on (idempotent in one process; the device count cannot change), register
@@ -133,14 +92,12 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
     ``torch.neuron``. ``report``: hand the device's queue, kernel and fallback events to
     neuron_prof's backend hook API (they are recorded only while a capture runs)."""
     with _lock:
-        ext = _extension()
+        ext = extension()
         ext.init(devices, int(launch_us * 1000), int(capacity_bytes), int(max_queue), int(max_fused))
         if torch._C._get_privateuse1_backend_name() != BACKEND:
             torch.utils.rename_privateuse1_backend(BACKEND)
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
             torch._register_device_module(BACKEND, _device_module(ext))
-        from neuron_prof.testing import neuron_compile
-
         neuron_compile.register()
         if report:
             from neuron_prof.collectors.device import backend_api

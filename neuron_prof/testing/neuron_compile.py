@@ -6,9 +6,9 @@ timed phases, reported as Dynamo compile events (so a capture's ``compile_phases
 ``neuron lowering`` (the graph's ATen ops; symbolic shapes are refused, as the real backend
 cannot compile automatic dynamic shapes: compile with ``dynamic=False``, and a new input shape is
 then a recompile), ``neuron partitioning`` (the ops into fusion groups by the eager queue's own
-rule, ``neuron.fusion_groups``; ops that only make views join the group they are in) and
+rule, the extension's ``fusion_groups``; ops that only make views join the group they are in) and
 ``neuron codegen`` (the plan that runs each group as one kernel on the device queue,
-``neuron.kernel``). Compiled graphs are cached by the graph's code and its inputs' metadata
+``neuron_extension.kernel``). Compiled graphs are cached by the graph's code and its inputs' metadata
 (``compile_cache``: cache ``neuron_graph``, hit or miss) and every group is reported as a fusion
 (``fusions``: backend ``neuron``, the group's kernel name and its FX nodes).
 """
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from neuron_prof.testing.neuron_extension import extension, kernel
 
 BACKEND = "neuron"
 CACHE = "neuron_graph"
@@ -40,8 +42,6 @@ class _Plan:
         self.groups = groups
 
     def __call__(self, *inputs: Any) -> Any:
-        from neuron_prof.testing.neuron import kernel
-
         env: dict[torch.fx.Node, Any] = {}
         placeholders = iter(inputs)
         for node in self.gm.graph.nodes:
@@ -91,11 +91,9 @@ def _cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
 
 
 def _partition(gm: torch.fx.GraphModule, graph_name: str) -> list[tuple[str, list[torch.fx.Node]]]:
-    from neuron_prof.testing.neuron import _extension
-
     nodes = [n for n in gm.graph.nodes if n.op != "placeholder"]
     queued = [n for n in nodes if not _is_view(n) and n.op != "output"]
-    numbers = dict(zip(queued, _extension().fusion_groups([n.target._schema.name for n in queued])))
+    numbers = dict(zip(queued, extension().fusion_groups([n.target._schema.name for n in queued])))
     groups: list[tuple[str, list[torch.fx.Node]]] = [(f"{graph_name}_k0", [])]
     current = 0
     for node in nodes:
