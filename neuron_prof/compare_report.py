@@ -7,19 +7,22 @@ from typing import Any, Callable
 
 from neuron_prof.analysis.compare import LOSS_RTOL, TOLERANCE, Side, checklist
 from neuron_prof.analysis.records import records
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.markdown import md
-from neuron_prof.report import run_op_stats
 from neuron_prof.run import Run
+from neuron_prof.summary.build import run_op_stats
+from neuron_prof.summary.codec import to_json
+from neuron_prof.summary.sections import Summary
 from neuron_prof.summary_store import run_summary
 from neuron_prof.units import format_bytes
 
 
-def side(run: Run, label: str, price_per_hour: float | None = None, summary: dict[str, Any] | None = None) -> Side:
+def side(run: Run, label: str, price_per_hour: float | None = None, summary: Summary | None = None) -> Side:
     """What the comparison needs of ``run``; ``summary``: its report summary if at hand (default:
     the stored one when fresh, else computed)."""
     hosts = {str(rd.meta.get("hostname")) for rd in run.rank_data if rd.meta.get("hostname")}
     return Side(label=label, summary=summary if summary is not None else run_summary(run), metrics=run.metrics,
-                steps=run.step_kinds,
+                steps=analyze(run).step_kinds,
                 ops=run_op_stats(run), hosts=max(1, len(hosts)), price_per_hour=price_per_hour)
 
 
@@ -40,7 +43,7 @@ def compare_runs(a: Run, b: Run, labels: tuple[str, str] = ("a", "b"),
     progress(PHASES[2])
     result = checklist(side_a, side_b, tolerance, loss_rtol)
     return {"runs": {"a": str(a.path), "b": str(b.path)}, "labels": result["labels"],
-            "rows": records(result["rows"]), "loss": result["loss"], "graph_breaks": result["graph_breaks"],
+            "rows": records(result["rows"]), "loss": result["loss"], "graph_breaks": to_json(result["graph_breaks"]),
             "ops": records(result["ops"]), "notes": result["notes"]}
 
 

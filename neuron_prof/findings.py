@@ -1,12 +1,17 @@
 """The headline findings of a run: one line each, most severe first, each naming where to look.
 
-Computed from :func:`neuron_prof.report.summarize` (so every number is the report's), shown at
-the top of ``neuron-prof report`` and as cards on the viewer's Overview page.
+Computed from the run's summary (:func:`neuron_prof.summary.build.summarize`, so every number is
+the report's), shown at the top of ``neuron-prof report`` and as cards on the viewer's Overview
+page.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
+from neuron_prof.recording import went_on
+from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceSection, InFlight, MemoryLeak,
+                                          MemorySection, StepStats, Straggler, StragglerSite, Summary)
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
@@ -19,145 +24,165 @@ LAUNCH_SHARE = 0.30
 """Launch cost (at most) of this share of a device's busy time or more says fusing would pay (medium)."""
 
 
-def findings(s: dict[str, Any]) -> list[dict[str, str]]:
-    """``[{"severity", "page", "text"}]`` from a report summary, most severe first."""
-    out: list[dict[str, str]] = []
+@dataclass(frozen=True)
+class Finding:
+    """One line of the findings: how severe (one of :data:`SEVERITIES`), the viewer page that
+    shows it (one of :data:`PAGES`), and what was found."""
+    severity: str
+    page: str
+    text: str
+
+
+class Sited(Protocol):
+    """A row that names a source line (a stall, kernel, memory peak, leak, peak site)."""
+    source: str
+    user_source: str
+
+
+def findings(summary: Summary) -> list[Finding]:
+    """The findings of a run's summary, most severe first."""
+    out: list[Finding] = []
 
     def add(severity: str, page: str, text: str) -> None:
-        out.append({"severity": severity, "page": page, "text": text})
+        out.append(Finding(severity, page, text))
 
-    for d in s.get("dumps", []):
-        where = ", ".join(f"thread {t['tid']} at {t['source']}" for t in d["threads"] if t["source"])
-        routine = d["reason"] in ("on demand", "signal SIGUSR1")
+    for dump in summary.dumps:
+        where = ", ".join(f"thread {t.tid} at {t.source}" for t in dump.threads if t.source)
+        routine = dump.reason in ("on demand", "signal SIGUSR1")
         add("info" if routine else "high", "overview",
-            f"always-on dump on rank {d['rank']} in step {d['last_step']}: {d['reason']}"
-            + (f"; {where}" if where else "") + f" (steps {d['first_step']}-{d['last_step']} in detail)")
-    for f in s["health"]["failures"]:
-        add("high", "overview", f"collector {f['collector']} failed on rank {f['rank']} and was off: {f['message']}")
-    m = s.get("memory") or {}
-    for o in m.get("ooms", []):
-        add("high", "memory", f"out of memory on rank {o['rank']} {o['device']} in step {o['step']}: {o['message']}")
+            f"always-on dump on rank {dump.rank} in step {dump.last_step}: {dump.reason}"
+            + (f"; {where}" if where else "") + f" (steps {dump.first_step}-{dump.last_step} in detail)")
+    health = summary.health
+    for f in health.failures:
+        add("high", "overview", f"collector {f.collector} failed on rank {f.rank} and "
+                                 + ("lost those events (counted as dropped)" if went_on(f.collector) else "was off")
+                                 + f": {f.message}")
+    memory = summary.memory if isinstance(summary.memory, MemorySection) else None
+    for o in memory.ooms if memory else []:
+        add("high", "memory", f"out of memory on rank {o.rank} {o.device} in step {o.step}: {o.message}")
     seen: set[tuple] = set()
-    for x in m.get("leaks", []):
-        key = (x["rank"], x["device"])
+    for x in memory.leaks if memory else []:
+        key = (x.rank, x.device)
         if key in seen:
             continue
         seen.add(key)
-        where = f" from {x['source']} ({x['op']}){called_from(x)}" if x["source"] else ""
+        where = f" from {x.source} ({x.op}){called_from(x)}" if x.source else ""
         note = process_note(x)
-        add("high", "memory", f"memory grows {format_bytes(x['growth_per_step'])} per step on rank {x['rank']} "
-                              f"{x['device']}{where}, confidence {x['confidence']:.2f}" + (f"; {note}" if note else ""))
-    for cut in s["health"].get("detail_cuts", []):
-        add("medium", "overview", f"on rank {cut['rank']}, {detail_cut_text(cut)}")
-    coll = s.get("collectives") or {}
-    for x in coll.get("in_flight", []):
-        add("high", "collectives", in_flight_text(x))
-    stuck = {(x["group"], x["seq"]) for x in coll.get("in_flight", [])}
-    mism = [x for x in coll.get("mismatches", []) if not (x["kind"] == "missing" and (x["group"], x["seq"]) in stuck)]
-    for x in mism[:3]:
-        add("high", "collectives", f"collective mismatch: group {x['group']} seq {x['seq']}: {x['detail']}"
-            + (f" (and {len(mism) - 3} more)" if len(mism) > 3 and x is mism[2] else ""))
-    for x in coll.get("stragglers", []):
-        if x["steps"]:
-            add("medium", "collectives", straggler_text(x))
-    c = s["compile"]
-    if c["cache_limit_hit"]:
+        add("high", "memory", f"memory grows {format_bytes(x.growth_per_step)} per step on rank {x.rank} "
+                              f"{x.device}{where}, confidence {x.confidence:.2f}" + (f"; {note}" if note else ""))
+    for cut in health.detail_cuts:
+        add("medium", "overview", f"on rank {cut.rank}, {detail_cut_text(cut)}")
+    colls = summary.collectives if isinstance(summary.collectives, CollectivesSection) else None
+    if colls:
+        for x in colls.in_flight:
+            add("high", "collectives", in_flight_text(x))
+        stuck = {(x.group, x.seq) for x in colls.in_flight}
+        mism = [x for x in colls.mismatches if not (x.kind == "missing" and (x.group, x.seq) in stuck)]
+        for x in mism[:3]:
+            add("high", "collectives", f"collective mismatch: group {x.group} seq {x.seq}: {x.detail}"
+                + (f" (and {len(mism) - 3} more)" if len(mism) > 3 and x is mism[2] else ""))
+        for x in colls.stragglers:
+            if x.steps:
+                add("medium", "collectives", straggler_text(x))
+    compiled = summary.compile
+    if compiled.cache_limit_hit:
         add("high", "compile", "the recompile limit was hit: a frame fell back to eager for the rest of the run")
-    if c["break_sites"]:
-        top = c["break_sites"][0]
-        costs = [b["frame_ms_per_step"] for b in c["break_sites"] if b.get("frame_ms_per_step") is not None]
+    if compiled.break_sites:
+        first = compiled.break_sites[0]
+        costs = [b.frame_ms_per_step for b in compiled.break_sites if b.frame_ms_per_step is not None]
         cost = f"cost {sum(costs):.2f} ms per steady step" if costs else "cost unknown (no steady captured step)"
-        add("medium", "compile", f"{c['graph_breaks']} graph break sites ({c['graph_break_events']} breaks) {cost}; "
-                                 f"first: {top['reason_class']} at {top['source']}")
-    if c["recompiles"]:
-        r = c["recompiles_by_frame"][0]
-        add("medium", "compile", f"{c['recompiles']} recompiles; most in {r['func']}: "
-                                 f"{(r['reasons'] or ['?'])[0]}")
-    d = s.get("device") or {}
-    if d.get("captured"):
-        _device_findings(d, s["steps"], add)
-    sp = s["sync_points"]
-    if sp["by_source"] and not (d.get("captured") and d.get("stalls")):
-        top = sp["by_source"][0]
-        rate = f"{top['per_step']:.1f}/step" if top.get("per_step") is not None else "one-off"
-        add("medium", "timeline", f"{sp['events']} sync points (the host waits for the device); most at "
-                                  f"{top['source'] or '?'} ({top['name']}, {rate})")
-    for st in s["steps"]:
-        if st.get("basis") == "steady" and st.get("steady", 0) >= 4 and st["p90_ms"] > 1.5 * st["median_ms"]:
-            add("medium", "overview", f"step time varies on rank {st['rank']}: p90 {st['p90_ms']:.1f} ms vs "
-                                      f"median {st['median_ms']:.1f} ms over {st['steady']} steady steps")
-    for b in s["step_breakdown"]:
-        if b.get("outside_ops_pct", 0) > 30:
-            add("medium", "timeline", f"{b['outside_ops_pct']:.0f}% of a step on rank {b['rank']} runs outside "
+        add("medium", "compile", f"{compiled.graph_breaks} graph break sites ({compiled.graph_break_events} breaks) "
+                                 f"{cost}; first: {first.reason_class} at {first.source}")
+    if compiled.recompiles:
+        frame = compiled.recompiles_by_frame[0]
+        add("medium", "compile", f"{compiled.recompiles} recompiles; most in {frame.func}: "
+                                 f"{(frame.reasons or ['?'])[0]}")
+    device = summary.device if isinstance(summary.device, DeviceSection) else None
+    if device:
+        _device_findings(device, summary.steps, add)
+    sync = summary.sync_points
+    if sync.by_source and not (device and device.stalls):
+        site = sync.by_source[0]
+        rate = f"{site.per_step:.1f}/step" if site.per_step is not None else "one-off"
+        add("medium", "timeline", f"{sync.events} sync points (the host waits for the device); most at "
+                                  f"{site.source or '?'} ({site.name}, {rate})")
+    for st in summary.steps:
+        if st.basis == "steady" and st.steady >= 4 and st.p90_ms > 1.5 * st.median_ms:
+            add("medium", "overview", f"step time varies on rank {st.rank}: p90 {st.p90_ms:.1f} ms vs "
+                                      f"median {st.median_ms:.1f} ms over {st.steady} steady steps")
+    for b in summary.step_breakdown:
+        if (b.outside_ops_pct or 0) > 30:
+            add("medium", "timeline", f"{b.outside_ops_pct:.0f}% of a step on rank {b.rank} runs outside "
                                       "any op (Python, data loading, waiting)")
-    for d in m.get("devices", []):
-        p = d.get("peak")
+    for dev in memory.devices if memory else []:
+        p = dev.peak
         if p:
-            add("info", "memory", f"peak memory {format_bytes(p['bytes'])} on rank {d['rank']} {d['device']} in step "
-                                  f"{p['step']}, reached with {format_bytes(p['alloc_bytes'])} from {p['op']} at "
-                                  f"{p['source'] or '?'}{called_from(p)}")
-    if c["frames_compiled"]:
-        inside = c.get("compile_in_steps_ms") or 0.0
-        add("info", "compile", f"torch.compile compiled {c['frames_compiled']} frames in {c['compile_ms'] / 1e3:.2f} s"
+            add("info", "memory", f"peak memory {format_bytes(p.bytes)} on rank {dev.rank} {dev.device} in step "
+                                  f"{p.step}, reached with {format_bytes(p.alloc_bytes)} from {p.op} at "
+                                  f"{p.source or '?'}{called_from(p)}")
+    if compiled.frames_compiled:
+        inside = compiled.compile_in_steps_ms or 0.0
+        add("info", "compile", f"torch.compile compiled {compiled.frames_compiled} frames in "
+                               f"{compiled.compile_ms / 1e3:.2f} s"
             + (f", {inside / 1e3:.2f} s of it inside steps (warm-up steps, left out of step statistics)"
                if inside else ""))
-    for x in s.get("startup", []):
-        add("info", "overview", f"start-up took {x['ms'] / 1e3:.2f} s on rank {x['rank']} before step 0 (imports, "
+    for x in summary.startup:
+        add("info", "overview", f"start-up took {x.ms / 1e3:.2f} s on rank {x.rank} before step 0 (imports, "
                                 "model and data set-up): shown apart, not a step")
-    ops = s["ops"]["top_by_self_time"]
+    ops = summary.ops.top_by_self_time
     if ops:
         o = ops[0]
-        add("info", "ops", f"top op {o['name']}" + (f" in {o['module']}" if o["module"] else "") +
-            f": {o['self_pct']:.0f}% of op self time")
-    return sorted(out, key=lambda f: SEVERITIES.index(f["severity"]))
+        add("info", "ops", f"top op {o.name}" + (f" in {o.module}" if o.module else "") +
+            f": {o.self_pct:.0f}% of op self time")
+    return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
 
-def _device_findings(d: dict[str, Any], steps: list[dict[str, Any]], add) -> None:
+def _device_findings(device: DeviceSection, steps: list[StepStats], add: Callable[[str, str, str], None]) -> None:
     """What bounds the steps, where the host waits, what fell back to the CPU, whether fusing
     pays: from the report's Device section; shares are of the rank's median steady step."""
-    median = {x["rank"]: x["median_ms"] for x in steps}
-    for rank in sorted({v["rank"] for v in d["verdict"]}):
-        kinds = [v for v in d["verdict"] if v["rank"] == rank]
-        total = sum(v["steps"] for v in kinds)
-        parts = "; ".join(f"{v['steps']} {v['verdict']} ({v['device']} busy {v['busy_pct']:.0f}%, the host waiting "
-                          f"{v['wait_pct']:.0f}%)" for v in kinds)
-        host = sum(v["steps"] for v in kinds if v["verdict"] == "host-bound")
+    median = {x.rank: x.median_ms for x in steps}
+    for rank in sorted({v.rank for v in device.verdict}):
+        kinds = [v for v in device.verdict if v.rank == rank]
+        total = sum(v.steps for v in kinds)
+        parts = "; ".join(f"{v.steps} {v.verdict} ({v.device} busy {v.busy_pct:.0f}%, the host waiting "
+                          f"{v.wait_pct:.0f}%)" for v in kinds)
+        host = sum(v.steps for v in kinds if v.verdict == "host-bound")
         add("medium" if 2 * host >= total else "info", "device",
             f"of {total} steady steps on rank {rank}: {parts}"
             + ("; host-bound: the device waits for the host to queue work" if host else ""))
     for rank, step_ms in sorted(median.items()):
-        mine = [x for x in d["stalls"] if x["rank"] == rank and x.get("per_step_ms")]
-        wait = sum(x["per_step_ms"] for x in mine)
+        mine = [x for x in device.stalls if x.rank == rank and x.per_step_ms]
+        wait = sum(x.per_step_ms for x in mine)
         if step_ms and mine and wait >= STALL_SHARE * step_ms:
-            top = max(mine, key=lambda x: x["per_step_ms"])
-            kinds = {v["verdict"]: v["steps"] for v in d["verdict"] if v["rank"] == rank}
+            top = max(mine, key=lambda x: x.per_step_ms)
+            kinds = {v.verdict: v.steps for v in device.verdict if v.rank == rank}
             bound = 2 * kinds.get("device-bound", 0) > sum(kinds.values())
             add("info" if bound else "medium", "device",
                 f"the host waits {wait:.2f} ms per steady step for the device on rank {rank} "
-                f"({100 * wait / step_ms:.0f}% of a step); most at {top['source'] or '(outside any op)'}"
-                f"{called_from(top)} ({top['host_op'] or '-'}, {top['reason']}: {top['per_step_ms']:.2f} ms per step)"
+                f"({100 * wait / step_ms:.0f}% of a step); most at {top.source or '(outside any op)'}"
+                f"{called_from(top)} ({top.host_op or '-'}, {top.reason}: {top.per_step_ms:.2f} ms per step)"
                 + ("; the steps are device-bound, so this is the device's own time showing on the host: a faster "
                    "device side (fusion, compiling), not fewer syncs, shortens them" if bound else
                    "; the host could run ahead of the device there instead: move or drop the sync"))
-    cov = {(c["rank"], c["device"]): c for c in d["coverage"]}
-    for rank, device in sorted({(f["rank"], f["device"]) for f in d["fallbacks"]}):
-        rows = [f for f in d["fallbacks"] if (f["rank"], f["device"]) == (rank, device)]
-        cost = sum(f["per_step_ms"] or 0 for f in rows)
+    cov = {(c.rank, c.device): c for c in device.coverage}
+    for rank, dev_name in sorted({(f.rank, f.device) for f in device.fallbacks}):
+        rows = [f for f in device.fallbacks if (f.rank, f.device) == (rank, dev_name)]
+        cost = sum(f.per_step_ms or 0 for f in rows)
         top, step_ms = rows[0], median.get(rank)
         share = cost / step_ms if step_ms else 0.0
-        c = cov.get((rank, device))
-        native = f"; {c['coverage_pct']:.1f}% of its ops ran natively" if c else ""
+        c = cov.get((rank, dev_name))
+        native = f"; {c.coverage_pct:.1f}% of its ops ran natively" if c else ""
         add("medium" if share >= FALLBACK_SHARE else "info", "device",
-            f"{sum(f['calls'] for f in rows)} ops ({len(rows)} kind{'s' if len(rows) > 1 else ''}) fell back from "
-            f"{device} to the CPU on rank {rank}, {cost:.2f} ms per steady step ({100 * share:.1f}% of a step); "
-            f"most: {top['op']} at {', '.join(top['sources'][:2]) or '?'}, copying "
-            f"{format_bytes(top['bytes_to_host'])} to the host and {format_bytes(top['bytes_from_host'])} back{native}")
-    for f in d["fusion"]:
-        if f["launch_pct"] >= 100 * LAUNCH_SHARE:
-            run = next((u for u in d["unfused"] if u["device"] == f["device"] and u["rank"] == f["rank"]), None)
-            where = f"; most at {run['source']} ({run['kernels']})" if run else ""
-            add("medium", "device", f"launches cost up to {f['launch_pct']:.0f}% of {f['device']}'s busy time on rank "
-                                    f"{f['rank']}: {f['ops_per_kernel']:.2f} ops per kernel, {f['one_op_pct']:.0f}% of "
+            f"{sum(f.calls for f in rows)} ops ({len(rows)} kind{'s' if len(rows) > 1 else ''}) fell back from "
+            f"{dev_name} to the CPU on rank {rank}, {cost:.2f} ms per steady step ({100 * share:.1f}% of a step); "
+            f"most: {top.op} at {', '.join(top.sources[:2]) or '?'}, copying "
+            f"{format_bytes(top.bytes_to_host)} to the host and {format_bytes(top.bytes_from_host)} back{native}")
+    for f in device.fusion:
+        if f.launch_pct >= 100 * LAUNCH_SHARE:
+            run = next((u for u in device.unfused if u.device == f.device and u.rank == f.rank), None)
+            where = f"; most at {run.source} ({run.kernels})" if run else ""
+            add("medium", "device", f"launches cost up to {f.launch_pct:.0f}% of {f.device}'s busy time on rank "
+                                    f"{f.rank}: {f.ops_per_kernel:.2f} ops per kernel, {f.one_op_pct:.0f}% of "
                                     f"kernels run one op{where}: fusing (torch.compile) would pay")
 
 
@@ -183,74 +208,74 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def straggler_text(x: Mapping[str, Any]) -> str:
+def straggler_text(x: Straggler) -> str:
     """A significant straggler (a ``collectives.stragglers`` row of the report) in one sentence:
     who, how long the others waited for it, when, and at which collective."""
-    w = x.get("where") or {}
     at = ""
-    if w:
-        line = w.get("user_source") or w.get("source")
-        at = (f" ({w['op']} of {format_bytes(w['bytes'])}" + (f" from {line}" if line else "")
-              + (", backward" if w.get("bwd") else "") + ")")
-    return (f"rank {x['rank']} made the others wait {x['wait_in_steps_ns'] / 1e6:.0f} ms in "
-            f"{steps_text(x['steps'])}{at}")
+    if isinstance(x.where, StragglerSite):
+        w = x.where
+        line = w.user_source or w.source
+        at = (f" ({w.op} of {format_bytes(w.bytes)}" + (f" from {line}" if line else "")
+              + (", backward" if w.bwd else "") + ")")
+    return (f"rank {x.rank} made the others wait {x.wait_in_steps_ns / 1e6:.0f} ms in "
+            f"{steps_text(x.steps)}{at}")
 
 
-def in_flight_text(x: Mapping[str, Any]) -> str:
+def in_flight_text(x: InFlight) -> str:
     """A collective a rank issued and never completed (a ``collectives.in_flight`` row): still in
     flight when the capture ended (a hang), or failed (the group timed out or was aborted)."""
-    what = f"{x['op']} (group {x['group']}, seq {x['seq']})"
-    missing = x.get("missing") or []
+    what = f"{x.op} (group {x.group}, seq {x.seq})"
+    missing = x.missing or []
     who = (f"; rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never arrived" if missing
            else "; every rank of the group arrived")
-    if x["status"] == "in_flight":
-        return f"rank {x['rank']} was stuck in {what}{who}"
-    return f"rank {x['rank']}'s {what} failed{who}"
+    if x.status == "in_flight":
+        return f"rank {x.rank} was stuck in {what}{who}"
+    return f"rank {x.rank}'s {what} failed{who}"
 
 
 _LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_bytes=...)"),
            "max_events": ("event cap", "--max-events (record) or profile(max_events=...)")}
 
 
-def detail_cut_text(cut: Mapping[str, Any]) -> str:
+def detail_cut_text(cut: DetailCut) -> str:
     """Where a rank's budget ended detail capture (a ``health.detail_cuts`` row of the report), in
     one sentence that says what is missing and what to raise."""
-    what, flag = _LIMITS[cut["by"]]  # one of the two: checked where the run is read
-    limit = format_bytes(cut["limit"]) if cut["by"] == "max_bytes" else f"{cut['limit']:,} events"
-    when = f", {cut['t_s']:.1f} s into the capture" if cut.get("t_s") is not None else ""
-    tables = ", ".join(t.replace("_", " ") for t in cut["tables"]) or "detail"
-    return (f"detail stopped after step {cut['step']}{when}, with {format_bytes(cut['bytes'])} on disk ({what} "
-            f"{limit}): {tables} of the {cut['later_steps']} later steps were not captured (their step times and "
+    what, flag = _LIMITS[cut.by]  # one of the two: checked where the run is read
+    limit = format_bytes(cut.limit) if cut.by == "max_bytes" else f"{cut.limit:,} events"
+    when = f", {cut.t_s:.1f} s into the capture" if cut.t_s is not None else ""
+    tables = ", ".join(t.replace("_", " ") for t in cut.tables) or "detail"
+    return (f"detail stopped after step {cut.step}{when}, with {format_bytes(cut.bytes)} on disk ({what} "
+            f"{limit}): {tables} of the {cut.later_steps} later steps were not captured (their step times and "
             f"per-step memory were); raise with {flag}")
 
 
-def user_line(x: Mapping[str, Any]) -> str:
-    """The user's own line that led to ``x["source"]`` (a site, peak or leak) when that is another
+def user_line(x: Sited) -> str:
+    """The user's own line that led to ``x.source`` (a site, peak or leak) when that is another
     line, i.e. the source is in a library; else ""."""
-    user = x.get("user_source") or ""
-    return user if user != x.get("source") else ""
+    user = x.user_source or ""
+    return user if user != x.source else ""
 
 
-def called_from(x: Mapping[str, Any]) -> str:
+def called_from(x: Sited) -> str:
     """``", called from LINE"`` with :func:`user_line`, or nothing."""
     return f", called from {user_line(x)}" if user_line(x) else ""
 
 
-def process_note(x: Mapping[str, Any]) -> str:
-    """What the process's resident memory says about a leak (a row of ``Run.memory_leaks``): the
+def process_note(x: MemoryLeak) -> str:
+    """What the process's resident memory says about a leak (a row of ``RunAnalysis.memory_leaks``): the
     likely cause when it grows much faster than the leaking device's tracked bytes; when its growth
     was not judged (every step captured) and the leaking tensors were made with a grad_fn, what
     that may mean; else nothing."""
-    if not x.get("process_outgrows"):
-        growth = x.get("process_growth_per_step")
-        if x.get("grad") and (growth is None or growth != growth):  # NaN: the process was not judged
+    if not x.process_outgrows:
+        growth = x.process_growth_per_step
+        if x.grad and (growth is None or growth != growth):  # NaN: the process was not judged
             return ("the leaking tensors were made with a grad_fn: if what is kept is the loss or output itself, "
                     "each keeps its whole autograd graph, far more host memory than its tensors (keep "
                     "`loss.item()` or `loss.detach()`; capture with --schedule to see the process's growth)")
         return ""
-    rate = f"the process grows {format_bytes(x['process_growth_per_step'])} per step"
-    ratio = x["process_growth_per_step"] / max(x["growth_per_step"], 1)
-    if x.get("kept_graph"):
+    rate = f"the process grows {format_bytes(x.process_growth_per_step)} per step"
+    ratio = x.process_growth_per_step / max(x.growth_per_step, 1)
+    if x.kept_graph:
         return (f"{rate}, {ratio:,.0f}x the tracked tensors: likely a kept autograd graph (the leaking tensors "
                 "were made with a grad_fn, and a kept loss or output keeps every node of its graph: keep "
                 "`loss.item()` or `loss.detach()`)")

@@ -1,7 +1,7 @@
 """The run's summary stored in the run (``RUN/summary.json``), so opening a big run does not
 compute it again.
 
-``report.summarize`` of a 10M-op run takes 5-9 s and most of 2 GB, and the viewer's Overview and
+``summarize`` (``summary.build``) of a 10M-op run takes 5-9 s and most of 2 GB, and the viewer's Overview and
 ``neuron-prof report`` needed it on every open. The summary depends only on the run's committed
 data and on the code that computed it, so it is written once (at the end of capture:
 :func:`store_summary`; or by the first reader that had to compute it) and read back while both
@@ -13,7 +13,8 @@ stale and is computed again.
 
 The file is untrusted like every run file: read as a regular file only, at most
 :data:`MAX_BYTES`, parsed without NaN or deep nesting (``documents.parse``), and used only if
-its version and key match and the summary has ``summarize``'s shape (``summary_shape``).
+its version and key match and the summary has the types of ``summary.sections``
+(``Summary.from_json``).
 Anything else (missing, stale, damaged, hostile) is no stored summary: the summary is computed,
 never an error. Writing may fail (a read-only run): then nothing is stored.
 """
@@ -25,14 +26,13 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
-
 from neuron_prof import documents
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.report import TOP_N, summarize
 from neuron_prof.run import Run
 from neuron_prof.safefile import atomic_output, read_whole
-from neuron_prof.summary_shape import SHAPE, conforms
+from neuron_prof.summary.build import TOP_N, command_exit, summarize
+from neuron_prof.summary.codec import NotASummary
+from neuron_prof.summary.sections import Summary
 
 __all__ = ["SUMMARY_FILE", "SUMMARY_VERSION", "MAX_BYTES", "counts", "summary_key", "load_summary",
            "write_summary", "run_summary", "store_summary"]
@@ -50,8 +50,8 @@ the evidence tests use that a stored summary was read, which timings cannot give
 log = logging.getLogger("neuron_prof")
 
 
-_COMPUTED_BY = ("report", "run", "reader", "schema", "documents", "safefile", "paths", "units", "errors", "store",
-                "summary_shape", "summary_store", "analysis/*")
+_COMPUTED_BY = ("summary/build", "summary/sections", "summary/codec", "run", "reader", "schema", "documents",
+                "safefile", "paths", "units", "keys", "errors", "store", "summary_store", "analysis/*")
 """The modules of the reading side, which the summary is computed by (``neuron_prof/NAME.py``)."""
 
 
@@ -96,17 +96,17 @@ def summary_key(run: Run, top: int = TOP_N) -> str | None:
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _placed(summary: dict[str, Any], run: Run) -> dict[str, Any]:
+def _placed(summary: Summary, run: Run) -> Summary:
     """The summary as ``summarize`` gives it for ``run`` as this reader opened it: the paths in it
     are the run's path as given (relative, moved, copied), not the writer's, and how a recorded
     command ended is run.json's (written after the capture stored the summary)."""
-    summary["run"]["path"] = str(run.path)
-    summary["health"]["stale_rank_dirs"] = [str(d) for d in run.stale_rank_dirs]
-    summary["health"]["command_exit"] = run.meta.get("exit")
+    summary.run.path = str(run.path)
+    summary.health.stale_rank_dirs = [str(d) for d in run.stale_rank_dirs]
+    summary.health.command_exit = command_exit(run.meta.get("exit"))
     return summary
 
 
-def load_summary(run: Run, top: int = TOP_N) -> dict[str, Any] | None:
+def load_summary(run: Run, top: int = TOP_N) -> Summary | None:
     """The stored summary of ``run`` if it is fresh and sound; None otherwise (missing, stale, of
     another version, unreadable, damaged or not of ``summarize``'s shape). Never raises for what
     the file holds."""
@@ -120,14 +120,15 @@ def load_summary(run: Run, top: int = TOP_N) -> dict[str, Any] | None:
         return None
     if type(doc.get("version")) is not int or doc["version"] != SUMMARY_VERSION or doc.get("key") != key:
         return None
-    summary = doc.get("summary")
-    if not conforms(summary, SHAPE):
+    try:
+        summary = Summary.from_json(doc.get("summary"))
+    except NotASummary:
         return None
     counts["stored"] += 1
     return _placed(summary, run)
 
 
-def write_summary(run: Run, summary: dict[str, Any], top: int = TOP_N) -> bool:
+def write_summary(run: Run, summary: Summary, top: int = TOP_N) -> bool:
     """Store ``summary`` (``summarize(run, top)``) in the run; whether it was. Not stored: a run
     without checksums, a summary that JSON cannot hold exactly (NaN) or larger than
     :data:`MAX_BYTES`, something other than a regular file at ``summary.json`` (never replaced),
@@ -136,7 +137,7 @@ def write_summary(run: Run, summary: dict[str, Any], top: int = TOP_N) -> bool:
     if key is None:
         return False
     try:
-        data = json.dumps({"version": SUMMARY_VERSION, "key": key, "summary": summary}, allow_nan=False,
+        data = json.dumps({"version": SUMMARY_VERSION, "key": key, "summary": summary.to_json()}, allow_nan=False,
                           separators=(",", ":")).encode()
     except (TypeError, ValueError):
         return False
@@ -158,7 +159,7 @@ def write_summary(run: Run, summary: dict[str, Any], top: int = TOP_N) -> bool:
     return True
 
 
-def run_summary(run: Run, top: int = TOP_N, store: bool = True) -> dict[str, Any]:
+def run_summary(run: Run, top: int = TOP_N, store: bool = True) -> Summary:
     """``summarize(run, top)``: read from the run when the stored one is fresh, else computed (and,
     with ``store``, stored for the next reader: a run captured without it, or changed since)."""
     summary = load_summary(run, top)

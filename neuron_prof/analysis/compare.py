@@ -2,7 +2,7 @@
 (step time, throughput, cost per token, compile stability, coverage, sync stalls, memory, loss
 agreement), and the ops whose time changed most.
 
-Built on the runs' report summaries (``report.summarize``: every number is the report's) and on
+Built on the runs' summaries (``summary.build.summarize``: every number is the report's) and on
 what a summary does not keep: each step's loss (``analysis.metrics``) and the time of every
 (op, module path) rather than the top few. ``a`` is the baseline, ``b`` the run compared with it;
 ``ratio`` is b / a; a row's ``verdict`` says whether b is better, worse or the same (measured
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.metrics import per_step, step_values
+from neuron_prof.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
 
 TOLERANCE = 0.05
 """Relative change of a measured (continuous) number still called the same."""
@@ -38,13 +39,13 @@ class Side:
     """One run of the comparison: its label, summary, per-step scalars and op times."""
 
     label: str
-    summary: dict[str, Any]
+    summary: Summary
     metrics: pd.DataFrame
     """``Run.metrics``."""
     steps: pd.DataFrame
-    """``Run.step_kinds``."""
+    """``RunAnalysis.step_kinds``."""
     ops: pd.DataFrame
-    """``report.run_op_stats(run)``: self time per (name, module) with ``self_ms_per_step``."""
+    """``summary.build.run_op_stats(run)``: self time per (name, module) with ``self_ms_per_step``."""
     hosts: int = 1
     price_per_hour: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -106,70 +107,71 @@ def loss_agreement(a: pd.Series, b: pd.Series, rtol: float = LOSS_RTOL) -> dict[
             "rtol": rtol}
 
 
-def _step_median(s: dict[str, Any]) -> float | None:
+def _step_median(summary: Summary) -> float | None:
     """Median step time: the median over ranks of each rank's median (the Overview's number)."""
-    vals = [x["median_ms"] for x in s.get("steps") or [] if x.get("median_ms") is not None]
+    vals = [x.median_ms for x in summary.steps if x.median_ms is not None]
     return float(np.median(vals)) if vals else None
 
 
-def _memory(s: dict[str, Any]) -> list[dict[str, Any]]:
-    m = s.get("memory") or {}
-    return m.get("devices", []) if m.get("captured") else []
+def _memory(summary: Summary) -> list[MemoryDevice]:
+    return summary.memory.devices if isinstance(summary.memory, MemorySection) else []
 
 
-def _memory_peak(s: dict[str, Any]) -> float | None:
+def _memory_peak(summary: Summary) -> float | None:
     """The highest memory peak of any device (bytes allocated since capture began)."""
-    if not (s.get("memory") or {}).get("captured"):
+    if not isinstance(summary.memory, MemorySection):
         return None
-    vals = [v for d in _memory(s) for v in (d.get("peak_between_boundaries") or 0, (d.get("peak") or {}).get("bytes") or 0)]
+    vals = [v for d in _memory(summary)
+            for v in (d.peak_between_boundaries or 0, (d.peak.bytes if d.peak else 0) or 0)]
     return float(max(vals)) if vals else None
 
 
-def _leak_growth(s: dict[str, Any]) -> float | None:
+def _leak_growth(summary: Summary) -> float | None:
     """Live-memory growth per step of the fastest-growing device (0: no growth)."""
-    if not (s.get("memory") or {}).get("captured"):
+    if not isinstance(summary.memory, MemorySection):
         return None
-    vals = [float(d["growth_per_step"]) for d in _memory(s) if d.get("growth_per_step") is not None]
+    vals = [float(d.growth_per_step) for d in _memory(summary) if d.growth_per_step is not None]
     return max(vals) if vals else None
 
 
-def _break_sites(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {f"{x['source']} ({x['reason_class']})": x for x in (s.get("compile") or {}).get("break_sites") or []}
+def _break_sites(summary: Summary) -> dict[str, BreakSite]:
+    return {f"{x.source} ({x.reason_class})": x for x in summary.compile.break_sites}
 
 
-def _device(s: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    d = s.get("device") or {}
-    return (d.get(key) or []) if d.get("captured") else []
+def _device(summary: Summary) -> DeviceSection | None:
+    return summary.device if isinstance(summary.device, DeviceSection) else None
 
 
-def _fallbacks_per_step(s: dict[str, Any]) -> float | None:
-    if not (s.get("device") or {}).get("captured"):
+def _fallbacks_per_step(summary: Summary) -> float | None:
+    device = _device(summary)
+    if device is None:
         return None
-    return float(sum(x.get("calls_per_step") or 0 for x in _device(s, "fallbacks")))
+    return float(sum(x.calls_per_step or 0 for x in device.fallbacks))
 
 
-def _coverage(s: dict[str, Any]) -> float | None:
-    vals = [x["coverage_pct"] for x in _device(s, "coverage") if x.get("coverage_pct") is not None]
+def _coverage(summary: Summary) -> float | None:
+    device = _device(summary)
+    vals = [x.coverage_pct for x in device.coverage if x.coverage_pct is not None] if device else []
     return float(min(vals)) if vals else None
 
 
-def _sync_ms(s: dict[str, Any]) -> float | None:
-    vals = [x["sync_ms"] for x in s.get("time_split") or [] if x.get("sync_ms") is not None]
+def _sync_ms(summary: Summary) -> float | None:
+    vals = [x.sync_ms for x in summary.time_split if x.sync_ms is not None]
     return float(np.mean(vals)) if vals else None
 
 
-def _p90(s: dict[str, Any]) -> float | None:
-    vals = [x["p90_ms"] for x in s.get("steps") or [] if x.get("p90_ms") is not None]
+def _p90(summary: Summary) -> float | None:
+    vals = [x.p90_ms for x in summary.steps if x.p90_ms is not None]
     return float(np.median(vals)) if vals else None
 
 
-def _per_frame(s: dict[str, Any]) -> float | None:
-    c = s.get("compile") or {}
-    return float(c["compile_ms"]) / c["frames_compiled"] if c.get("frames_compiled") else None
+def _per_frame(summary: Summary) -> float | None:
+    compiled = summary.compile
+    return float(compiled.compile_ms) / compiled.frames_compiled if compiled.frames_compiled else None
 
 
-def _devices(s: dict[str, Any]) -> str:
-    return ", ".join(sorted({str(d["device"]) for d in _memory(s)}))
+def _devices(summary: Summary) -> str:
+    return ", ".join(sorted({str(d.device) for d in _memory(summary)}))
 
 
 def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float = LOSS_RTOL) -> dict[str, Any]:
@@ -179,7 +181,7 @@ def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float =
     sa, sb = a.summary, b.summary
     tp = {(side.label, n): throughput(side, n) for side in (a, b) for n in ("samples", "tokens")}
     cost = {side.label: cost_per_million(side, tp[(side.label, "tokens")]) for side in (a, b)}
-    ca, cb = sa.get("compile") or {}, sb.get("compile") or {}
+    ca, cb = sa.compile, sb.compile
     loss = loss_agreement(step_values(a.per_step, "loss"), step_values(b.per_step, "loss"), loss_rtol)
     # (item, unit, better, a, b, measured, detail)
     items = [
@@ -190,12 +192,12 @@ def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float =
         ("cost per million tokens", "USD", "lower", cost[a.label], cost[b.label], True,
          f"{a.label}: {a.price_per_hour} USD/h x {a.hosts} host(s); {b.label}: {b.price_per_hour} USD/h x "
          f"{b.hosts} host(s)" if a.price_per_hour is not None or b.price_per_hour is not None else ""),
-        ("compile time (total)", "ms", "lower", ca.get("compile_ms"), cb.get("compile_ms"), True, ""),
+        ("compile time (total)", "ms", "lower", ca.compile_ms, cb.compile_ms, True, ""),
         ("compile time per frame", "ms", "lower", _per_frame(sa), _per_frame(sb), True,
-         f"{ca.get('frames_compiled', 0)} vs {cb.get('frames_compiled', 0)} frames"),
-        ("graph break sites", "", "lower", ca.get("graph_breaks"), cb.get("graph_breaks"), False, ""),
-        ("graph breaks", "", "lower", ca.get("graph_break_events"), cb.get("graph_break_events"), False, ""),
-        ("recompiles", "", "lower", ca.get("recompiles"), cb.get("recompiles"), False, ""),
+         f"{ca.frames_compiled} vs {cb.frames_compiled} frames"),
+        ("graph break sites", "", "lower", ca.graph_breaks, cb.graph_breaks, False, ""),
+        ("graph breaks", "", "lower", ca.graph_break_events, cb.graph_break_events, False, ""),
+        ("recompiles", "", "lower", ca.recompiles, cb.recompiles, False, ""),
         ("CPU fallbacks per step", "", "lower", _fallbacks_per_step(sa), _fallbacks_per_step(sb), False, ""),
         ("op coverage", "%", "higher", _coverage(sa), _coverage(sb), False, ""),
         ("sync-point stall per step", "ms", "lower", _sync_ms(sa), _sync_ms(sb), True, ""),
@@ -261,16 +263,16 @@ def ops_changed(a: pd.DataFrame, b: pd.DataFrame, top: int = TOP_OPS) -> pd.Data
 
 def _notes(a: Side, b: Side, loss: dict[str, Any]) -> list[str]:
     notes = [*a.notes, *b.notes]
-    ra, rb = a.summary.get("run") or {}, b.summary.get("run") or {}
-    if ra.get("world_size") != rb.get("world_size"):
-        notes.append(f"world sizes differ ({ra.get('world_size')} vs {rb.get('world_size')}): step times compare "
+    ra, rb = a.summary.run, b.summary.run
+    if ra.world_size != rb.world_size:
+        notes.append(f"world sizes differ ({ra.world_size} vs {rb.world_size}): step times compare "
                      "as they are, throughput adds up each run's ranks")
-    na, nb = (max((x.get("steps") or 0 for x in side.summary.get("steps") or []), default=0) for side in (a, b))
+    na, nb = (max((x.steps or 0 for x in side.summary.steps), default=0) for side in (a, b))
     if na != nb:
         notes.append(f"{a.label} has {na} complete steps, {b.label} {nb}: step figures are each run's own, the loss "
                      "compares the steps both have")
-    if ra.get("device") != rb.get("device"):
-        notes.append(f"devices differ ({ra.get('device')} vs {rb.get('device')})")
+    if ra.device != rb.device:
+        notes.append(f"devices differ ({ra.device} vs {rb.device})")
     for name in ("tokens", "samples"):
         has = [s.label for s in (a, b) if (s.per_step["name"] == name).any()]
         if len(has) == 1:
