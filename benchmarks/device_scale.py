@@ -5,7 +5,7 @@ loaded, analysed (``neuron_prof.analysis.device``) and reported.
         [--reps 3] [--keep DIR] [--only NAME ...] [--profile] [--dump DIR] [--json OUT]
 
 Generation (synthetic, as a capture writes it): one ``neuron_prof.store.RankWriter`` (rank 0 of
-1) and the session's interning (``neuron_prof.session._Interner``: strings, frames, stacks); per
+1) and the session's interning (``neuron_prof.interner.Interner``: strings, frames, stacks); per
 step the rows of ``ops``, ``device_enqueues``, ``queue_flushes``, ``device_kernels``,
 ``kernel_enqueues``, ``fallbacks`` and ``steps`` journaled with a commit, compacted every
 COMPACT_EVERY steps (a capture compacts every 2 s; a step here lasts ~60-300 ms), closed with a
@@ -44,7 +44,7 @@ RSS of that child from ``os.wait4``):
    not counted), and all of them in one process one after another (``all``: the device analyses
    together, as the report runs them; ``--dump DIR`` writes each result there as a pickle, to
    compare two trees);
-3. ``neuron_prof.report.summarize`` in full (with its Device section once the report has one),
+3. ``neuron_prof.summary.build.summarize`` in full (with its Device section once the report has one),
    ``render_text`` and ``json.dumps``; and the CLI as a user runs it, ``neuron-prof report RUN
    --json``.
 
@@ -57,6 +57,7 @@ Target (the device-analysis issue): the analyses of a run with 1M kernels in the
 this machine. ``--profile`` adds cProfile's top functions of the in-process ``summarize``.
 """
 from __future__ import annotations
+from neuron_prof.analysis.run_analysis import analyze
 
 import argparse
 import json
@@ -199,7 +200,7 @@ def fusion_plan(n_ops: int, n_kernels: int, seed: int = 7) -> np.ndarray:
 
 def generate(run_dir: Path, steps: int, kernels_per_step: int, layers: int, seed: int = 0) -> tuple[float, dict]:
     from neuron_prof.schema import SCHEMA_VERSION
-    from neuron_prof.session import _Interner
+    from neuron_prof.interner import Interner
     from neuron_prof.store import RankWriter, update_run_meta
 
     t_start = time.perf_counter()
@@ -223,7 +224,7 @@ def generate(run_dir: Path, steps: int, kernels_per_step: int, layers: int, seed
         "schema_version": SCHEMA_VERSION, "neuron_prof_version": "bench", "run_id_scope": "command",
         "command": ["python", "train.py"], "cwd": CWD, "torch_version": "2.13.0+cpu", "device": DEVICE,
         "world_size": 1, "start_time_ns": 1_700_000_000_000_000_000, "hostname": "trn-host-000"}, replace=True)
-    it = _Interner()
+    it = Interner()
     S = it.string
     dev_id, stream = S(DEVICE), 0
     reasons = {r: S(r) for r in ("sync", "size", "fallback")}
@@ -435,18 +436,18 @@ def generate(run_dir: Path, steps: int, kernels_per_step: int, layers: int, seed
 
 def _basis(run):
     from neuron_prof.analysis.steps import basis_steps
-    return basis_steps(run.step_kinds, captured_only=True).steps  # what report.summarize calls ``scope``
+    return basis_steps(analyze(run).step_kinds, captured_only=True).steps  # what summary.build.summarize calls ``scope``
 
 
 def _sync(run):
     from neuron_prof.analysis.sync import sync_points
-    return sync_points(run.ops, run.op_parent, exclude=run.op_compile[0])
+    return sync_points(run.ops, analyze(run).op_parent, exclude=analyze(run).op_compile.inside)
 
 
 def _verdicts(run):
     from neuron_prof.analysis import device as dev
-    v = dev.step_verdicts(run.device_steps)
-    flags = run.step_kinds.set_index(["rank", "step"])[["warmup", "steady"]]
+    v = dev.step_verdicts(analyze(run).device_steps)
+    flags = analyze(run).step_kinds.set_index(["rank", "step"])[["warmup", "steady"]]
     return v.join(flags, on=["rank", "step"])
 
 
@@ -460,18 +461,18 @@ def analyses():
         "kernel_of": (lambda r: {"e": r.device_enqueues, "l": r.kernel_enqueues},
                       lambda r, i: dev.kernel_of(i["e"], i["l"])),
         "correlation": (lambda r: {"e": r.device_enqueues, "k": r.device_kernels, "l": r.kernel_enqueues, "o": r.ops},
-                        lambda r, i: r.device_correlation),
-        "device_steps": (lambda r: {"k": r.device_kernels, "f": r.queue_flushes, "s": r.step_kinds},
-                         lambda r, i: r.device_steps),
-        "step_verdicts": (lambda r: {"d": r.device_steps}, lambda r, i: dev.step_verdicts(i["d"])),
+                        lambda r, i: analyze(r).device_correlation),
+        "device_steps": (lambda r: {"k": r.device_kernels, "f": r.queue_flushes, "s": analyze(r).step_kinds},
+                         lambda r, i: analyze(r).device_steps),
+        "step_verdicts": (lambda r: {"d": analyze(r).device_steps}, lambda r, i: dev.step_verdicts(i["d"])),
         "verdict_summary": (lambda r: {"v": _verdicts(r), "b": _basis(r)},
                             lambda r, i: dev.verdict_summary(i["v"], i["b"])),
         "stalls": (lambda r: {"f": r.queue_flushes, "b": _basis(r)}, lambda r, i: dev.stalls(i["f"], i["b"])),
         "sync_waits": (lambda r: {"s": _sync(r), "f": r.queue_flushes}, lambda r, i: dev.sync_waits(i["s"], i["f"])),
-        "top_kernels": (lambda r: {"k": r.device_kernels, "c": r.device_correlation, "b": _basis(r)},
+        "top_kernels": (lambda r: {"k": r.device_kernels, "c": analyze(r).device_correlation, "b": _basis(r)},
                         lambda r, i: dev.top_kernels(i["k"], i["c"], i["b"], 10)),
         "fusion": (lambda r: {"k": r.device_kernels}, lambda r, i: dev.fusion(i["k"])),
-        "unfused_sequences": (lambda r: {"k": r.device_kernels, "c": r.device_correlation, "b": _basis(r)},
+        "unfused_sequences": (lambda r: {"k": r.device_kernels, "c": analyze(r).device_correlation, "b": _basis(r)},
                               lambda r, i: dev.unfused_sequences(i["k"], i["c"], i["b"], 10)),
         "queue_depth": (lambda r: {"e": r.device_enqueues, "k": r.device_kernels},
                         lambda r, i: dev.queue_depth(i["e"], i["k"])),
@@ -555,10 +556,11 @@ def measure(what: str, run_dir: Path, profile: bool, dump: Path | None) -> dict:
         import cProfile
         import io
         import pstats
-        from neuron_prof import report
-        from neuron_prof.report import render_text, summarize
-        if hasattr(report, "_device"):  # the Device section's own share (its tables read before it, by summarize)
-            section = report._device
+        from neuron_prof.summary import build
+        from neuron_prof.summary.build import summarize
+        from neuron_prof.summary.text import render_text
+        if hasattr(build, "_device"):  # the Device section's own share (its tables read before it, by summarize)
+            section = build._device
 
             def timed(*a, **kw):
                 t2 = time.perf_counter()
@@ -566,7 +568,7 @@ def measure(what: str, run_dir: Path, profile: bool, dump: Path | None) -> dict:
                     return section(*a, **kw)
                 finally:
                     t["device_section_s"] = t.get("device_section_s", 0.0) + time.perf_counter() - t2
-            report._device = timed
+            build._device = timed
         prof = cProfile.Profile() if profile else None
         if prof:
             prof.enable()
@@ -579,9 +581,9 @@ def measure(what: str, run_dir: Path, profile: bool, dump: Path | None) -> dict:
         text = render_text(summary)
         t["render_s"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        dumped = json.dumps(summary)
+        dumped = json.dumps(summary.to_json())
         t["json_s"] = time.perf_counter() - t1
-        t["device_section"] = bool(summary.get("device", {}).get("captured"))
+        t["device_section"] = summary.device.captured
         t["report_lines"] = text.count("\n")
         t["json_bytes"] = len(dumped)
         if prof:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/scale_ranks.py [--ranks 256] [--steps 100] [--keep DIR] [--profile] [--json OUT]
 
 Generation (synthetic, as a capture writes it): per fake rank one ``neuron_prof.store.RankWriter``
-and the session's interning (``neuron_prof.session._Interner``: strings, frames, stacks), the
+and the session's interning (``neuron_prof.interner.Interner``: strings, frames, stacks), the
 collectives and step rows journaled step by step with a commit per step, compacted every
 COMPACT_EVERY steps (a capture compacts every 2 s; a step here lasts ~120 ms), closed with a
 manifest. The job it describes:
@@ -21,7 +21,7 @@ manifest. The job it describes:
 
 Measurement, each in a fresh process (wall time; peak RSS from ``os.wait4``'s rusage of that
 child): ``neuron_prof.load`` and the collective tables (``run.collectives``,
-``collective_groups``, ``clock_sync``), ``neuron_prof.report.summarize`` and ``render_text``
+``collective_groups``, ``clock_sync``), ``neuron_prof.summary.build.summarize`` and ``render_text``
 (with the collectives section once the analysis layer provides it), ``json.dumps`` of the summary;
 and the CLI as a user runs it, ``neuron-prof report RUN`` and ``neuron-prof report RUN --json``.
 Targets: <= 30 s and <= 4 GB. ``--profile`` adds cProfile's top functions of the in-process
@@ -108,14 +108,14 @@ def _init_worker(sim: dict) -> None:
 
 def write_rank(rank: int) -> None:
     from neuron_prof.schema import COLLECTIVE_STATUS, SCHEMA_VERSION
-    from neuron_prof.session import _Interner
+    from neuron_prof.interner import Interner
     from neuron_prof.store import RankWriter, update_run_meta
 
     sim, run_dir, ranks, run_id = _SIM["sim"], Path(_SIM["run_dir"]), _SIM["ranks"], _SIM["run_id"]
     steps = sim["step_start"].shape[1]
     off = int(_SIM["offsets"][rank])
     rng = np.random.default_rng(1000 + rank)
-    interner = _Interner()
+    interner = Interner()
     host = f"host-{rank // RANKS_PER_HOST:03d}"
     meta = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "rank": rank, "world_size": ranks, "pid": 10_000 + rank,
             "hostname": host, "device": "cpu", "torch_version": "2.13.0+cpu", "python": sys.version.split()[0],
@@ -210,7 +210,8 @@ def measure_in_process(run_dir: Path, profile: bool) -> dict:
     t = {}
     t0 = time.perf_counter()
     import neuron_prof
-    from neuron_prof.report import render_text, summarize
+    from neuron_prof.summary.build import summarize
+    from neuron_prof.summary.text import render_text
     t["import_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     run = neuron_prof.load(run_dir)
@@ -226,11 +227,11 @@ def measure_in_process(run_dir: Path, profile: bool) -> dict:
     text = render_text(summary)
     t["render_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dumped = json.dumps(summary)
+    dumped = json.dumps(summary.to_json())
     t["json_s"] = time.perf_counter() - t0
     t["rows"] = len(coll)
     t["ranks"] = len(run.ranks)
-    t["collectives_section"] = "collectives" in summary
+    t["collectives_section"] = summary.collectives.captured
     t["report_lines"] = text.count("\n")
     t["json_bytes"] = len(dumped)
     if prof:
@@ -288,7 +289,7 @@ def main() -> None:
     print(f"{args.ranks} ranks x {args.steps} steps x {len(PLAN)} collectives = {phases['rows']:,} rows, "
           f"{disk / 1e6:.1f} MB on disk" + (f", written in {gen:.1f} s" if gen is not None else " (kept run)"))
     print(f"  in one process: load {phases['load_s']:.2f} s, collectives tables {phases['collectives_s']:.2f} s, "
-          f"report.summarize {phases['summarize_s']:.2f} s (collectives section: "
+          f"summarize {phases['summarize_s']:.2f} s (collectives section: "
           f"{'yes' if phases['collectives_section'] else 'not yet'}), render {phases['render_s']:.2f} s, "
           f"json {phases['json_s']:.2f} s; whole process {wall:.1f} s, peak RSS {rss:.2f} GB")
     for name, c in cli.items():

@@ -1,27 +1,30 @@
 """neuron_prof: where a PyTorch training step spends its time, on any device.
 
-Public API: ``profile``, ``schedule``, ``mark``, ``log``, ``load``. See the README for examples.
+Public API: ``profile``, ``schedule``, ``mark``, ``log`` (capture); ``load`` (a run's tables) and
+``analyze`` (its analyses). See the README and docs/python-api.md.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import Any
 
-from neuron_prof.marks import mark
+from neuron_prof.marks import log, mark
 from neuron_prof.profile import profile
-from neuron_prof.scalars import log
 from neuron_prof.schedule import Schedule, schedule
+from neuron_prof.version import __version__
 
-__all__ = ["profile", "schedule", "Schedule", "mark", "log", "load", "Run", "__version__"]
+__all__ = ["profile", "schedule", "Schedule", "mark", "log", "load", "Run", "analyze", "RunAnalysis", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    """``load`` and ``Run`` (the reading side, and pandas with it) are imported when first used:
-    a process that only captures (every Python process under ``neuron-prof record``) starts
-    without them."""
+    """``load``, ``Run``, ``analyze`` and ``RunAnalysis`` (the reading side, and pandas with it) are
+    imported when first used: a process that only captures (every Python process under
+    ``neuron-prof record``) starts without them."""
     if name in ("load", "Run"):
         from neuron_prof import run
 
         return getattr(run, name)
+    if name in ("analyze", "RunAnalysis"):
+        from neuron_prof.analysis import run_analysis
+
+        return getattr(run_analysis, name)
     raise AttributeError(f"module 'neuron_prof' has no attribute {name!r}")

@@ -11,16 +11,18 @@ import functools
 import gc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pandas.api.types import union_categoricals
 
+from neuron_prof.keys import backend_key, thread_key, thread_key_parts
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
-from neuron_prof.schema import COLLECTIVE_STATUS, INFLIGHT_STATES, MEMORY_KINDS, REFERENCES, TABLES
+from neuron_prof.schema import (ATTRIBUTE_OF_TABLE, COLLECTIVE_STATUS, INFLIGHT_STATES, MEMORY_KINDS, REFERENCES,
+                                TABLE_OF_ATTRIBUTE, TABLES)
 
 def _string_columns(lists: bool) -> dict[str, tuple[str, ...]]:
     """Per table, its columns of string ids (``lists``: of lists of them)."""
@@ -109,7 +111,12 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 class Run:
-    """A run directory, read once. Tables are built on first access and cached."""
+    """A run directory, read once: its tables as DataFrames, built on first access and kept.
+
+    Every table of ``schema.TABLES`` (but the interned strings, frames and stacks, which are
+    resolved into the others) is an attribute of the same name (``groups`` is
+    ``collective_groups``), documented in ``schema.DESCRIPTIONS``; ``run.table(name)`` is the same.
+    Analyses of the tables are on ``neuron_prof.analyze(run)``."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -128,6 +135,29 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, ranks={self.ranks}, steps={len(self.steps)}, ops={len(self.ops)})"
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        """A table by its attribute name (only called for names not yet in the instance)."""
+        table = TABLE_OF_ATTRIBUTE.get(name)
+        if table is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.table(table)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *TABLE_OF_ATTRIBUTE})
+
+    def table(self, name: str) -> pd.DataFrame:
+        """Table ``name`` of ``schema.TABLES``, all ranks, ids resolved, finished as
+        ``_FINISHED`` says (sorted, tagged with steps...); built once."""
+        attribute = ATTRIBUTE_OF_TABLE.get(name)
+        if attribute is None:
+            raise KeyError(f"no table {name!r} in a run (tables: {', '.join(ATTRIBUTE_OF_TABLE)})")
+        df = self.__dict__.get(attribute)
+        if df is None:
+            finish = _FINISHED.get(name)
+            df = self._table(name) if finish is None else finish(self, self._table(name))
+            self.__dict__[attribute] = df
+        return df
 
     @property
     def ranks(self) -> list[int]:
@@ -186,357 +216,6 @@ class Run:
         df["step"] = step
         return df
 
-    @functools.cached_property
-    def steps(self) -> pd.DataFrame:
-        """One row per step and rank: step, ts, dur, active (captured in detail), complete. In an
-        always-on run the steps a dump wrote whole are the active ones (their rows were written
-        before it); the step in flight at the dump is in it only in part."""
-        steps = self._table("steps").sort_values(["rank", "step"], ignore_index=True)
-        dumps = self.dumps
-        for rank, first, last in zip(dumps["rank"], dumps["first_step"], dumps["last_step"]):
-            steps.loc[(steps["rank"] == rank) & steps["step"].between(first, last - 1), "active"] = True
-        return steps
-
-    @functools.cached_property
-    def dumps(self) -> pd.DataFrame:
-        """Always-on capture's dumps, a row per thread each named: rank, ts, reason, first_step,
-        last_step (the steps whose detail it wrote), tid and that thread's stack (source...)."""
-        return self._table("dumps").sort_values(["rank", "ts", "tid"], ignore_index=True)
-
-    @functools.cached_property
-    def ops(self) -> pd.DataFrame:
-        """One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step."""
-        ops = self._table("ops")
-        # thread names as a categorical built from the few distinct (rank, tid) pairs, not per row
-        names = {(int(r), int(t)): str(n) for r, t, n in zip(self.threads["rank"], self.threads["tid"],
-                                                             self.threads["name"])}
-        key = ops["rank"].to_numpy(np.int64) * (1 << 40) + ops["tid"].to_numpy(np.int64)
-        codes, uniq = pd.factorize(key)
-        labels = [names.get((int(k >> 40), int(k & ((1 << 40) - 1))), str(int(k & ((1 << 40) - 1)))) for k in uniq]
-        cats, remap = np.unique(np.array(labels, dtype=object), return_inverse=True)
-        thread = pd.Categorical.from_codes(remap.reshape(-1)[codes.reshape(-1)].astype(np.int32), categories=cats)
-        ops.insert(ops.columns.get_loc("tid") + 1, "thread", thread)
-        return self._with_step(ops)
-
-    @functools.cached_property
-    def op_parent(self) -> np.ndarray:
-        """Row position in ``ops`` of each op's enclosing op (-1: top level). The nesting pass is
-        the costliest step over millions of ops; self time, sync points and compiled-region
-        timing all start from it, so it is computed once per run."""
-        from neuron_prof.analysis.ops import parent_index
-        return parent_index(self.ops)
-
-    @functools.cached_property
-    def op_compile(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(inside, compile_ns)`` for each row of ``ops``: whether it ran within a torch.compile
-        compile on its thread, and how much compiling lies within it
-        (``analysis.ops.compile_overlap``). Run time = ``dur - compile_ns``."""
-        from neuron_prof.analysis.ops import compile_overlap
-        return compile_overlap(self.ops, self.compile_spans)
-
-    @functools.cached_property
-    def op_run_self_ns(self) -> np.ndarray:
-        """Self time of each row of ``ops`` (ns) with compiling left out: 0 for ops inside a
-        compile; the op table, region costs and break-site costs start from it."""
-        from neuron_prof.analysis.ops import self_time
-        compile_ns = self.op_compile[1]
-        return self_time(self.ops, self.op_parent, self.ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
-
-    @functools.cached_property
-    def compile_spans(self) -> pd.DataFrame:
-        """When each thread was compiling (``analysis.compile.compile_spans``)."""
-        from neuron_prof.analysis.compile import compile_spans
-        return compile_spans(self.compiles, self.compile_phases)
-
-    @functools.cached_property
-    def step_kinds(self) -> pd.DataFrame:
-        """``steps`` with ``compile_ns``, ``warmup`` and ``steady`` (``analysis.steps.step_kinds``)."""
-        from neuron_prof.analysis.steps import step_kinds
-        return step_kinds(self.steps, self.compile_spans)
-
-    @functools.cached_property
-    def spans(self) -> pd.DataFrame:
-        """Spans of the run that are not steps: ``start-up`` (under ``record``: the process from
-        its start to its first module call). neuron_prof's own work at step boundaries is the gap
-        between one step's end and the next one's start (``analysis.steps.own_work``)."""
-        return self._table("spans")
-
-    @functools.cached_property
-    def marks(self) -> pd.DataFrame:
-        """User ranges from ``neuron_prof.mark``."""
-        return self._with_step(self._table("marks"))
-
-    @functools.cached_property
-    def metrics(self) -> pd.DataFrame:
-        """Scalars of the training, one row per value: ``loss`` (each ``backward()``'s root),
-        ``tokens``/``samples`` per step, and what ``neuron_prof.log`` named; ``step``: the step
-        the value was handed over in (``analysis.metrics.per_step``: one value per step)."""
-        return self._with_step(self._table("metrics"))
-
-    @functools.cached_property
-    def threads(self) -> pd.DataFrame:
-        return self._table("threads").drop_duplicates(["rank", "tid"], keep="last", ignore_index=True)
-
-    @functools.cached_property
-    def compiles(self) -> pd.DataFrame:
-        """One row per frame compilation: compile_id, func/file/line, backend, status, time, ops, guards."""
-        return self._with_step(self._table("compiles"))
-
-    @functools.cached_property
-    def compile_phases(self) -> pd.DataFrame:
-        """Phases of each compile (bytecode tracing, AOT autograd, backend compile, ...)."""
-        return self._table("compile_phases")
-
-    @functools.cached_property
-    def graph_breaks(self) -> pd.DataFrame:
-        """One row per graph break: reason, reason_class, gb_id, source (user file:line), compile_id."""
-        return self._with_step(self._table("graph_breaks"))
-
-    @functools.cached_property
-    def recompiles(self) -> pd.DataFrame:
-        """One row per failed guard that caused a recompile."""
-        return self._with_step(self._table("recompiles"))
-
-    @functools.cached_property
-    def fusions(self) -> pd.DataFrame:
-        """One row per generated kernel: the FX nodes fused into it (``nodes``, a list)."""
-        return self._table("fusions")
-
-    @functools.cached_property
-    def compile_cache(self) -> pd.DataFrame:
-        """FX graph / AOT autograd cache lookups: cache, result (hit, miss, bypass)."""
-        return self._table("compile_cache")
-
-    @functools.cached_property
-    def memory_events(self) -> pd.DataFrame:
-        """Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent), bytes
-        (negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op,
-        top_op, module, source; see collectors/memory.py."""
-        ev = self._table("memory_events")
-        ev["kind"] = pd.Categorical.from_codes(ev["kind"].to_numpy(np.int8), categories=list(MEMORY_KINDS))
-        return self._with_step(ev)
-
-    @functools.cached_property
-    def memory_steps(self) -> pd.DataFrame:
-        """Live bytes (allocated since capture began) and peak per device at every step boundary."""
-        return self._table("memory_steps").sort_values(["rank", "device", "step"], ignore_index=True)
-
-    @functools.cached_property
-    def process_memory(self) -> pd.DataFrame:
-        """The process's resident memory (RSS) at every step boundary, per rank (Linux)."""
-        return self._table("process_memory").sort_values(["rank", "step"], ignore_index=True)
-
-    @functools.cached_property
-    def memory_tensors(self) -> pd.DataFrame:
-        """Parameters, gradients and optimizer state by storage address at captured step boundaries."""
-        return self._table("memory_tensors")
-
-    @functools.cached_property
-    def memory_ooms(self) -> pd.DataFrame:
-        """Out-of-memory errors that ended the capture: message, requested bytes, device, step."""
-        return self._table("memory_ooms")
-
-    @functools.cached_property
-    def memory_allocations(self) -> pd.DataFrame:
-        """One row per captured allocation: lifetime, attribution, category (analysis.memory)."""
-        from neuron_prof.analysis.memory import allocations
-        return allocations(self.memory_events, self.memory_tensors, self.steps)
-
-    @functools.cached_property
-    def memory_timeline(self) -> pd.DataFrame:
-        """Live bytes over time per device, total and per category, min/max downsampled."""
-        from neuron_prof.analysis.memory import timeline
-        return timeline(self.memory_allocations)
-
-    @functools.cached_property
-    def memory_peaks(self) -> pd.DataFrame:
-        """Each captured step's peak per device and the allocation that reached it."""
-        from neuron_prof.analysis.memory import peaks
-        return peaks(self.memory_allocations, self.steps)
-
-    @functools.cached_property
-    def memory_leaks(self) -> pd.DataFrame:
-        """Step-over-step growth of live memory and the sites whose allocations survive."""
-        from neuron_prof.analysis.memory import leaks
-        return leaks(self.memory_allocations, self.memory_steps, self.steps, self.process_memory)
-
-    def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
-        """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,
-        module, op..."""
-        from neuron_prof.analysis.memory import snapshot
-        s = self.steps[(self.steps["rank"] == rank) & (self.steps["step"] == step)]
-        if s.empty:
-            raise KeyError(f"no step {step} on rank {rank} in {self.path}")
-        return snapshot(self.memory_allocations, int(s["ts"].iloc[0] + s["dur"].iloc[0]), by, rank)
-
-    @functools.cached_property
-    def collectives(self) -> pd.DataFrame:
-        """One row per collective per rank (collector ``collectives``): ts/dur (the issue call on
-        thread tid, the rank's own clock), done (completed, -1: not known), op (all_reduce,
-        all_gather, ...), call (the c10d op), group, group_desc, group_size, seq (the group's
-        sequence number: one collective has one (group, seq) on every rank), count, bytes,
-        out_bytes, dtype, peer, async_op, status (completed, failed, in_flight, unknown), module,
-        source (the issuing user line), bwd, step. A rank killed before its last flush adds the
-        collectives its in-flight file still holds (the last few hundred: those in flight, and
-        completed ones the tables had not received); their module and source are not known."""
-        df = self._table("collectives")
-        df["status"] = pd.Categorical.from_codes(df["status"].to_numpy(np.int8), categories=list(COLLECTIVE_STATUS))
-        slots = [self._inflight_rows(rd, df) for rd in self.rank_data if rd.inflight is not None and len(rd.inflight)]
-        if any(len(s) for s in slots):
-            df = pd.concat([df, *slots], ignore_index=True)
-            for col in _STRING_COLUMNS["collectives"] + SOURCE_COLUMNS + ("status",):
-                df[col] = df[col].astype(str).astype("category")
-        groups = self.collective_groups[["rank", "group", "desc", "size"]].drop_duplicates(["rank", "group"])
-        groups = groups.rename(columns={"desc": "group_desc", "size": "group_size"})
-        df["group"] = df["group"].astype(str)
-        groups["group"] = groups["group"].astype(str)
-        df = df.merge(groups, on=["rank", "group"], how="left")
-        # object first: a rank whose groups were never flushed (killed early) has rows no group
-        # matches, and an empty categorical cannot take the "" that stands for unknown
-        df["group_desc"] = df["group_desc"].astype(object).fillna("").astype(str).astype("category")
-        df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
-        df["group"] = df["group"].astype("category")
-        return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
-
-    @staticmethod
-    def _inflight_rows(rd: RankData, table: pd.DataFrame) -> pd.DataFrame:
-        """The in-flight file's collectives that the rank's table lacks (schema.INFLIGHT)."""
-        s = rd.inflight
-        have = table[table["rank"] == rd.rank]
-        known = set(zip(have["group"].astype(str), have["seq"].astype(np.int64)))
-        groups = [g.decode("utf-8", "replace") for g in s["group"]]
-        keep = np.array([(g, int(q)) not in known for g, q in zip(groups, s["seq"])], dtype=bool)
-        if not keep.any():
-            return pd.DataFrame()
-        n = int(keep.sum())
-        states = np.array([INFLIGHT_STATES[int(v)] for v in s["state"][keep]], dtype=object)
-        done = np.where(states == "in_flight", -1, s["done"][keep])
-        return pd.DataFrame({
-            "rank": np.int32(rd.rank), "ts": s["ts"][keep], "dur": np.zeros(n, np.int64), "done": done,
-            "tid": np.zeros(n, np.int64), "op": [o.decode("utf-8", "replace") for o in s["op"][keep]], "call": "",
-            "group": np.array(groups, dtype=object)[keep], "seq": s["seq"][keep], "count": np.zeros(n, np.int32),
-            "bytes": s["bytes"][keep], "out_bytes": np.full(n, -1, np.int64), "dtype": "",
-            "peer": s["peer"][keep], "async_op": False, "status": states, "module": "",
-            **{c: "" for c in SOURCE_COLUMNS}, "stack": np.zeros(n, np.int32), "bwd": False})
-
-    @functools.cached_property
-    def collective_groups(self) -> pd.DataFrame:
-        """The process groups each rank's collectives ran on: group (name), desc, backend, size,
-        group_rank (the rank's place in it), ranks (its members as global ranks; empty: unknown)."""
-        return self._table("groups").drop_duplicates(["rank", "group"], keep="last", ignore_index=True)
-
-    @functools.cached_property
-    def clock_sync(self) -> pd.DataFrame:
-        """Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's
-        time = ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that
-        applies is 0). ``analysis.collectives.clock_offsets`` turns it into the offsets used."""
-        return self._table("clock_sync")
-
-    @functools.cached_property
-    def collective_offsets(self) -> pd.DataFrame:
-        """Each rank's offset to rank 0's clock, as merged views apply it
-        (``analysis.collectives.clock_offsets``)."""
-        from neuron_prof.analysis.collectives import clock_offsets
-        return clock_offsets(self.clock_sync, self.ranks)
-
-    @functools.cached_property
-    def collectives_matched(self) -> pd.DataFrame:
-        """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
-        last rank, wait, transfer, missing ranks (``analysis.collectives.matched``)."""
-        from neuron_prof.analysis.collectives import matched
-        return matched(self.collectives, self.collective_offsets, self.collective_groups, self.steps)
-
-    @functools.cached_property
-    def collective_waits(self) -> pd.DataFrame:
-        """``collectives`` with aligned start/end and each rank's wait for the last arrival
-        (``analysis.collectives.waits``)."""
-        from neuron_prof.analysis.collectives import waits
-        return waits(self.collectives, self.collectives_matched, self.collective_offsets)
-
-    @functools.cached_property
-    def collective_mismatches(self) -> pd.DataFrame:
-        """Collectives the ranks of a group disagree on (``analysis.collectives.mismatches``)."""
-        from neuron_prof.analysis.collectives import mismatches
-        return mismatches(self.collectives, self.collective_groups)
-
-    @functools.cached_property
-    def collective_overlap(self) -> pd.DataFrame:
-        """Per rank and step: time in collectives, overlapped by compute, exposed
-        (``analysis.collectives.overlap``)."""
-        from neuron_prof.analysis.collectives import overlap
-        return overlap(self.collectives, self.ops, self.steps)
-
-    @functools.cached_property
-    def device_enqueues(self) -> pd.DataFrame:
-        """Ops a device backend put on its queue (collector ``device``): rank, ts, tid (host
-        thread), id, device (``neuron:0``), stream, op, queue_depth (after it), the host op open on
-        the thread (host_op, module, source, user_source, source_full, stack, bwd), step. The
-        enqueuing op is the ``run.ops`` row of the same rank and tid whose span holds ts."""
-        return self._with_step(self._table("device_enqueues").sort_values(["rank", "ts"], ignore_index=True))
-
-    @functools.cached_property
-    def queue_flushes(self) -> pd.DataFrame:
-        """Waits of a host thread for a device queue to drain: rank, ts, dur, tid, device, reason
-        (sync, size, fallback, synchronize, other), ops (queued ops waited for), host_op, module,
-        source, user_source, source_full, stack, bwd, step."""
-        return self._with_step(self._table("queue_flushes").sort_values(["rank", "ts"], ignore_index=True))
-
-    @functools.cached_property
-    def kernel_enqueues(self) -> pd.DataFrame:
-        """Which enqueued ops each kernel ran: rank, kernel (``device_kernels.id``), enqueue
-        (``device_enqueues.id``), in the backend's order."""
-        return self._table("kernel_enqueues")
-
-    @functools.cached_property
-    def device_kernels(self) -> pd.DataFrame:
-        """Kernels a device backend ran: rank, ts, dur, tid (the reporting thread), id, device,
-        stream, name, n_ops, enqueue_ids (the ``device_enqueues.id`` of the ops it ran, a list),
-        step."""
-        df = self._table("device_kernels")
-        links = self.kernel_enqueues
-        from neuron_prof.analysis.device import rank_key
-        lk = rank_key(links["rank"], links["kernel"])
-        order = np.argsort(lk, kind="stable")
-        lk, enq = lk[order], links["enqueue"].to_numpy(np.int64)[order]
-        kk = rank_key(df["rank"], df["id"])
-        lo, hi = np.searchsorted(lk, kk, side="left"), np.searchsorted(lk, kk, side="right")
-        flat = enq.tolist()
-        collecting = gc.isenabled()
-        gc.disable()  # a list per kernel: the cyclic collector walked the millions made so far, again and again
-        try:
-            ids = [flat[a:b] for a, b in zip(lo.tolist(), hi.tolist())]
-        finally:
-            if collecting:
-                gc.enable()
-        df["enqueue_ids"] = ids
-        return self._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
-
-    @functools.cached_property
-    def device_correlation(self) -> pd.DataFrame:
-        """Each enqueued op with its host op (``op_index``: its ``ops`` row) and the kernel that ran
-        it (``analysis.device.correlation``)."""
-        from neuron_prof.analysis.device import correlation
-        return correlation(self.device_enqueues, self.device_kernels, self.kernel_enqueues, self.ops)
-
-    @functools.cached_property
-    def device_steps(self) -> pd.DataFrame:
-        """Per rank, device and complete step: device busy and idle time, the host's waits for it
-        (``analysis.device.device_steps``)."""
-        from neuron_prof.analysis.device import device_steps
-        return device_steps(self.device_kernels, self.queue_flushes, self.step_kinds)
-
-    @functools.cached_property
-    def fallbacks(self) -> pd.DataFrame:
-        """Ops a device backend ran on the CPU instead: rank, ts, dur, tid, device, op,
-        bytes_to_host (inputs copied off the device), bytes_from_host (outputs copied back),
-        host_op, module, source, user_source, source_full, stack, bwd, step."""
-        return self._with_step(self._table("fallbacks").sort_values(["rank", "ts"], ignore_index=True))
-
-    @functools.cached_property
-    def failures(self) -> pd.DataFrame:
-        """Collectors that failed during capture (training went on without them)."""
-        return self._table("failures")
-
     def stack(self, rank: int, stack_id: int) -> list[tuple[str, str, int]]:
         """The frames (file, function, line) of a stack id, innermost first, with full paths."""
         s = self._strings[rank]
@@ -562,13 +241,130 @@ class Run:
             })
         return pd.DataFrame(rows)
 
-
     @functools.cached_property
     def conflicts(self) -> pd.DataFrame:
         """Processes that wanted a rank another process owned, and so wrote nothing: rank, pid,
         hostname, argv, time_ns, holder_pid, live (the owner was still writing)."""
         cols = ["rank", "pid", "hostname", "argv", "time_ns", "holder_pid", "live"]
         return pd.DataFrame([{c: n.get(c) for c in cols} for n in self._conflicts], columns=cols)
+
+
+# ---- how each table is finished after its ranks are merged (tables not named here: as read)
+
+def _with_step(run: Run, df: pd.DataFrame) -> pd.DataFrame:
+    return run._with_step(df)
+
+
+def _by_rank_ts(run: Run, df: pd.DataFrame) -> pd.DataFrame:
+    return run._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+
+def _steps(run: Run, steps: pd.DataFrame) -> pd.DataFrame:
+    """In an always-on run the steps a dump wrote whole are the active ones (their rows were
+    written before it); the step in flight at the dump is in it only in part."""
+    steps = steps.sort_values(["rank", "step"], ignore_index=True)
+    dumps = run.dumps
+    for rank, first, last in zip(dumps["rank"], dumps["first_step"], dumps["last_step"]):
+        steps.loc[(steps["rank"] == rank) & steps["step"].between(first, last - 1), "active"] = True
+    return steps
+
+
+def _ops(run: Run, ops: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``thread`` (the thread's name) after ``tid``."""
+    # thread names as a categorical built from the few distinct (rank, tid) pairs, not per row
+    threads = run.threads
+    names = {(int(r), int(t)): str(n) for r, t, n in zip(threads["rank"], threads["tid"], threads["name"])}
+    codes, uniq = pd.factorize(thread_key(ops["rank"], ops["tid"]))
+    labels = [names.get((int(r), int(t)), str(int(t))) for r, t in zip(*thread_key_parts(uniq))]
+    cats, remap = np.unique(np.array(labels, dtype=object), return_inverse=True)
+    thread = pd.Categorical.from_codes(remap.reshape(-1)[codes.reshape(-1)].astype(np.int32), categories=cats)
+    ops.insert(ops.columns.get_loc("tid") + 1, "thread", thread)
+    return run._with_step(ops)
+
+
+def _memory_events(run: Run, ev: pd.DataFrame) -> pd.DataFrame:
+    ev["kind"] = pd.Categorical.from_codes(ev["kind"].to_numpy(np.int8), categories=list(MEMORY_KINDS))
+    return run._with_step(ev)
+
+
+def _collectives(run: Run, df: pd.DataFrame) -> pd.DataFrame:
+    """Adds the in-flight file's rows (a rank killed before its last flush) and each row's
+    group_desc and group_size."""
+    df["status"] = pd.Categorical.from_codes(df["status"].to_numpy(np.int8), categories=list(COLLECTIVE_STATUS))
+    slots = [_inflight_rows(rd, df) for rd in run.rank_data if rd.inflight is not None and len(rd.inflight)]
+    if any(len(s) for s in slots):
+        df = pd.concat([df, *slots], ignore_index=True)
+        for col in _STRING_COLUMNS["collectives"] + SOURCE_COLUMNS + ("status",):
+            df[col] = df[col].astype(str).astype("category")
+    groups = run.collective_groups[["rank", "group", "desc", "size"]].drop_duplicates(["rank", "group"])
+    groups = groups.rename(columns={"desc": "group_desc", "size": "group_size"})
+    df["group"] = df["group"].astype(str)
+    groups["group"] = groups["group"].astype(str)
+    df = df.merge(groups, on=["rank", "group"], how="left")
+    # object first: a rank whose groups were never flushed (killed early) has rows no group
+    # matches, and an empty categorical cannot take the "" that stands for unknown
+    df["group_desc"] = df["group_desc"].astype(object).fillna("").astype(str).astype("category")
+    df["group_size"] = df["group_size"].fillna(0).astype(np.int32)
+    df["group"] = df["group"].astype("category")
+    return run._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+
+def _inflight_rows(rd: RankData, table: pd.DataFrame) -> pd.DataFrame:
+    """The in-flight file's collectives that the rank's table lacks (schema.INFLIGHT)."""
+    s = rd.inflight
+    have = table[table["rank"] == rd.rank]
+    known = set(zip(have["group"].astype(str), have["seq"].astype(np.int64)))
+    groups = [g.decode("utf-8", "replace") for g in s["group"]]
+    keep = np.array([(g, int(q)) not in known for g, q in zip(groups, s["seq"])], dtype=bool)
+    if not keep.any():
+        return pd.DataFrame()
+    n = int(keep.sum())
+    states = np.array([INFLIGHT_STATES[int(v)] for v in s["state"][keep]], dtype=object)
+    done = np.where(states == "in_flight", -1, s["done"][keep])
+    return pd.DataFrame({
+        "rank": np.int32(rd.rank), "ts": s["ts"][keep], "dur": np.zeros(n, np.int64), "done": done,
+        "tid": np.zeros(n, np.int64), "op": [o.decode("utf-8", "replace") for o in s["op"][keep]], "call": "",
+        "group": np.array(groups, dtype=object)[keep], "seq": s["seq"][keep], "count": np.zeros(n, np.int32),
+        "bytes": s["bytes"][keep], "out_bytes": np.full(n, -1, np.int64), "dtype": "",
+        "peer": s["peer"][keep], "async_op": False, "status": states, "module": "",
+        **{c: "" for c in SOURCE_COLUMNS}, "stack": np.zeros(n, np.int32), "bwd": False})
+
+
+def _device_kernels(run: Run, df: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``enqueue_ids``: the ``device_enqueues.id`` of the ops each kernel ran, a list."""
+    links = run.kernel_enqueues
+    lk = backend_key(links["rank"], links["kernel"])
+    order = np.argsort(lk, kind="stable")
+    lk, enq = lk[order], links["enqueue"].to_numpy(np.int64)[order]
+    kk = backend_key(df["rank"], df["id"])
+    lo, hi = np.searchsorted(lk, kk, side="left"), np.searchsorted(lk, kk, side="right")
+    flat = enq.tolist()
+    collecting = gc.isenabled()
+    gc.disable()  # a list per kernel: the cyclic collector walked the millions made so far, again and again
+    try:
+        ids = [flat[a:b] for a, b in zip(lo.tolist(), hi.tolist())]
+    finally:
+        if collecting:
+            gc.enable()
+    df["enqueue_ids"] = ids
+    return run._with_step(df.sort_values(["rank", "ts"], ignore_index=True))
+
+
+_FINISHED: dict[str, Callable[[Run, pd.DataFrame], pd.DataFrame]] = {
+    "steps": _steps,
+    "dumps": lambda run, df: df.sort_values(["rank", "ts", "tid"], ignore_index=True),
+    "ops": _ops,
+    "marks": _with_step, "metrics": _with_step, "compiles": _with_step, "graph_breaks": _with_step,
+    "recompiles": _with_step,
+    "threads": lambda run, df: df.drop_duplicates(["rank", "tid"], keep="last", ignore_index=True),
+    "memory_events": _memory_events,
+    "memory_steps": lambda run, df: df.sort_values(["rank", "device", "step"], ignore_index=True),
+    "process_memory": lambda run, df: df.sort_values(["rank", "step"], ignore_index=True),
+    "collectives": _collectives,
+    "groups": lambda run, df: df.drop_duplicates(["rank", "group"], keep="last", ignore_index=True),
+    "device_enqueues": _by_rank_ts, "queue_flushes": _by_rank_ts, "fallbacks": _by_rank_ts,
+    "device_kernels": _device_kernels,
+}
 
 
 def load(path: str | os.PathLike) -> Run:

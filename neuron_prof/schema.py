@@ -217,3 +217,67 @@ def row_dtype(schema: pa.Schema) -> np.dtype:
     """The packed record layout of a fixed-width table's journal (field order = schema order)."""
     return np.dtype([(f.name, "?" if pa.types.is_boolean(f.type) else np.dtype(f.type.to_pandas_dtype()).newbyteorder("<"))
                      for f in schema])
+
+
+INTERNED = ("strings", "frames", "stacks")
+"""Tables other tables point into: a reader resolves them into its tables' columns."""
+ATTRIBUTE_OF_TABLE: dict[str, str] = {t: {"groups": "collective_groups"}.get(t, t) for t in TABLES if t not in INTERNED}
+"""The name each event table has on a read run (``neuron_prof.load(path).<name>``)."""
+TABLE_OF_ATTRIBUTE: dict[str, str] = {a: t for t, a in ATTRIBUTE_OF_TABLE.items()}
+
+DESCRIPTIONS: dict[str, str] = {
+    "steps": "One row per step and rank: step, ts, dur, active (captured in detail), complete. In an always-on "
+             "run the steps a dump wrote whole are the active ones; the step in flight at the dump is in it only "
+             "in part.",
+    "dumps": "Always-on capture's dumps, a row per thread each named: rank, ts, reason, first_step, last_step (the "
+             "steps whose detail it wrote), tid and that thread's stack (source...).",
+    "ops": "One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step.",
+    "spans": "Spans of the run that are not steps: ``start-up`` (under ``record``: the process from its start to "
+             "its first module call). neuron_prof's own work at step boundaries is the gap between one step's "
+             "end and the next one's start (``analysis.steps.own_work``).",
+    "marks": "User ranges from ``neuron_prof.mark``.",
+    "metrics": "Scalars of the training, one row per value: ``loss`` (each ``backward()``'s root), "
+               "``tokens``/``samples`` per step, and what ``neuron_prof.log`` named; ``step``: the step the value "
+               "was handed over in (``analysis.metrics.per_step``: one value per step).",
+    "threads": "The name of each thread that recorded: rank, tid, name.",
+    "failures": "Collectors that failed during capture (training went on without them); a name "
+                "``collector (table)``: it lost events of that table (counted as dropped) and went on.",
+    "compiles": "One row per frame compilation: compile_id, func/file/line, backend, status, time, ops, guards.",
+    "compile_phases": "Phases of each compile (bytecode tracing, AOT autograd, backend compile, ...).",
+    "graph_breaks": "One row per graph break: reason, reason_class, gb_id, source (user file:line), compile_id.",
+    "recompiles": "One row per failed guard that caused a recompile.",
+    "fusions": "One row per generated kernel: the FX nodes fused into it (``nodes``, a list).",
+    "compile_cache": "FX graph / AOT autograd cache lookups: cache, result (hit, miss, bypass).",
+    "memory_events": "Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent), bytes "
+                     "(negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op, top_op, "
+                     "module, source; see collectors/memory.py.",
+    "memory_steps": "Live bytes (allocated since capture began) and peak per device at every step boundary.",
+    "memory_tensors": "Parameters, gradients and optimizer state by storage address at captured step boundaries.",
+    "memory_ooms": "Out-of-memory errors that ended the capture: message, requested bytes, device, step.",
+    "process_memory": "The process's resident memory (RSS) at every step boundary, per rank (Linux).",
+    "collectives": "One row per collective per rank (collector ``collectives``): ts/dur (the issue call on thread "
+                   "tid, the rank's own clock), done (completed, -1: not known), op, call (the c10d op), group, "
+                   "group_desc, group_size, seq (one collective has one (group, seq) on every rank), count, bytes, "
+                   "out_bytes, dtype, peer, async_op, status (completed, failed, in_flight, unknown), module, "
+                   "source (the issuing user line), bwd, step. A rank killed before its last flush adds the "
+                   "collectives its in-flight file still holds; their module and source are not known.",
+    "groups": "The process groups each rank's collectives ran on: group (name), desc, backend, size, group_rank "
+              "(the rank's place in it), ranks (its members as global ranks; empty: unknown).",
+    "device_enqueues": "Ops a device backend put on its queue (collector ``device``): rank, ts, tid (host thread), "
+                       "id, device (``neuron:0``), stream, op, queue_depth (after it), the host op open on the "
+                       "thread (host_op, module, source, ..., bwd), step. The enqueuing op is the ``ops`` row of "
+                       "the same rank and tid whose span holds ts.",
+    "queue_flushes": "Waits of a host thread for a device queue to drain: rank, ts, dur, tid, device, reason (sync, "
+                     "size, fallback, synchronize, other), ops (queued ops waited for), host_op, module, source, "
+                     "..., bwd, step.",
+    "device_kernels": "Kernels a device backend ran: rank, ts, dur, tid (the reporting thread), id, device, stream, "
+                      "name, n_ops, enqueue_ids (the ``device_enqueues.id`` of the ops it ran, a list), step.",
+    "kernel_enqueues": "Which enqueued ops each kernel ran: rank, kernel (``device_kernels.id``), enqueue "
+                       "(``device_enqueues.id``), in the backend's order.",
+    "fallbacks": "Ops a device backend ran on the CPU instead: rank, ts, dur, tid, device, op, bytes_to_host, "
+                 "bytes_from_host, host_op, module, source, ..., bwd, step.",
+    "clock_sync": "Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's time = "
+                  "ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that applies "
+                  "is 0). ``analysis.clock.clock_offsets`` turns it into the offsets used.",
+}
+"""What each event table of a read run holds (``help(neuron_prof.schema)``; docs/python-api.md)."""

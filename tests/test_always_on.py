@@ -13,7 +13,8 @@ import pytest
 
 import neuron_prof
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.report import render_text, summarize
+from neuron_prof.summary.build import summarize
+from neuron_prof.summary.text import render_text
 from neuron_prof.run import Run
 from conftest import check_trace, cli, line_of, one_line_error, write_script
 
@@ -124,7 +125,7 @@ def test_detail_is_exactly_the_dumped_steps(always_on_run):
 def test_report_and_trace_show_the_dumps(always_on_run, tmp_path):
     run_dir, script = always_on_run
     s = summarize(Run(run_dir))
-    assert [d["reason"].split(":")[0] for d in s["dumps"]] == ["signal SIGUSR1", "hang", "exception"]
+    assert [d["reason"].split(":")[0] for d in s.to_json()["dumps"]] == ["signal SIGUSR1", "hang", "exception"]
     assert "Always-on dumps" in render_text(s)
     res = cli("report", run_dir)
     assert res.returncode == 0, res.stderr
@@ -152,7 +153,7 @@ with neuron_prof.profile(sys.argv[1], mode="always-on", ring_steps=3) as prof:
     assert len(run.steps) == 26 and not run.steps["active"].any()
     assert run.ops.empty and run.dumps.empty
     assert run.memory_events.empty and len(run.memory_steps) >= 25
-    assert all(h["closed"] for h in summarize(run)["health"]["ranks"])
+    assert all(h["closed"] for h in summarize(run).to_json()["health"]["ranks"])
 
 
 def test_record_always_on_sigterm_closes_the_run_and_dies_of_the_signal(tmp_path):
@@ -183,7 +184,7 @@ while True:
     last = int(r.dumps["last_step"].iloc[0])
     assert int(r.dumps["first_step"].iloc[0]) == last - 5 and last >= 30
     assert sorted(r.steps.loc[r.steps["active"], "step"]) == list(range(last - 5, last))
-    assert summarize(r)["health"]["ranks"][0]["closed"]  # closed by the handler before the signal's death
+    assert summarize(r).to_json()["health"]["ranks"][0]["closed"]  # closed by the handler before the signal's death
 
 
 def test_a_programs_own_signal_handlers_are_left_alone(tmp_path):

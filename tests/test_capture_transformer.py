@@ -5,7 +5,7 @@ import inspect
 
 import neuron_prof
 from neuron_prof.examples import train_transformer
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 from conftest import check_trace, cli, line_of
 from pathlib import Path
 
@@ -63,7 +63,7 @@ def test_report_lists_steps_and_top_ops(demo_run):
 def test_step_breakdown_accounts_for_the_step(demo_run):
     from neuron_prof.analysis.steps import PHASES
     run = neuron_prof.load(demo_run)
-    (row,) = summarize(run)["step_breakdown"]
+    (row,) = summarize(run).to_json()["step_breakdown"]
     assert row["steps"] == 3
     assert all(row[f"{p}_ms"] > 0 for p in ("forward", "backward", "optimizer"))
     # on CPU the backward pass runs on the calling thread: the phases tile the step (a few ops

@@ -12,9 +12,10 @@ import torch
 import neuron_prof
 from conftest import cli, line_of, on_terminal
 from neuron_prof.analysis.compare import _step_median
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.compare_report import compare_runs, render_markdown
 from neuron_prof.markdown import md
-from neuron_prof.report import run_op_stats
+from neuron_prof.summary.build import run_op_stats
 from neuron_prof.summary_store import run_summary
 
 STEPS, CHANGE_AT, TOKENS = 8, 4, 512
@@ -87,9 +88,9 @@ def test_every_row_is_the_runs_own_analysis_or_the_hand_computation(runs):
     for key, run in (("a", runs["a"]), ("b", runs["b"])):
         s = run_summary(run)
         assert rows["step time (median)"][key] == pytest.approx(_step_median(s))
-        assert rows["compile time (total)"][key] == pytest.approx(s["compile"]["compile_ms"])
-        assert rows["recompiles"][key] == s["compile"]["recompiles"]
-        kinds = run.step_kinds
+        assert rows["compile time (total)"][key] == pytest.approx(s.compile.compile_ms)
+        assert rows["recompiles"][key] == s.compile.recompiles
+        kinds = analyze(run).step_kinds
         steady = kinds[kinds["steady"]]
         tokens_per_s = TOKENS * len(steady) / (steady["dur"].sum() / 1e9)
         assert rows["tokens/s"][key] == pytest.approx(tokens_per_s)
@@ -208,7 +209,7 @@ def test_the_same_job_on_cpu_and_on_the_emulated_device(tmp_path):
     assert result["loss"]["identical"] and result["loss"]["common_steps"] == 6
     rows = _rows(result)
     assert rows["op coverage"]["a"] is None and rows["op coverage"]["verdict"] == "n/a"  # a CPU run has no device
-    (cov,) = run_summary(dev)["device"]["coverage"]
+    (cov,) = run_summary(dev).to_json()["device"]["coverage"]
     assert rows["op coverage"]["b"] == pytest.approx(cov["coverage_pct"])
     assert rows["CPU fallbacks per step"]["b"] == 0
     assert rows["peak memory (busiest device)"]["detail"] == "cpu vs cpu, neuron:0"

@@ -15,9 +15,11 @@ import pytest
 import neuron_prof
 from conftest import DEVICE_STEPS, cli, line_of
 from neuron_prof.analysis import device as dev
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.examples import device_defects as ex
-from neuron_prof.report import render_text, summarize
+from neuron_prof.summary.build import summarize
+from neuron_prof.summary.text import render_text
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
@@ -39,12 +41,12 @@ def summary(run):
 
 
 def _steady(run) -> pd.DataFrame:
-    k = run.step_kinds
+    k = analyze(run).step_kinds
     return k[k["steady"]]
 
 
 def test_every_queued_op_is_joined_to_its_host_op_and_its_kernel(run):
-    corr = run.device_correlation
+    corr = analyze(run).device_correlation
     assert len(corr) == len(run.device_enqueues) > 0
     assert (corr["op_index"] >= 0).all(), "an enqueue without the host op that made it"
     host_names = run.ops["name"].astype(str).to_numpy()[corr["op_index"].to_numpy()]
@@ -65,7 +67,7 @@ def test_every_queued_op_is_joined_to_its_host_op_and_its_kernel(run):
 
 
 def test_the_chain_fuses_into_one_kernel_of_exactly_its_ops(run):
-    corr = run.device_correlation
+    corr = analyze(run).device_correlation
     kernels = run.device_kernels.set_index("id")
     fused = corr[corr["source"].astype(str) == _line("FUSED-LINE")]
     assert sorted(fused["step"].unique()) == list(range(DEVICE_STEPS))
@@ -98,25 +100,25 @@ def test_host_bound_and_device_bound_steps_are_named_so(run, summary):
     # host-bound steps 5-12% (the threshold is 40%), device-bound ones 92-97% (the threshold is
     # 70%): each at least 3x its spread away from its threshold; the host's 16 x 16 ms of work
     # is a wall-clock floor, the device's 48 matmuls a floor of device work
-    verdicts = dev.step_verdicts(run.device_steps).set_index("step")["verdict"]
+    verdicts = dev.step_verdicts(analyze(run).device_steps).set_index("step")["verdict"]
     for step in range(1, DEVICE_STEPS):  # step 0 is warm-up: lazy set-up of everything
         want = "device-bound" if ex.device_bound(step) else "host-bound"
-        assert verdicts[step] == want, (step, dev.step_verdicts(run.device_steps).to_dict("records"))
-    shown = {x["step"]: x["verdict"] for x in summary["device"]["steps"]}
+        assert verdicts[step] == want, (step, dev.step_verdicts(analyze(run).device_steps).to_dict("records"))
+    shown = {x["step"]: x["verdict"] for x in summary.to_json()["device"]["steps"]}
     assert shown == verdicts.to_dict()
-    by_kind = {v["verdict"]: v for v in summary["device"]["verdict"]}
+    by_kind = {v["verdict"]: v for v in summary.to_json()["device"]["verdict"]}
     assert by_kind["device-bound"]["steps"] == sum(ex.device_bound(s) for s in range(1, DEVICE_STEPS))
     assert by_kind["device-bound"]["busy_pct"] > by_kind["host-bound"]["busy_pct"]
 
 
 def test_the_stall_is_at_its_line_and_waits_for_the_device_time_queued_before_it(run, summary):
-    top = summary["device"]["stalls"][0]
+    top = summary.to_json()["device"]["stalls"][0]
     assert (top["source"], top["reason"], top["host_op"]) == (_line("STALL-LINE"), "sync", "aten::_local_scalar_dense")
     flushes = run.queue_flushes[run.queue_flushes["source"].astype(str) == _line("STALL-LINE")]
     bound = {s for s in range(1, DEVICE_STEPS) if ex.device_bound(s)}
     assert bound <= set(flushes["step"]), "a device-bound step whose .item() did not wait"
     assert top["count"] == len(flushes)
-    corr, kernels = run.device_correlation, run.device_kernels.set_index("id")
+    corr, kernels = analyze(run).device_correlation, run.device_kernels.set_index("id")
     for f in flushes.itertuples():
         queued = kernels.loc[corr[corr["ts"] < f.ts]["kernel"].unique()]  # everything queued before the wait began
         # the wait ends after the last of those kernels ends: it is never shorter than the device
@@ -127,9 +129,9 @@ def test_the_stall_is_at_its_line_and_waits_for_the_device_time_queued_before_it
         if ex.device_bound(f.step):  # the host reached .item() while the device still had matmuls to start
             assert f.ts < left["ts"].max(), f
     # the sync point's cost is that measured wait
-    sync = {x["source"]: x for x in summary["sync_points"]["by_source"]}
+    sync = {x["source"]: x for x in summary.to_json()["sync_points"]["by_source"]}
     assert sync[_line("STALL-LINE")]["wait_ms"] == pytest.approx(flushes["dur"].sum() / 1e6)
-    assert summary["sync_points"]["by_source"][0]["source"] == _line("STALL-LINE")
+    assert summary.to_json()["sync_points"]["by_source"][0]["source"] == _line("STALL-LINE")
 
 
 def test_the_fallback_is_listed_with_its_line_and_the_exact_bytes_copied(run, summary):
@@ -138,18 +140,18 @@ def test_the_fallback_is_listed_with_its_line_and_the_exact_bytes_copied(run, su
     assert f["op"].astype(str).unique().tolist() == ["aten::cumsum"]
     # PyTorch's cpu_fallback runs cumsum.out: the input and the out= buffer go to the host, the result back
     assert (f["bytes_to_host"] == 2 * x_bytes).all() and (f["bytes_from_host"] == x_bytes).all()
-    (row,) = summary["device"]["fallbacks"]
+    (row,) = summary.to_json()["device"]["fallbacks"]
     assert row["sources"] == [_line("FALLBACK-LINE")]
     assert (row["calls"], row["bytes_to_host"], row["bytes_from_host"]) == (
         DEVICE_STEPS, DEVICE_STEPS * 2 * x_bytes, DEVICE_STEPS * x_bytes)
     assert row["calls_per_step"] == 1.0
-    (cov,) = summary["device"]["coverage"]
+    (cov,) = summary.to_json()["device"]["coverage"]
     assert (cov["native_ops"], cov["fallback_ops"]) == (len(run.device_enqueues), DEVICE_STEPS)
     assert cov["coverage_pct"] == pytest.approx(100 * cov["native_ops"] / (cov["native_ops"] + DEVICE_STEPS))
 
 
 def test_fusion_and_the_unfused_host_bound_adds(run, summary):
-    (fus,) = summary["device"]["fusion"]
+    (fus,) = summary.to_json()["device"]["fusion"]
     k = run.device_kernels
     assert (fus["kernels"], fus["ops"]) == (len(k), int(k["n_ops"].sum()))
     assert fus["launch_floor_us"] >= ex.LAUNCH_US  # every kernel pays the launch cost at least
@@ -160,7 +162,7 @@ def test_fusion_and_the_unfused_host_bound_adds(run, summary):
     # chain before all of it was queued) and ends at the last add or at STALL-LINE's add right after
     # it. (The optimizer's adds can be a run of one-op adds too, when the device keeps up: they are
     # at other lines.)
-    unfused = summary["device"]["unfused"]
+    unfused = summary.to_json()["device"]["unfused"]
     before = (_line("FUSED-LINE"), _line("MEAN-LINE"), _line("HOST-LINE"))
     after = (_line("HOST-LINE"), _line("STALL-LINE"))
     host = [u for u in unfused
@@ -169,7 +171,7 @@ def test_fusion_and_the_unfused_host_bound_adds(run, summary):
 
 
 def test_time_split_takes_sync_from_the_measured_waits(run, summary):
-    (split,) = summary["time_split"]
+    (split,) = summary.to_json()["time_split"]
     steady = _steady(run)
     f = run.queue_flushes
     waits = f[f["step"].isin(steady["step"])]["dur"].sum() / len(steady) / 1e6
@@ -186,13 +188,13 @@ def test_the_report_shows_the_device_section_and_its_findings(device_run, summar
     assert done.returncode == 0, done.stderr
     d = json.loads(done.stdout)["device"]
     assert d["captured"] and d["stalls"][0]["source"] == _line("STALL-LINE")
-    assert d["fallbacks"][0]["bytes_to_host"] == summary["device"]["fallbacks"][0]["bytes_to_host"]
+    assert d["fallbacks"][0]["bytes_to_host"] == summary.to_json()["device"]["fallbacks"][0]["bytes_to_host"]
 
 
 def test_a_cpu_run_has_no_device_section(demo_run):
     s = summarize(neuron_prof.load(demo_run))
-    assert s["device"] == {"captured": False}
-    assert not s["sync_points"]["waits_measured"]
+    assert s.to_json()["device"] == {"captured": False}
+    assert not s.to_json()["sync_points"]["waits_measured"]
     text = render_text(s)
     assert "\nDevice (" not in text and "waited ms" not in text
 
@@ -211,7 +213,7 @@ def test_busy_time_is_the_union_of_kernels_within_each_step():
 
 
 def test_top_kernels_are_the_matmuls_from_their_lines(run, summary):
-    top = summary["device"]["top_kernels"]
+    top = summary.to_json()["device"]["top_kernels"]
     k = run.device_kernels
     mm = k[k["name"].astype(str) == "mm"]
     assert top[0]["name"] == "mm" and top[0]["kernels"] == len(mm)

@@ -14,6 +14,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 import neuron_prof
 from conftest import check_trace, cli, on_terminal
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.compare_report import compare_runs
 
 HERE = Path(__file__)
@@ -62,7 +63,7 @@ def test_ops_steps_and_memory_are_torch_profilers_own(traced, tmp_path, name):
     skip = {k for k in averages if k.startswith("ProfilerStep")}
     want = {k: count for k, (count, _) in averages.items() if k not in skip}
     names = ops["name"].astype(str).to_numpy()
-    parent = run.op_parent
+    parent = analyze(run).op_parent
     nested_twin = (parent >= 0) & (names[np.maximum(parent, 0)] == names)
     assert Counter(names[~nested_twin]) == want
     assert f"{len(ops):,} ops, 3 steps" in done.stdout
@@ -95,7 +96,7 @@ def test_an_imported_trace_compares_with_a_neuron_prof_run(traced, tmp_path):
     result = compare_runs(neuron_prof.load(tmp_path / "imported"), neuron_prof.load(tmp_path / "captured"))
     rows = {r["item"]: r for r in result["rows"]}
     # the imported run's steady steps are ProfilerStep#3 and #4 (#2 is its first: warm-up)
-    kinds = neuron_prof.load(tmp_path / "imported").step_kinds
+    kinds = analyze(neuron_prof.load(tmp_path / "imported")).step_kinds
     assert kinds[kinds["steady"]]["step"].tolist() == [3, 4]
     assert rows["step time (median)"]["a"] == pytest.approx(kinds[kinds["steady"]]["dur"].median() / 1e6)
     assert rows["step time (median)"]["b"] > 0

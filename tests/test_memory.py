@@ -15,9 +15,10 @@ import torch
 import neuron_prof
 from conftest import MEMORY_STEPS, cli, line_of, viewer_page, write_script
 from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.findings import findings
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 from neuron_prof.units import format_bytes
 
 EXAMPLE = Path(ml.__file__).resolve()
@@ -33,7 +34,7 @@ def src(marker: str) -> str:
 
 def test_leak_is_found_with_its_bytes_per_step_and_lines(memory_runs):
     run = neuron_prof.load(memory_runs("leak"))
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     assert len(leaks) and set(leaks["device"]) == {"cpu"}
     # live memory grows by exactly what one kept validation result holds (see the example)
     assert leaks["growth_per_step"].iloc[0] == ml.leaked_bytes_per_step() == 24_708
@@ -52,13 +53,13 @@ def test_leak_is_found_with_its_bytes_per_step_and_lines(memory_runs):
     assert (np.diff(steps) == ml.leaked_bytes_per_step()).all()
     # every step captured: the process's growth is not judged, but the kept results carry a
     # grad_fn, and the finding says what that may mean
-    finding = next(f["text"] for f in findings(summarize(run)) if f["text"].startswith("memory grows"))
+    finding = next(f.text for f in findings(summarize(run)) if f.text.startswith("memory grows"))
     assert "made with a grad_fn" in finding and "keeps its whole autograd graph" in finding
 
 
 def test_clean_loop_reports_no_leak(memory_runs):
     run = neuron_prof.load(memory_runs("clean"))
-    assert run.memory_leaks.empty
+    assert analyze(run).memory_leaks.empty
     live = run.memory_steps["live"].to_numpy()
     assert len(live) == MEMORY_STEPS and (live == live[0]).all()
     report = cli("report", memory_runs("clean"))
@@ -67,7 +68,7 @@ def test_clean_loop_reports_no_leak(memory_runs):
 
 def test_huge_temporary_is_the_peak_with_its_line_and_size(memory_runs):
     run = neuron_prof.load(memory_runs("spike"))
-    peaks = run.memory_peaks
+    peaks = analyze(run).memory_peaks
     spike_step = MEMORY_STEPS // 2
     worst = peaks.loc[peaks["bytes"].idxmax()]
     size = F32 * ml.SPIKE * ml.BATCH * ml.IN
@@ -76,14 +77,14 @@ def test_huge_temporary_is_the_peak_with_its_line_and_size(memory_runs):
     assert worst["op"] == "aten::contiguous" and worst["category"] == "temporary"
     others = peaks[(peaks["step"] != spike_step) & (peaks["step"] < MEMORY_STEPS)]
     assert worst["bytes"] - others["bytes"].max() >= size - 64 * 1024  # the spike is what makes this peak
-    sites = mem.peak_sites(run.memory_allocations, 0, "cpu", int(worst["ts"]))
+    sites = mem.peak_sites(analyze(run).memory_allocations, 0, "cpu", int(worst["ts"]))
     assert (sites["source"].iloc[0], sites["bytes"].iloc[0], sites["blocks"].iloc[0]) == (src("SPIKE-LINE"), size, 1)
     # the temporary lives and dies inside its line's op: it is freed before the step ends
-    spike = run.memory_allocations[run.memory_allocations["bytes"] == size]
+    spike = analyze(run).memory_allocations[analyze(run).memory_allocations["bytes"] == size]
     assert len(spike) == 1 and spike["step"].iloc[0] == spike_step and spike["free_ts"].iloc[0] != mem.NEVER
     assert (spike["shape"].iloc[0], spike["dtype"].iloc[0]) == (f"[{ml.SPIKE}, {ml.BATCH}, {ml.IN}]", "float32")
     # shapes of blocks whose kernels allocate without a dispatched aten::empty come from outputs
-    a = run.memory_allocations
+    a = analyze(run).memory_allocations
     relu = a[(a["top_op"] == "aten::relu") & (a["step"] == 1)]
     assert set(relu["shape"]) == {f"[{ml.BATCH}, {ml.HIDDEN}]"} and (relu["bytes"] == F32 * ml.BATCH * ml.HIDDEN).all()
     assert a[a["shape"].astype(str) != ""]["bytes"].sum() >= 0.99 * a["bytes"].sum()
@@ -101,13 +102,13 @@ def test_parameter_gradient_and_adam_state_match_the_model(memory_runs):
     run = neuron_prof.load(memory_runs("clean"))
     params, n_tensors = _model_bytes()
     for step in (1, MEMORY_STEPS - 2):
-        snap = run.memory_snapshot(step).set_index("category")["bytes"]
+        snap = analyze(run).memory_snapshot(step).set_index("category")["bytes"]
         assert snap["parameter"] == params == F32 * (ml.IN * ml.HIDDEN + ml.HIDDEN + ml.HIDDEN * ml.OUT + ml.OUT)
         assert snap["gradient"] == params
         # Adam: exp_avg and exp_avg_sq per parameter (2x), plus its float32 `step` scalar per parameter
         assert snap["optimizer state"] == 2 * params + F32 * n_tensors
     # known roles come from Python at captured boundaries; their blocks keep the role in allocations
-    a = run.memory_allocations
+    a = analyze(run).memory_allocations
     grads = a[a["category"] == "gradient"]
     assert set(grads["bwd"]) == {True}  # gradients are made by backward ops
 
@@ -115,7 +116,7 @@ def test_parameter_gradient_and_adam_state_match_the_model(memory_runs):
 def test_snapshot_diff_between_two_steps_names_the_leak(memory_runs):
     run = neuron_prof.load(memory_runs("leak"))
     b = mem.step_boundaries(run.steps).set_index("step")["ts"]
-    diff = mem.snapshot_diff(run.memory_allocations, int(b[2]), int(b[5]))
+    diff = mem.snapshot_diff(analyze(run).memory_allocations, int(b[2]), int(b[5]))
     top = diff.iloc[0]
     assert top["source"] == src("LEAK-LINE")
     assert top["net"] == 3 * F32 * (ml.BATCH * ml.HIDDEN + ml.BATCH * ml.OUT + 1)
@@ -125,10 +126,10 @@ def test_snapshot_diff_between_two_steps_names_the_leak(memory_runs):
 
 def test_timeline_is_downsampled_without_losing_the_peak(memory_runs):
     run = neuron_prof.load(memory_runs("spike"))
-    full = mem.timeline(run.memory_allocations, max_points=10**9)
-    small = mem.timeline(run.memory_allocations, max_points=40)
+    full = mem.timeline(analyze(run).memory_allocations, max_points=10**9)
+    small = mem.timeline(analyze(run).memory_allocations, max_points=40)
     assert len(small) <= 40 < len(full)
-    assert small["total"].max() == full["total"].max() == run.memory_peaks["bytes"].max()
+    assert small["total"].max() == full["total"].max() == analyze(run).memory_peaks["bytes"].max()
     assert small["total"].min() == full["total"].min()
     cats = [c for c in mem.CATEGORIES]
     assert (full[cats].sum(axis=1) == full["total"]).all()
@@ -199,7 +200,7 @@ def test_oom_writes_what_was_live_and_reraises(tmp_path):
     assert (live["ts"] == oom["ts"].iloc[0]).all()
     # what was live: everything allocated since capture began and not freed (the model and its
     # optimizer went with train()'s locals; the returned history keeps the leaked graphs)
-    at_oom = mem.live_at(run.memory_allocations, int(oom["ts"].iloc[0]))
+    at_oom = mem.live_at(analyze(run).memory_allocations, int(oom["ts"].iloc[0]))
     assert live["bytes"].sum() == at_oom["bytes"].sum() > 0
     assert (live["source"].astype(str) == src("LEAK-LINE")).sum() == 3 * 3  # relu, linear, mean x 3 steps
     assert live[live["source"].astype(str) == src("VAL-INPUT-LINE")]["bytes"].sum() == 3 * F32 * ml.BATCH * ml.IN
@@ -240,7 +241,7 @@ def test_leak_found_when_only_a_few_steps_are_captured(tmp_path):
     assert (np.diff(run.memory_steps["live"].to_numpy()) == ml.leaked_bytes_per_step()).all()
     kinds = run.memory_events["kind"].value_counts()
     assert kinds["baseline"] > 0 and kinds["late_free"] > 0
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     assert leaks["growth_per_step"].iloc[0] == ml.leaked_bytes_per_step()
     by_site = leaks.groupby("source")["bytes_per_step"].sum()
     assert by_site.sum() == ml.leaked_bytes_per_step() and set(leaks["steps_checked"]) == {3}  # steps 3-5
@@ -315,7 +316,7 @@ def _loss_storage_bytes() -> int:
 @kept_graph_test
 def test_kept_graph_grows_the_process_far_beyond_its_tensors(kept_graph_runs):
     run = neuron_prof.load(kept_graph_runs["history"])
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     (site,) = leaks.itertuples()
     # tracked tensors: the kept losses alone (backward freed the graphs' saved tensors) ...
     example = Path(ml.__file__).resolve()
@@ -339,9 +340,9 @@ def test_kept_graph_grows_the_process_far_beyond_its_tensors(kept_graph_runs):
 @kept_graph_test
 def test_kept_tensor_without_its_graph_is_not_called_a_graph(kept_graph_runs, memory_runs):
     run = neuron_prof.load(kept_graph_runs["detached"])
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     (site,) = leaks.itertuples()  # the same kept storage a step as the history run ...
-    history = neuron_prof.load(kept_graph_runs["history"]).memory_leaks
+    history = analyze(neuron_prof.load(kept_graph_runs["history"])).memory_leaks
     assert site.growth_per_step == history["growth_per_step"].iloc[0] and site.op == "aten::mse_loss"
     # ... but no graph: the process does not grow much faster than it (0.2-0.4 KiB a step against the
     # 16 KiB it would need: 40x; see KEPT_GRAPH_DEPTH)
@@ -362,7 +363,7 @@ def test_memory_page_shows_the_process_next_to_the_tensors(kept_graph_runs, monk
     metrics = {m.label: m.value for m in at.metric}
     growth = mem.process_growth(run.process_memory, run.steps).iloc[0]["growth_per_step"]
     assert metrics["process (RSS): growth per step"] == format_bytes(growth)
-    assert metrics["tracked tensors: growth per step"] == format_bytes(run.memory_leaks["growth_per_step"].iloc[0])
+    assert metrics["tracked tensors: growth per step"] == format_bytes(analyze(run).memory_leaks["growth_per_step"].iloc[0])
     chart = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.proto.id.endswith("-mem_process_chart"))
     rss = chart["data"][0]["y"]
     rss = np.frombuffer(base64.b64decode(rss["bdata"]), dtype=np.dtype(rss["dtype"])) if isinstance(rss, dict) else rss

@@ -17,6 +17,7 @@ from torch.cuda import _memory_viz
 import neuron_prof
 from conftest import cli, line_of, one_line_error
 from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.export import memory_snapshot as ms
 
@@ -105,7 +106,7 @@ def test_spike_exports_to_torch_layout_with_its_line_and_lifetime(memory_runs, t
     shutil.copytree(memory_runs("spike"), run_dir)
     snap = export(run_dir, None)  # default output: RUN/memory-snapshot.pickle
     run = neuron_prof.load(run_dir)
-    allocs = run.memory_allocations
+    allocs = analyze(run).memory_allocations
     trace = snap["device_traces"][0]
     assert len(snap["device_traces"]) == 1  # cpu -> device 0
     assert sum(e["action"] == "alloc" for e in trace) == (allocs["rank"] == 0).sum() > 0
@@ -141,7 +142,7 @@ def test_spike_exports_to_torch_layout_with_its_line_and_lifetime(memory_runs, t
 def test_leak_step_snapshots_hold_what_was_live_and_grow_by_the_leak(memory_runs, tmp_path):
     run_dir = memory_runs("leak")
     run = neuron_prof.load(run_dir)
-    ends, allocs = run.steps.set_index("step"), run.memory_allocations
+    ends, allocs = run.steps.set_index("step"), analyze(run).memory_allocations
     snaps = {k: export(run_dir, tmp_path / f"step{k}.pickle", "--step", str(k)) for k in (2, 5)}
     leak_line = line_of(EXAMPLE, "# LEAK-LINE")
     for k, snap in snaps.items():
@@ -184,7 +185,7 @@ def test_oom_and_the_live_set_at_the_end_of_capture(oom_run, tmp_path):
     assert len(ooms) == 1 and ooms[0]["size"] == 1 << 50 and ooms[0]["device_free"] == 0  # CPU says nothing
     assert trace.index(ooms[0]) > max(i for i, e in enumerate(trace) if e["action"] == "alloc")
 
-    allocs = run.memory_allocations
+    allocs = analyze(run).memory_allocations
     never = allocs[allocs["free_ts"] == mem.NEVER]
     at_oom = mem.live_at(allocs, int(run.memory_ooms["ts"].iloc[0]))
     assert active_bytes(snap) == never["bytes"].sum() == at_oom["bytes"].sum() > 3 * ml.leaked_bytes_per_step()

@@ -15,6 +15,7 @@ import torch
 
 import neuron_prof
 from neuron_prof.analysis.memory import NEVER
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak
 from neuron_prof.export.trace import LARGE_ALLOCATION_BYTES
 from conftest import check_trace, cli, line_of
@@ -56,7 +57,7 @@ def spike(memory_runs, tmp_path_factory):
 
 def test_total_counter_reaches_the_step_peak(spike):
     run, tracks = spike
-    peaks = run.memory_peaks[run.memory_peaks["device"].astype(str) == "cpu"]
+    peaks = analyze(run).memory_peaks[analyze(run).memory_peaks["device"].astype(str) == "cpu"]
     assert max(tracks[TOTAL]) == peaks["bytes"].max()
     assert peaks["bytes"].max() >= SPIKE_BYTES
     # the spike is a temporary, and its category track holds it too
@@ -65,7 +66,7 @@ def test_total_counter_reaches_the_step_peak(spike):
 
 def test_spike_temporary_is_a_large_allocation_slice(spike):
     run, tracks = spike
-    allocs = run.memory_allocations
+    allocs = analyze(run).memory_allocations
     (block,) = allocs[allocs["bytes"] == SPIKE_BYTES].itertuples()
     large = [s for name, evs in tracks.items() if name.startswith(LARGE) for s in evs]
     assert len(large) == (allocs["bytes"] >= LARGE_ALLOCATION_BYTES).sum()
@@ -78,7 +79,7 @@ def test_spike_temporary_is_a_large_allocation_slice(spike):
 
 def test_memory_events_has_one_peak_per_captured_step(spike):
     run, tracks = spike
-    steps = run.memory_peaks["step"].tolist()
+    steps = analyze(run).memory_peaks["step"].tolist()
     # every training step has its peak; the partial step at exit made no block, so it has none
     assert steps == run.steps[run.steps["active"] & run.steps["complete"]]["step"].tolist()
     peaks = {int(name.split(":")[0].split()[-1]): name for _, _, name in tracks["Memory events"]
@@ -93,9 +94,9 @@ def test_clean_run_has_memory_counters(memory_runs, tmp_path):
     run_dir = memory_runs("clean")
     tracks = _tracks(check_trace(_export(run_dir, tmp_path / "t.perfetto-trace")))
     run = neuron_prof.load(run_dir)
-    assert max(tracks[TOTAL]) == run.memory_peaks["bytes"].max()
+    assert max(tracks[TOTAL]) == analyze(run).memory_peaks["bytes"].max()
     assert {"Memory cpu: parameter", "Memory cpu: gradient", "Memory cpu: optimizer state"} <= set(tracks)
-    assert (run.memory_allocations["bytes"] < LARGE_ALLOCATION_BYTES).all()
+    assert (analyze(run).memory_allocations["bytes"] < LARGE_ALLOCATION_BYTES).all()
     assert not any(name.startswith(LARGE) for name in tracks)
 
 
@@ -113,7 +114,7 @@ def test_chrome_export_has_memory_counters_and_args(memory_runs, tmp_path):
     events = json.loads(_export(run_dir, tmp_path / "t.json", "--format", "chrome").read_text())["traceEvents"]
     run = neuron_prof.load(run_dir)
     total = [e["args"]["value"] for e in events if e.get("ph") == "C" and e["name"] == TOTAL]
-    assert max(total) == run.memory_peaks["bytes"].max()
+    assert max(total) == analyze(run).memory_peaks["bytes"].max()
     spike_line = f"memory_leak.py:{line_of(EXAMPLE, '# SPIKE-LINE')}"
     (big,) = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("bytes") == SPIKE_BYTES]
     assert big["args"]["source"].endswith(spike_line) and big["args"]["category"] == "temporary"
@@ -139,11 +140,11 @@ def test_overlapping_and_live_blocks_get_separate_tracks(tmp_path):
     del kept  # alive until the capture ended: never freed during it
     tracks = _tracks(check_trace(_export(tmp_path / "r", tmp_path / "t.perfetto-trace")))
     run = neuron_prof.load(tmp_path / "r")
-    a = run.memory_allocations
+    a = analyze(run).memory_allocations
     a = a[a["bytes"] >= LARGE_ALLOCATION_BYTES]
     assert (a["free_ts"] == NEVER).sum() == 3
     # a block never freed ends with the run's last event
-    all_a = run.memory_allocations
+    all_a = analyze(run).memory_allocations
     last = max(int((run.steps["ts"] + run.steps["dur"]).max()), int((run.ops["ts"] + run.ops["dur"]).max()),
                int(all_a["alloc_ts"].max()), int(all_a["free_ts"][all_a["free_ts"] != NEVER].max()))
     end = np.where(a["free_ts"] == NEVER, last, a["free_ts"])

@@ -13,6 +13,7 @@ import torch
 import neuron_prof
 from conftest import cli, write_script
 from neuron_prof.analysis.metrics import per_step, series
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.errors import NeuronProfError
 
@@ -64,7 +65,7 @@ def test_reading_the_loss_adds_no_op_and_no_sync_point(tmp_path):
     names = {r: sorted(x.ops["name"].astype(str)) for r, x in (("with", with_loss), ("without", without))}
     assert names["with"] == names["without"]
     assert not {"aten::item", "aten::_local_scalar_dense"} & set(names["with"])
-    assert sync_points(with_loss.ops, with_loss.op_parent).empty
+    assert sync_points(with_loss.ops, analyze(with_loss).op_parent).empty
 
 
 def test_log_tokens_and_samples_per_step(tmp_path):

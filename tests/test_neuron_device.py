@@ -15,8 +15,9 @@ import pytest
 import neuron_prof
 from conftest import line_of
 from neuron_prof.analysis.memory import snapshot
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
@@ -136,7 +137,7 @@ def test_cpu_fallbacks_with_the_bytes_they_moved(device_run):
 
 def test_memory_categories_on_the_device_match_the_model(device_run):
     facts, run = device_run
-    allocs = run.memory_allocations
+    allocs = analyze(run).memory_allocations
     on = allocs[allocs["device"].astype(str) == "neuron:0"]
     assert len(on) and {"parameter", "gradient", "optimizer state"} <= set(on["category"].astype(str))
     # at the end of every complete step, what is live on the device by role: the parameters once,
@@ -162,11 +163,11 @@ def test_a_device_oom_in_a_capture_is_recorded_with_its_device_and_size(device_r
 def test_sync_points_name_the_item_line_on_the_device(device_run):
     _, run = device_run
     line = f"neuron_device_script.py:{line_of(SCRIPT, 'ITEM-LINE')}"
-    sync = sync_points(run.ops, run.op_parent)
+    sync = sync_points(run.ops, analyze(run).op_parent)
     item = sync[sync["user_source"].astype(str).str.endswith(line)]
     assert len(item) == 3 and (item["name"].astype(str) == "aten::_local_scalar_dense").all()
     assert (item["devices"].astype(str) == "neuron:0").all()
-    by_source = summarize(run)["sync_points"]["by_source"]
+    by_source = summarize(run).to_json()["sync_points"]["by_source"]
     assert any(r["source"].endswith(line) and r["name"] == "aten::_local_scalar_dense" for r in by_source)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import neuron_prof
 from conftest import cli, line_of, shown, viewer_page, write_script
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.paths import display_path, is_user_file
 
 LIBRARY = """
@@ -97,7 +98,7 @@ def test_run_tables_show_short_sources_and_the_users_line(library_run):
     mine = run.ops[run.ops["source"] == user_line]
     assert len(mine) and set(mine["user_source"].astype(str)) == {user_line}
     # no source anywhere is an absolute path into the run's folder
-    for table in (run.ops, run.memory_allocations, run.memory_peaks, run.memory_leaks):
+    for table in (run.ops, analyze(run).memory_allocations, analyze(run).memory_peaks, analyze(run).memory_leaks):
         for col in ("source", "user_source"):
             assert not any(str(s).startswith(str(lib.parents[2])) for s in table[col].unique()), (col, table)
 
@@ -106,7 +107,7 @@ def test_leak_names_the_library_line_and_the_users_call(library_run):
     run_dir, lib, script = library_run
     lib_line, user_line = _lines(lib, script)
     run = neuron_prof.load(run_dir)
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     (site,) = leaks[leaks["source"] == lib_line].itertuples()
     assert site.user_source == user_line and site.op == "aten::mean" and site.grad
     report = cli("report", run_dir)

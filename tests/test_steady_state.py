@@ -15,10 +15,11 @@ import pytest
 
 import neuron_prof
 from conftest import cli, line_of, viewer_page, write_script
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work, time_split
 from neuron_prof.analysis.ops import comm_ops, run_time_ops, run_time_rows
 from neuron_prof.analysis.sync import sync_points
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # every test records a subprocess training under `neuron-prof record`
 
@@ -140,7 +141,7 @@ def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypa
     _, run_dir = trainer_run
     run = neuron_prof.load(run_dir)
     s = summarize(run)
-    (st,) = s["steps"]
+    (st,) = s.to_json()["steps"]
     assert (st["steps"], st["warmup"], st["steady"], st["basis"]) == (8, 1, 7, "steady")
     # the statistics and the step breakdown (whose outside-ops share drives a finding) are over the
     # 7 steady steps, which begin after start-up ends: its 1 s sleep is in none of them
@@ -148,9 +149,9 @@ def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypa
     steady = run.steps[run.steps["step"].between(1, 7)]
     assert (steady["ts"] >= startup.ts + startup.dur).all()
     assert st["max_ms"] == pytest.approx(steady["dur"].max() / 1e6, rel=1e-9)
-    (row,) = s["step_breakdown"]
+    (row,) = s.to_json()["step_breakdown"]
     assert row["steps"] == 7 and row["step_ms"] == pytest.approx(steady["dur"].mean() / 1e6, rel=1e-9)
-    texts = [f["text"] for f in neuron_prof.findings.findings(s)]
+    texts = [f.text for f in neuron_prof.findings.findings(s)]
     assert any(t.startswith("start-up took") for t in texts)
     at = viewer_page(monkeypatch, run_dir, "overview", title="Overview")
     metrics = {m.label: m.value for m in at.metric}
@@ -161,7 +162,7 @@ def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypa
 def test_sync_points_outside_steady_steps_are_one_off(trainer_run):
     script, run_dir = trainer_run
     s = summarize(neuron_prof.load(run_dir))
-    rows = {int(r["source"].rsplit(":", 1)[1]): r for r in s["sync_points"]["by_source"]}
+    rows = {int(r["source"].rsplit(":", 1)[1]): r for r in s.to_json()["sync_points"]["by_source"]}
     setup = rows[line_of(script, "SETUP-SYNC")]
     assert (setup["count"], setup["in_steps"], setup["per_step"]) == (1, 0, None)
     log = rows[line_of(script, "LOG-SYNC")]
@@ -195,13 +196,13 @@ def test_compiling_is_not_running(compiled_run):
     script, run_dir = compiled_run
     run = neuron_prof.load(run_dir)
     s = summarize(run)
-    kinds = run.step_kinds
+    kinds = analyze(run).step_kinds
     assert kinds.loc[kinds["step"] == 0, "compile_ns"].item() > 0  # the first call compiled
-    (st,) = s["steps"]
+    (st,) = s.to_json()["steps"]
     assert st["basis"] == "steady" and st["steady"] == 5
-    assert s["warmup_steps"][0]["step"] == 0 and s["warmup_steps"][0]["compile_ms"] > 0
+    assert s.to_json()["warmup_steps"][0]["step"] == 0 and s.to_json()["warmup_steps"][0]["compile_ms"] > 0
     # the break site's cost: the steady steps' self time of the graph that ends at the break
-    (site,) = s["compile"]["break_sites"]
+    (site,) = s.to_json()["compile"]["break_sites"]
     assert site["source"] == f"{script.name}:{line_of(script, 'BREAK')}"
     ops = run.ops
     names = ops["name"].astype(str)
@@ -219,14 +220,14 @@ def test_compile_time_ops_are_left_out_of_op_figures(compiled_run):
     _, run_dir = compiled_run
     run = neuron_prof.load(run_dir)
     s = summarize(run)
-    assert s["ops"]["compile_events"] > 0
+    assert s.to_json()["ops"]["compile_events"] > 0
     spans = [(t, a, a + d) for t, a, d in zip(run.compiles["tid"], run.compiles["ts"], run.compiles["dur"])]
     ops = run.ops
-    steady = run.step_kinds[run.step_kinds["steady"]]["step"]
+    steady = analyze(run).step_kinds[analyze(run).step_kinds["steady"]]["step"]
     outside = np.array([not any(t == tid and a <= ts and ts + dur <= b for t, a, b in spans)
                         for tid, ts, dur in zip(ops["tid"], ops["ts"], ops["dur"])])
     counted = ops[outside & ops["step"].isin(steady).to_numpy()]
-    for row in s["ops"]["top_by_self_time"]:
+    for row in s.to_json()["ops"]["top_by_self_time"]:
         calls = counted[(counted["name"].astype(str) == row["name"]) &
                         (counted["module"].astype(str) == (row["module"] or ""))]
         assert row["calls"] == len(calls), row  # compile-time ops (fake tensors, tracing) are not in the table
@@ -236,11 +237,11 @@ def test_compile_time_ops_are_left_out_of_op_figures(compiled_run):
 def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
     _, run_dir = compiled_run
     run = neuron_prof.load(run_dir)
-    step0 = run.step_kinds[run.step_kinds["step"] == 0]
-    keep = run_time_rows(run.ops, run.op_compile[0], step0)
-    top = run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, top_level=True)
-    sync = sync_points(run.ops, run.op_parent, run.op_compile[0])
-    comm = comm_ops(run.ops, run.op_parent, keep, run.op_compile[1])
+    step0 = analyze(run).step_kinds[analyze(run).step_kinds["step"] == 0]
+    keep = run_time_rows(run.ops, analyze(run).op_compile.inside, step0)
+    top = run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_run_self_ns, top_level=True)
+    sync = sync_points(run.ops, analyze(run).op_parent, analyze(run).op_compile.inside)
+    comm = comm_ops(run.ops, analyze(run).op_parent, keep, analyze(run).op_compile.compile_ns)
     (row,) = time_split(top, step0, sync, comm).to_dict("records")
     parts = sum(row[f"{k}_ms"] for k in ("compute", "communication", "sync", "compile", "idle"))
     # compiling (Dynamo and Inductor: seconds) against running the 2-layer model once (ms): 13.3 s
@@ -301,7 +302,7 @@ def test_the_last_captured_steps_optimizer_range_ends_with_its_step(tmp_path):
     top = run.ops[run.ops["depth"] == 0]
     for r in opt[opt["step"] < 4].itertuples():
         assert r.ts + r.dur + gaps[r.step] <= top[(top["tid"] == r.tid) & (top["ts"] > r.ts)]["ts"].min(), r
-    assert summarize(run)["sync_points"]["events"] == 0
+    assert summarize(run).to_json()["sync_points"]["events"] == 0
 
 
 CLOSURE = """
@@ -326,7 +327,7 @@ for _ in range(6):
 
 def test_forward_and_backward_inside_an_optimizer_closure_count_as_such(tmp_path):
     script, run_dir = _record(tmp_path, "closure", CLOSURE)
-    (row,) = summarize(neuron_prof.load(run_dir))["step_breakdown"]
+    (row,) = summarize(neuron_prof.load(run_dir)).to_json()["step_breakdown"]
     # everything runs inside the optimizer's range; counted by what ran, forward and backward are there
     assert row["forward_ms"] > 0 and row["backward_ms"] > 0 and row["optimizer_ms"] > 0
     parts = sum(row[f"{p}_ms"] for p in ("forward", "backward", "optimizer", "compile", "outside_ops"))

@@ -22,8 +22,9 @@ import neuron_prof
 from conftest import capture_graph_breaks, cli, gloo_run, shown, viewer_page
 from neuron_prof.cli import main
 from neuron_prof.findings import findings
-from neuron_prof.report import render_text, summarize
-from neuron_prof.summary_shape import SHAPE, conforms
+from neuron_prof.summary.build import summarize
+from neuron_prof.summary.sections import Summary
+from neuron_prof.summary.text import render_text
 from neuron_prof.summary_store import (MAX_BYTES, SUMMARY_FILE, counts, load_summary, run_summary, store_summary,
                                        summary_key)
 
@@ -66,7 +67,7 @@ def test_a_stored_summary_is_read_back_as_summarize_computes_it(run):
 
 @pytest.mark.parametrize("kind", ["memory", "device", "graph-breaks"])
 def test_summaries_of_every_kind_of_run_are_stored_and_read_back(kind, request, tmp_path):
-    """Each section's shape (summary_shape) accepts what summarize makes of a real run: memory
+    """Each section's types (Summary.from_json) accept what summarize makes of a real run: memory
     leaks and peaks, a device's verdicts, stalls and fallbacks, graph breaks, recompiles and
     compile phases named by the run."""
     if kind == "graph-breaks":
@@ -76,7 +77,7 @@ def test_summaries_of_every_kind_of_run_are_stored_and_read_back(kind, request, 
     else:
         run_dir = _copy(request.getfixturevalue("device_run"), tmp_path / "run")
     expected = summarize(neuron_prof.load(run_dir))
-    assert conforms(json.loads(json.dumps(expected)), SHAPE)
+    assert Summary.from_json(json.loads(json.dumps(expected.to_json()))) == expected
     assert store_summary(run_dir)
     got, stored, computed = _uses(run_summary, neuron_prof.load(run_dir))
     assert (stored, computed) == (1, 0) and got == expected
@@ -89,7 +90,7 @@ def test_the_last_rank_to_close_finds_the_run_complete(tmp_path):
     assert store_summary(run_dir)
     got, stored, _ = _uses(run_summary, neuron_prof.load(run_dir))
     assert stored == 1 and got == summarize(neuron_prof.load(run_dir))
-    assert got["collectives"]["captured"] and got["run"]["ranks"] == [0, 1]
+    assert got.collectives.captured and got.run.ranks == [0, 1]
 
 
 def test_report_is_the_same_with_and_without_the_stored_summary(run, tmp_path, capsys, monkeypatch):
@@ -108,7 +109,7 @@ def test_report_is_the_same_with_and_without_the_stored_summary(run, tmp_path, c
     monkeypatch.chdir(tmp_path)
     out, stored, _ = _uses(_report, capsys, "moved", "--json")
     assert stored == 1 and json.loads(out)["run"]["path"] == "moved"
-    assert out == json.dumps(summarize(neuron_prof.load("moved")), indent=2) + "\n"
+    assert out == json.dumps(summarize(neuron_prof.load("moved")).to_json(), indent=2) + "\n"
 
 
 def test_a_summary_of_a_run_still_being_written_is_stale_once_it_grows(tmp_path):
@@ -125,7 +126,7 @@ def test_a_summary_of_a_run_still_being_written_is_stale_once_it_grows(tmp_path)
     assert load_summary(grown) is None
     after, stored, computed = _uses(run_summary, grown)
     assert (stored, computed) == (0, 1)
-    assert after["steps"][0]["steps"] > live["steps"][0]["steps"] and after["health"]["ranks"][0]["closed"]
+    assert after.steps[0].steps > live.steps[0].steps and after.health.ranks[0].closed
     assert store_summary(run_dir) and load_summary(neuron_prof.load(run_dir)) == after
 
 
@@ -146,7 +147,7 @@ def test_how_a_recorded_command_ended_keeps_the_summary_fresh(run):
     run_id = json.loads((run / "run.json").read_text())["run_id"]
     update_run_meta(run, run_id, {"exit": {"signal": 9}, "end_time_ns": 1}, replace=False)  # as record does
     got = load_summary(neuron_prof.load(run))
-    assert got is not None and got["health"]["command_exit"] == {"signal": 9}
+    assert got is not None and got.to_json()["health"]["command_exit"] == {"signal": 9}
     assert got == summarize(neuron_prof.load(run))
 
 
@@ -241,7 +242,7 @@ stored = store_summary(sys.argv[1])
 before = dict(counts)
 summary = run_summary(neuron_prof.load(sys.argv[1]))
 print(json.dumps({"store_summary": stored, "counts": {k: counts[k] - before[k] for k in counts},
-                  "events": summary["ops"]["events"]}))
+                  "events": summary.ops.events}))
 """
 
 
@@ -253,7 +254,7 @@ def _read_only(run: Path, writable: bool = False) -> None:
 
 
 def test_a_read_only_run_reads_as_before_and_stores_nothing(run):
-    expected = summarize(neuron_prof.load(run))["ops"]["events"]
+    expected = summarize(neuron_prof.load(run)).ops.events
     report = cli("report", run, "--json").stdout
     (run / SUMMARY_FILE).unlink()
     _read_only(run)
@@ -291,7 +292,7 @@ def test_the_overview_shows_the_stored_summary(monkeypatch, run):
     at, stored, computed = _uses(viewer_page, monkeypatch, run, "overview", "Overview")
     assert (stored, computed) == (1, 0)
     cards = shown("\n".join(m.value for m in at.markdown))
-    assert expected and all(f["text"] in cards for f in expected)
+    assert expected and all(f.text in cards for f in expected)
 
 
 def test_the_overview_without_a_stored_summary_computes_and_stores_it(monkeypatch, run):

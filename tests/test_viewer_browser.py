@@ -255,7 +255,7 @@ def test_overview_content(page, viewer):
     import neuron_prof
     from conftest import MEMORY_STEPS
     from neuron_prof.findings import findings
-    from neuron_prof.report import summarize
+    from neuron_prof.summary.build import summarize
     expected = findings(summarize(neuron_prof.load(viewer.run)))
 
     page.goto(page_url(viewer, "overview"), wait_until="domcontentloaded")
@@ -276,7 +276,7 @@ def test_overview_content(page, viewer):
     assert "Findings" in text and "Step time" in text and "Where a steady step's time goes" in text, text
     assert expected, "the spike run has findings (its memory peak at least)"
     for f in expected:
-        assert " ".join(f["text"].split()) in text, f"finding not shown: {f['text']!r}\npage: {text}"
+        assert " ".join(f.text.split()) in text, f"finding not shown: {f.text!r}\npage: {text}"
     # the spike: one 2 MiB allocation makes the peak, named with its op and source line
     assert re.search(r"peak memory [\d.]+ MiB .* reached with 2\.0 MiB from aten::\w+ at \S+\.py:\d+", text), text
     assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 2

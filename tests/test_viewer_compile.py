@@ -20,6 +20,7 @@ import neuron_prof
 from conftest import GRAPH_BREAK_CLASSES, capture_graph_breaks, line_of, shown, viewer_page, write_script
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import basis_steps
 from neuron_prof.examples import graph_breaks
 
@@ -64,8 +65,8 @@ def _line(source: str) -> int:
 def test_break_site_table_has_the_six_sites_of_graph_break_sites(compile_run, monkeypatch):
     at = _page(monkeypatch, compile_run)
     run = neuron_prof.load(compile_run)
-    basis = basis_steps(run.step_kinds, captured_only=True)
-    runs = comp.region_runs(run.ops, run.op_parent, run.op_compile[1])
+    basis = basis_steps(analyze(run).step_kinds, captured_only=True)
+    runs = comp.region_runs(run.ops, analyze(run).op_parent, analyze(run).op_compile.compile_ns)
     runs = runs[in_steps(runs, basis.steps)]
     want = comp.graph_break_sites(run.graph_breaks, runs, basis.per_rank)
     got = _table(at, "reason_class")
@@ -151,9 +152,9 @@ def test_compile_time_table_phase_chart_and_graph_runs(compile_run, monkeypatch)
     for cid, func, ms in zip(want["compile_id"], want["func"], want["backend compile"]):
         assert bars[f"{cid} {func}"] == pytest.approx(ms)
     # compiled graphs at run time: every step of this run compiles, so they are over all three
-    basis = basis_steps(run.step_kinds, captured_only=True)
+    basis = basis_steps(analyze(run).step_kinds, captured_only=True)
     assert basis.kind == "all" and basis.per_rank == 3
-    runs_want = comp.graph_runs(comp.region_runs(run.ops, run.op_parent, run.op_compile[1]), basis.per_rank)
+    runs_want = comp.graph_runs(comp.region_runs(run.ops, analyze(run).op_parent, analyze(run).op_compile.compile_ns), basis.per_rank)
     runs_got = _table(at, "runs_per_step")
     assert list(runs_got["compile_id"]) == list(runs_want["compile_id"])
     assert runs_got["self_ms"].tolist() == pytest.approx(runs_want["self_ms"].tolist())
@@ -215,5 +216,5 @@ def test_cache_limit_is_flagged_and_a_vanished_source_file_is_not_read(tmp_path,
     assert not [c for c in at.code if ">> " in c.value]
     assert any("is not readable here" in c.value for c in at.caption)
     # the report agrees on the alarm
-    from neuron_prof.report import summarize
-    assert summarize(neuron_prof.load(tmp_path / "run"))["compile"]["cache_limit_hit"] is True
+    from neuron_prof.summary.build import summarize
+    assert summarize(neuron_prof.load(tmp_path / "run")).compile.cache_limit_hit is True

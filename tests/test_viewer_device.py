@@ -18,9 +18,10 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 import neuron_prof  # noqa: E402
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import device_defects as ex  # noqa: E402
 from neuron_prof.findings import findings  # noqa: E402
-from neuron_prof.report import summarize  # noqa: E402
+from neuron_prof.summary.build import summarize  # noqa: E402
 from neuron_prof.units import format_bytes  # noqa: E402
 
 from conftest import DEVICE_STEPS, line_of, plotly_array, shown, viewer_page, write_script  # noqa: E402
@@ -97,9 +98,9 @@ def test_a_cpu_run_says_it_has_no_device_data_and_how_to_get_it(demo_run, monkey
 def test_findings_and_metrics_are_the_reports(device_run, summary, monkeypatch):
     at = _page(monkeypatch, device_run)
     said = [shown(x.value) for x in [*at.warning, *at.info]]
-    want = [f["text"] for f in findings(summary) if f["page"] == "device"]
+    want = [f.text for f in findings(summary) if f.page == "device"]
     assert want and sorted(said) == sorted(want)
-    d = summary["device"]
+    d = summary.to_json()["device"]
     metrics = {m.label: m.value for m in at.metric}
     (cov,) = d["coverage"]
     assert metrics["coverage"] == f"{cov['coverage_pct']:.1f}%"
@@ -118,7 +119,7 @@ def test_the_stalls_table_names_the_stall_line_and_shows_its_source(device_run, 
     first = stalls.iloc[0]
     assert (first["source line"], first["why"], first["op"]) == (_line("STALL-LINE"), "sync",
                                                                  "aten::_local_scalar_dense")
-    want = summary["device"]["stalls"]
+    want = summary.to_json()["device"]["stalls"]
     assert stalls["source line"].tolist() == [x["source"] for x in want]
     assert stalls["total ms"].tolist() == [x["total_ms"] for x in want]
     assert stalls["waits"].tolist() == [x["count"] for x in want]
@@ -156,14 +157,14 @@ def test_the_fallbacks_table_has_the_cumsum_with_its_bytes_and_the_coverage(devi
     at = _page(monkeypatch, device_run)
     table = _table(at, "to host")
     (row,) = table.to_dict("records")
-    (want,) = summary["device"]["fallbacks"]
+    (want,) = summary.to_json()["device"]["fallbacks"]
     x_bytes = ex.BATCH * ex.IN * 4  # float32: cumsum.out copies the input and the out= buffer, the result back
     assert (row["op"], row["source lines"], row["calls"]) == ("aten::cumsum", _line("FALLBACK-LINE"), DEVICE_STEPS)
     assert row["to host"] == format_bytes(want["bytes_to_host"]) == format_bytes(DEVICE_STEPS * 2 * x_bytes)
     assert row["from host"] == format_bytes(want["bytes_from_host"]) == format_bytes(DEVICE_STEPS * x_bytes)
     assert (row["total ms"], row["per step"]) == (want["total_ms"], want["calls_per_step"])
     (cov,) = _table(at, "coverage %").to_dict("records")
-    (c,) = summary["device"]["coverage"]
+    (c,) = summary.to_json()["device"]["coverage"]
     assert (cov["ops run natively"], cov["ops fallen back"], cov["coverage %"]) == (
         c["native_ops"], c["fallback_ops"], c["coverage_pct"])
 
@@ -176,18 +177,18 @@ def test_the_per_step_chart_shows_each_steps_verdict(device_run, summary, monkey
             drawn.update({int(s): t["name"].removeprefix("busy · ") for s in plotly_array(t["x"])})
     # the analysis's verdicts, each step's (that they are the example's is test_device_analysis's
     # to say: on a loaded machine a host-bound step can read as balanced)
-    assert drawn == {x["step"]: x["verdict"] for x in summary["device"]["steps"]}
+    assert drawn == {x["step"]: x["verdict"] for x in summary.to_json()["device"]["steps"]}
     assert sorted(drawn) == list(range(DEVICE_STEPS))
     assert "device-bound" in drawn.values()
     (wait,) = _traces(at, "host waits for the device")[:1]
-    assert plotly_array(wait["y"]).tolist() == [x["wait_pct"] for x in summary["device"]["steps"]]
+    assert plotly_array(wait["y"]).tolist() == [x["wait_pct"] for x in summary.to_json()["device"]["steps"]]
 
 
 def test_the_lanes_draw_the_fused_kernel_and_flows_from_host_ops_to_kernels(device_run, run, monkeypatch):
     at = _page(monkeypatch, device_run)
     step = at.selectbox(key="dev_step")
     assert step.value == 1  # the first steady step
-    corr = run.device_correlation
+    corr = analyze(run).device_correlation
     # a step whose chain ran as one kernel (test_device_analysis checks when it must have)
     chains = corr[corr["source"].astype(str) == _line("FUSED-LINE")].groupby("step")["kernel"].nunique()
     chain_step = int(chains[(chains.index >= 1) & (chains == 1)].index[0])
@@ -218,13 +219,13 @@ def test_the_overview_puts_the_device_next_to_the_host_split(device_run, summary
     at = viewer_page(monkeypatch, device_run, "overview", title="Overview")
     bars = {t["name"]: (list(t["y"]), plotly_array(t["x"]).tolist()) for f in _figures(at) for t in f["data"]
             if t["type"] == "bar"}
-    verdict = summary["device"]["verdict"]
+    verdict = summary.to_json()["device"]["verdict"]
     n = sum(v["steps"] for v in verdict)
     busy = sum(v["busy_ms"] * v["steps"] for v in verdict) / n
     idle = sum(v["idle_ms"] * v["steps"] for v in verdict) / n
     assert bars["device busy"][0] == ["rank 0 · neuron:0"] and bars["device busy"][1] == pytest.approx([busy])
     assert bars["device idle"][1] == pytest.approx([idle])
-    (split,) = summary["time_split"]
+    (split,) = summary.to_json()["time_split"]
     assert bars["sync"] == (["rank 0 · host"], pytest.approx([split["sync_ms"]]))
     assert busy + idle == pytest.approx(split["step_ms"])  # the same steady steps
     table = _table(at, "device busy ms")

@@ -21,6 +21,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import neuron_prof  # noqa: E402
 from neuron_prof.analysis import memory as mem  # noqa: E402
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak  # noqa: E402
 from neuron_prof.export import memory_snapshot  # noqa: E402
 
@@ -120,7 +121,7 @@ def test_peak_site_details_adds_the_largest_block_of_each_site():
 def test_leak_run_shows_the_growth_per_step_and_the_leaking_line(memory_runs, monkeypatch):
     run_dir = memory_runs("leak")
     run = neuron_prof.load(run_dir)
-    leaks = run.memory_leaks
+    leaks = analyze(run).memory_leaks
     at = _page(monkeypatch, run_dir)
     assert leaks["growth_per_step"].iloc[0] == LEAK
     assert _metric(at, "growth per step") == _size(LEAK) == "24.1 KiB"
@@ -151,7 +152,7 @@ def test_spike_run_shows_the_worst_step_its_peak_and_the_spike_line(memory_runs,
     run = neuron_prof.load(run_dir)
     at = _page(monkeypatch, run_dir)
     peaks = _table(at, "step", "bytes", "alloc_bytes")
-    expect = _plain(run.memory_peaks[["step", "bytes", "op", "source", "user_source", "module", "alloc_bytes",
+    expect = _plain(analyze(run).memory_peaks[["step", "bytes", "op", "source", "user_source", "module", "alloc_bytes",
                                       "category"]])
     pd.testing.assert_frame_equal(peaks, expect, check_dtype=False)
     spike_line = f"memory_leak.py:{line_of(SOURCE, 'SPIKE-LINE')}"
@@ -162,9 +163,9 @@ def test_spike_run_shows_the_worst_step_its_peak_and_the_spike_line(memory_runs,
     assert f"Step 4 peaked at **{_size(worst['bytes'])}** ({worst['bytes']:,} bytes)" in at.markdown[0].value
     assert "2,097,152 bytes from aten::contiguous at " in shown(at.markdown[0].value)
     # what was live at that peak, by site, with the shape of the spike's temporary
-    ts = int(run.memory_peaks.set_index("step").loc[4, "ts"])
+    ts = int(analyze(run).memory_peaks.set_index("step").loc[4, "ts"])
     sites = _table(at, "blocks", "shape", "largest")
-    expect = _plain(mem.peak_site_details(run.memory_allocations, 0, "cpu", ts, 10).drop(columns=["stack"]))
+    expect = _plain(mem.peak_site_details(analyze(run).memory_allocations, 0, "cpu", ts, 10).drop(columns=["stack"]))
     pd.testing.assert_frame_equal(sites, expect, check_dtype=False)
     assert sites.loc[0, "source"].endswith(spike_line) and sites.loc[0, "shape"] == "[256, 32, 64]"
     assert sites.loc[0, "bytes"] == 2_097_152 and sites.loc[0, "op"] == "aten::contiguous"
@@ -181,10 +182,10 @@ def test_choosing_another_step_and_site_changes_the_tables(memory_runs, monkeypa
     at = _page(monkeypatch, run_dir)
     at.selectbox(key="mem_peak_step").select(2).run()
     _ok(at)
-    p = run.memory_peaks.set_index("step").loc[2]
+    p = analyze(run).memory_peaks.set_index("step").loc[2]
     assert at.markdown[0].value.startswith(f"Step 2 peaked at **{_size(p['bytes'])}** ({int(p['bytes']):,} bytes)")
     sites = _table(at, "blocks", "shape", "largest")
-    details = mem.peak_site_details(run.memory_allocations, 0, "cpu", int(p["ts"]), 10)
+    details = mem.peak_site_details(analyze(run).memory_allocations, 0, "cpu", int(p["ts"]), 10)
     pd.testing.assert_frame_equal(sites, _plain(details.drop(columns=["stack"])), check_dtype=False)
     assert "aten::contiguous" not in set(sites["op"])  # the spike is step 4's only
     # another site: its own stack
@@ -198,7 +199,7 @@ def test_choosing_another_step_and_site_changes_the_tables(memory_runs, monkeypa
     # the timeline of one step: its highest point is that step's peak
     at.selectbox(key="mem_range").select(4).run()
     _ok(at)
-    p4 = run.memory_peaks.set_index("step").loc[4]
+    p4 = analyze(run).memory_peaks.set_index("step").loc[4]
     assert f"highest in this range: {_size(p4['bytes'])} ({int(p4['bytes']):,} bytes)" in _caption(at, "highest")
 
 
@@ -213,7 +214,7 @@ def test_diff_between_two_steps_of_the_leak_run_is_three_leaks(memory_runs, monk
     assert 74_124 == 3 * LEAK
     assert _metric(at, "net growth") == "+" + _size(3 * LEAK)
     ts = dict(zip(*mem.step_boundaries(run.steps)[["step", "ts"]].to_numpy().T))
-    expect = mem.snapshot_diff(run.memory_allocations, ts[2], ts[5], "source", 0, "cpu")
+    expect = mem.snapshot_diff(analyze(run).memory_allocations, ts[2], ts[5], "source", 0, "cpu")
     pd.testing.assert_frame_equal(_table(at, "appeared", "net"), _plain(expect), check_dtype=False)
     at.selectbox(key="mem_diff_by").select("category").run()
     _ok(at)
@@ -238,15 +239,15 @@ def test_snapshot_download_is_the_memory_viz_pickle(memory_runs, monkeypatch):
     assert set(snap) == {"segments", "device_traces"}
     assert snap == memory_snapshot.snapshot(neuron_prof.load(run_dir), 0)
     allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
-    assert len(allocs) == len(neuron_prof.load(run_dir).memory_allocations)
+    assert len(allocs) == len(analyze(neuron_prof.load(run_dir)).memory_allocations)
 
 
 def test_demo_run_renders_its_peaks(demo_run, monkeypatch):
     run = neuron_prof.load(demo_run)
     at = _page(monkeypatch, demo_run)
     peaks = _table(at, "step", "bytes", "alloc_bytes")
-    assert peaks["step"].tolist() == run.memory_peaks["step"].tolist()
-    assert peaks["bytes"].tolist() == run.memory_peaks["bytes"].tolist()
+    assert peaks["step"].tolist() == analyze(run).memory_peaks["step"].tolist()
+    assert peaks["bytes"].tolist() == analyze(run).memory_peaks["bytes"].tolist()
     assert at.selectbox(key="mem_diff_a").options  # captured steps only
     assert [int(o) for o in at.selectbox(key="mem_diff_a").options] == \
         run.steps[run.steps["active"] & run.steps["complete"]]["step"].tolist()

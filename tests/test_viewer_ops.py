@@ -14,8 +14,9 @@ import pytest
 import neuron_prof
 from conftest import viewer_page
 from neuron_prof.analysis.ops import MODULE_ROOT, filter_tree, module_tree, op_stats, run_time_ops, run_time_rows, self_time
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import basis_steps
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -49,10 +50,10 @@ def _tree_table(at: AppTest) -> pd.DataFrame:
 
 def _scope(run):
     """What the report's op table is over: the steady captured steps, compiling left out."""
-    basis = basis_steps(run.step_kinds, captured_only=True)
+    basis = basis_steps(analyze(run).step_kinds, captured_only=True)
     cols = ("rank", "step", "tid", "depth", "name", "module", "shapes", "bwd")
-    keep = run_time_rows(run.ops, run.op_compile[0], basis.steps)
-    return run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, cols), basis.per_rank
+    keep = run_time_rows(run.ops, analyze(run).op_compile.inside, basis.steps)
+    return run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_run_self_ns, cols), basis.per_rank
 
 
 def test_op_table_is_op_stats_over_the_captured_steps(demo_run, monkeypatch):
@@ -70,7 +71,7 @@ def test_op_table_is_op_stats_over_the_captured_steps(demo_run, monkeypatch):
     assert top["self_ms_per_step"] == pytest.approx(wtop["self_ms"] / n)
     assert got["self_ms"].tolist() == pytest.approx(want["self_ms"].tolist())
     # and the report's top row is the same op with the same numbers
-    rep = summarize(run)["ops"]["top_by_self_time"][0]
+    rep = summarize(run).to_json()["ops"]["top_by_self_time"][0]
     assert (rep["name"], rep["module"] or "-", rep["calls"]) == (top["name"], top["module"], top["calls"])
     assert rep["self_ms_per_step"] == pytest.approx(top["self_ms_per_step"])
     assert "shapes" not in got.columns
@@ -191,8 +192,8 @@ def test_the_op_scope_is_the_reports_scope(demo_run):
     captured = run.steps[run.steps["active"] & run.steps["complete"]]
     assert n == len(captured) == 3  # steps 2-4: captured, none of them warm-up
     assert set(ops["step"]) == set(captured["step"]) and len(ops) <= len(run.ops)
-    s = summarize(run)["ops"]
+    s = summarize(run).to_json()["ops"]
     assert s["captured_steps"] == n
     assert [r["name"] for r in s["top_by_self_time"]] == list(op_stats(ops).head(len(s["top_by_self_time"]))["name"])
-    none_captured = run.step_kinds.assign(active=False)
+    none_captured = analyze(run).step_kinds.assign(active=False)
     assert basis_steps(none_captured, captured_only=True).per_rank == 0

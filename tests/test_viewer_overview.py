@@ -11,7 +11,7 @@ import neuron_prof
 from conftest import REPO, cli, line_of, shown, viewer_page
 from neuron_prof.examples import memory_leak as ml
 from neuron_prof.findings import findings
-from neuron_prof.report import summarize
+from neuron_prof.summary.build import summarize
 
 APP = str(REPO / "viewer" / "app.py")
 
@@ -34,19 +34,19 @@ def test_leak_run_overview_shows_facts_findings_and_where_time_goes(monkeypatch,
     assert at.markdown[0].value.startswith(":material/error: memory grows")
     assert any(link.label == "see Memory" for link in at.get("page_link"))
     split = at.dataframe[0].value
-    expected = pd.DataFrame(summarize(run)["time_split"])
+    expected = pd.DataFrame(summarize(run).to_json()["time_split"])
     assert split["compute ms"].tolist() == expected["compute_ms"].round(3).tolist()
     assert len(at.get("plotly_chart")) == 2  # step time per rank, where the time goes
 
 
 def test_findings_rank_by_severity_and_name_their_page(memory_runs):
     leak = findings(summarize(neuron_prof.load(memory_runs("leak"))))
-    assert leak[0]["severity"] == "high" and leak[0]["page"] == "memory"
+    assert leak[0].severity == "high" and leak[0].page == "memory"
     spike = findings(summarize(neuron_prof.load(memory_runs("spike"))))
-    assert not any(f["severity"] == "high" for f in spike)
-    peak = [f for f in spike if f["text"].startswith("peak memory")]
-    assert peak and "2.0 MiB from aten::contiguous" in peak[0]["text"] and peak[0]["page"] == "memory"
-    assert [f["severity"] for f in spike] == sorted((f["severity"] for f in spike),
+    assert not any(f.severity == "high" for f in spike)
+    peak = [f for f in spike if f.text.startswith("peak memory")]
+    assert peak and "2.0 MiB from aten::contiguous" in peak[0].text and peak[0].page == "memory"
+    assert [f.severity for f in spike] == sorted((f.severity for f in spike),
                                                    key=("high", "medium", "info").index)
 
 

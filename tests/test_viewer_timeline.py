@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 import neuron_prof  # noqa: E402
 from neuron_prof.analysis import memory as mem  # noqa: E402
 from neuron_prof.analysis import timeline as tla  # noqa: E402
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak  # noqa: E402
 
 from conftest import capture_graph_breaks, check_trace, viewer_page  # noqa: E402
@@ -137,11 +138,11 @@ def test_memory_window_matches_live_at_on_a_real_run(memory_runs):
     run = neuron_prof.load(memory_runs("spike"))
     s = _step(run, 4)
     t0, t1 = int(s["ts"]), int(s["ts"] + s["dur"])
-    w = tla.memory_window(run.memory_allocations, 0, t0, t1)
+    w = tla.memory_window(analyze(run).memory_allocations, 0, t0, t1)
     assert w["ts"].iloc[0] == t0 and w["ts"].max() <= t1
     for ts, total in zip(w["ts"], w["total"]):
-        assert total == mem.live_at(run.memory_allocations, int(ts), 0, "cpu")["bytes"].sum()
-    assert w["total"].max() == run.memory_peaks.set_index("step").loc[4, "bytes"]
+        assert total == mem.live_at(analyze(run).memory_allocations, int(ts), 0, "cpu")["bytes"].sum()
+    assert w["total"].max() == analyze(run).memory_peaks.set_index("step").loc[4, "bytes"]
 
 
 # ---------------------------------------------------------------- the page
@@ -229,7 +230,7 @@ def test_compile_spans_graph_breaks_and_memory_line(compile_run, monkeypatch):
     assert len(g) > 0 and sorted(x[0] for x in breaks["customdata"]) == sorted(g["reason_class"].astype(str))
     assert f"{len(c)} compiles, {len(g)} graph breaks" in at.caption[0].value
     line = next(t for t in fig["data"] if t["name"] == "live bytes cpu")
-    w = tla.memory_window(run.memory_allocations, 0, t0, t1, 2000)
+    w = tla.memory_window(analyze(run).memory_allocations, 0, t0, t1, 2000)
     np.testing.assert_array_equal(_values(line["y"])[:-1], w["total"].to_numpy())
 
 

@@ -47,7 +47,7 @@ OPEN_COLOR = "#7f7f7f"
 
 
 def collective_lanes(rows: pd.DataFrame, zero: int) -> go.Figure:
-    """One lane per rank of a step's collectives (``analysis.collectives.waits`` rows: aligned
+    """One lane per rank of a step's collectives (``analysis.collective_match.waits`` rows: aligned
     start and end, wait_ns, late_rank), in ms from ``zero`` on rank 0's clock: each rank's wait for
     the last rank in red, then the collective itself in its op's colour. A collective that never
     completed is drawn grey to the latest end in the step."""
@@ -87,7 +87,7 @@ def collective_lanes(rows: pd.DataFrame, zero: int) -> go.Figure:
 
 def wait_heatmap(waits: pd.DataFrame) -> go.Figure:
     """Rank x step: the ms each rank waited in collectives for the last rank to arrive
-    (``analysis.collectives.waits``' wait_ns, summed per step). A straggler's steps are the
+    (``analysis.collective_match.waits``' wait_ns, summed per step). A straggler's steps are the
     columns where every other rank's cell is hot."""
     w = waits[waits["step"] >= 0]
     z = w.pivot_table(index="rank", columns="step", values="wait_ns", aggfunc="sum", fill_value=0) / 1e6

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import streamlit as st
 
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.run import Run
+from neuron_prof.summary.sections import Summary
 from neuron_prof.viewer import DIFF_ENV, RUN_ENV
 from neuron_prof.viewer.text import md
 
@@ -53,12 +53,12 @@ def load(path: Path | None = None) -> Run:
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _stored_summary(path: str, mtime: float) -> dict[str, Any] | None:
+def _stored_summary(path: str, mtime: float) -> Summary | None:
     from neuron_prof.summary_store import load_summary
     return load_summary(_load(path, mtime))
 
 
-def stored_summary(path: Path | None = None) -> dict[str, Any] | None:
+def stored_summary(path: Path | None = None) -> Summary | None:
     """The summary stored in the run if it is fresh (read, never computed: milliseconds), else
     None: a page shows what it can at once, and leaves :func:`summary` for later."""
     path = path or run_path()
@@ -67,13 +67,13 @@ def stored_summary(path: Path | None = None) -> dict[str, Any] | None:
 
 
 @st.cache_data(max_entries=8, show_spinner="summarizing ...")
-def _summary(path: str, mtime: float) -> dict[str, Any]:
+def _summary(path: str, mtime: float) -> Summary:
     from neuron_prof.summary_store import run_summary
     return run_summary(_load(path, mtime))
 
 
-def summary(path: Path | None = None) -> dict[str, Any]:
-    """``neuron_prof.report.summarize`` of the run (the numbers the report prints), cached: the
+def summary(path: Path | None = None) -> Summary:
+    """``neuron_prof.summary.build.summarize`` of the run (the numbers the report prints), cached: the
     summary stored in the run when it is fresh (``neuron_prof.summary_store``), else computed
     and stored there for the next open."""
     path = path or run_path()

@@ -1,7 +1,7 @@
 """The source lines around a recorded line, for the pages that show where something happened
 (a graph break on the Compile page, a host wait on the Device page).
 
-A run is input from anyone (README, "Security"), so a page opens a file only where the rule says
+A run is input from anyone (docs/viewer.md, "Security"), so a page opens a file only where the rule says
 it may: the file must be named by the event's recorded stacks, end in .py, lie outside the run
 directory both as written and once links are resolved (a run carries no source, so a file in it
 is the run's maker speaking, e.g. a link to a secret), and be a regular file opened without

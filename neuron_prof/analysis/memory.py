@@ -36,6 +36,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.steps import captured_steps
+
 CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
 NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended
 _INPUT_OPS = re.compile(
@@ -270,7 +272,7 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if allocs.empty:
         return pd.DataFrame(columns=PEAK_COLUMNS)
     d = _deltas(allocs)
-    active = steps[steps["active"]]
+    active = captured_steps(steps)
     rows = []
     for (rank, device), g in d.groupby(["rank", "device"], observed=True, sort=True):
         live = np.cumsum(g["bytes"].to_numpy())
@@ -408,7 +410,7 @@ def process_growth(process_memory: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
     for rank, g in process_memory.groupby("rank", sort=True):
         g = g.sort_values("step")
         rss, ts, step = (g[c].to_numpy(np.int64) for c in ("rss", "ts", "step"))
-        captured = steps[(steps["rank"] == rank) & steps["active"]]
+        captured = captured_steps(steps[steps["rank"] == rank])
         ends = np.sort((captured["ts"] + captured["dur"]).to_numpy(np.int64))  # = their boundaries' ts
         # time since the end of the latest captured step at or before each boundary
         since = np.full(len(ts), np.iinfo(np.int64).max)
@@ -451,7 +453,7 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         if g["checked"] < min_steps or g["growth_per_step"] <= 0 or g["growing"] < 0.75 * g["checked"]:
             continue
         rank, device = g["rank"], g["device"]
-        done = steps[(steps["rank"] == rank) & steps["active"] & steps["complete"]]["step"]
+        done = captured_steps(steps[steps["rank"] == rank], complete_only=True)["step"]
         last = memory_steps[memory_steps["rank"] == rank]["step"].max()
         candidates = sorted(s for s in done if s < last)
         a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)

@@ -52,15 +52,25 @@ class Basis(NamedTuple):
     per_rank: int  # the most of these steps on one rank: what "per step" divides by (0: none)
 
 
+def steps_per_rank(steps: pd.DataFrame) -> int:
+    """The most of ``steps`` one rank has: what every "per step" figure divides by (0: none)."""
+    return int(steps.groupby("rank").size().max()) if len(steps) else 0
+
+
+def captured_steps(steps: pd.DataFrame, complete_only: bool = False) -> pd.DataFrame:
+    """The steps captured in detail (``active``): the only steps that have op, memory-event and
+    device rows. ``complete_only``: without the partial step at exit."""
+    keep = steps["active"] & steps["complete"] if complete_only else steps["active"]
+    return steps[keep]
+
+
 def basis_steps(kinds: pd.DataFrame, captured_only: bool = False) -> Basis:
     """The steady steps, else (no steady step) all complete steps. ``captured_only``: only steps
     captured in detail (what op figures are over)."""
-    done = kinds[kinds["complete"]]
-    if captured_only:
-        done = done[done["active"]]
+    done = captured_steps(kinds, complete_only=True) if captured_only else kinds[kinds["complete"]]
     steady = done[done["steady"]] if "steady" in done.columns else done.iloc[0:0]
     steps, kind = (steady, "steady") if len(steady) else (done, "all" if len(done) else "none")
-    return Basis(steps, kind, int(steps.groupby("rank").size().max()) if len(steps) else 0)
+    return Basis(steps, kind, steps_per_rank(steps))
 
 
 def step_stats(steps: pd.DataFrame) -> pd.DataFrame:
@@ -150,7 +160,7 @@ def time_split(top: pd.DataFrame, steps: pd.DataFrame, sync: pd.DataFrame, comm:
     step (less what other threads ran at the same time).
 
     ``communication`` is the collective ops' time (at any depth, ``analysis.ops.comm_ops``); for a
-    rank with ``exposed`` rows (``analysis.collectives.overlap``: per rank and step, the time in
+    rank with ``exposed`` rows (``analysis.comm_cost.overlap``: per rank and step, the time in
     collectives that no compute overlapped) it is that exposed time, and ``idle`` is what is left
     of the step after compute, sync, compile and it: a rank that waits for an asynchronous
     collective (DDP's gradient all-reduce) waits outside any op, on no op's clock, and a

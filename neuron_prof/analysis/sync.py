@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.ops import has_ancestor, in_steps, parent_index
+from neuron_prof.analysis.steps import steps_per_rank
 
 SYNC_OPS: dict[str, str] = {
     "aten::_local_scalar_dense": "read device value (.item(), bool(), int(), float(), print)",
@@ -44,7 +45,7 @@ def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
                 exclude: np.ndarray | None = None) -> pd.DataFrame:
     """One row per sync op; nested sync ops (``item`` → ``_local_scalar_dense``) count once.
     ``parent``: ``parent_index(ops)``, if the caller has it already. ``exclude``: ops to leave
-    out, e.g. those inside torch.compile's compiles (``Run.op_compile[0]``): tracing reads
+    out, e.g. those inside torch.compile's compiles (``RunAnalysis.op_compile.inside``): tracing reads
     values that the compiled graph never reads again.
 
     Not counted: torch.optim's reads of its own CPU step counters (a ``_local_scalar_dense`` on a
@@ -101,7 +102,7 @@ def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame, wait_ns: np.ndarray | 
         cols += ["wait_ms", "wait_ms_per_step"]
     if sync.empty:
         return pd.DataFrame(columns=cols)
-    n = int(steps.groupby("rank").size().max()) if len(steps) else 0
+    n = steps_per_rank(steps)
     hit = in_steps(sync, steps) if n else np.zeros(len(sync), dtype=bool)
     waits = np.zeros(len(sync), dtype=np.int64) if wait_ns is None else np.asarray(wait_ns, dtype=np.int64)
     g = sync.assign(hit=hit, wait=waits, hit_wait=np.where(hit, waits, 0)).groupby(["source", "name", "kind"],

@@ -2,7 +2,7 @@
 inside a time window of one step.
 
 Pandas in, pandas out; inputs are ``Run.steps``, ``Run.ops``, ``Run.compiles``,
-``Run.graph_breaks`` and ``Run.memory_allocations``. Times are the run's monotonic ns. An event is
+``Run.graph_breaks`` and ``RunAnalysis.memory_allocations``. Times are the run's monotonic ns. An event is
 in a window ``[t0, t1]`` when it overlaps it (a span ``ts..ts+dur`` with ``ts <= t1`` and
 ``ts + dur >= t0``; an instant with ``t0 <= ts <= t1``).
 """
@@ -21,7 +21,7 @@ def step_choices(steps: pd.DataFrame, ops: pd.DataFrame, rank: int, spans: pd.Da
     """The steps of ``rank`` a timeline can show: step, ts, dur, active, complete, warmup, ops
     (how many ops started in it); plus a pseudo-step -1 for what came before the first step: the
     run's start-up span (``Run.spans``) when it has one, else the span of the ops that began
-    before the first step, when there are any. ``steps``: ``Run.step_kinds`` (or plain steps)."""
+    before the first step, when there are any. ``steps``: ``RunAnalysis.step_kinds`` (or plain steps)."""
     cols = ["step", "ts", "dur", "active", "complete", "warmup", "ops"]
     s = steps[steps["rank"] == rank]
     s = s.assign(warmup=s["warmup"] if "warmup" in s.columns else False)[cols[:-1]]

@@ -3,7 +3,7 @@ collectives rank by rank on one clock; what the ranks disagreed on or never fini
 
 In synchronous training every rank finishes a step together, so step time cannot name a
 straggler: the waits inside the collectives can. Every number here comes from
-``neuron_prof.analysis.collectives``: its ``summary`` (in the report's summary) for the findings
+the run's summary (its Collectives section, ``summary.build``) for the findings
 and tables, the run's aligned waits for the heat map and the lanes; the page only draws. The
 charts stay small at any world size: the heat map is one cell per rank and step, the lanes one
 step of at most ``MAX_LANES`` ranks.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from neuron_prof.analysis.collectives import to_rank0
+from neuron_prof.analysis.clock import to_rank0
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.findings import findings
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
@@ -26,8 +27,8 @@ HOW = ("Every `torch.distributed` collective (DDP's gradient all-reduce, FSDP's 
        "--nproc-per-node 2 train.py`), or wrap each rank's training loop in `neuron_prof.profile(RUN)`.")
 
 
-def _table(rows: list[dict], columns: dict[str, str], ms: tuple[str, ...] = ()) -> None:
-    """``rows`` (summary records) as a grid of ``columns`` (key -> header); ``ms``: ns columns shown in ms."""
+def _table(rows: list, columns: dict[str, str], ms: tuple[str, ...] = ()) -> None:
+    """``rows`` (rows of the summary's Collectives section) as a grid of ``columns`` (key -> header); ``ms``: ns columns shown in ms."""
     df = pd.DataFrame(rows)[list(columns)]
     df[list(ms)] = df[list(ms)] / 1e6
     df = df.rename(columns=columns)
@@ -40,35 +41,35 @@ st.title("Collectives")
 if run.collectives.empty:
     data.no_data("collective data", HOW)
     st.stop()
-report = data.summary()
-s = report["collectives"]
-for f in findings(report):
-    if f["page"] == "collectives":  # stuck, mismatched, straggling: as the report and the Overview say it
-        st.warning(md(f["text"]), icon=":material/error:" if f["severity"] == "high" else ":material/warning:")
+summary = data.summary()
+colls = summary.collectives  # captured: the run has collectives
+for f in findings(summary):
+    if f.page == "collectives":  # stuck, mismatched, straggling: as the report and the Overview say it
+        st.warning(md(f.text), icon=":material/error:" if f.severity == "high" else ":material/warning:")
 
-clock = pd.DataFrame(s["clock"])
+clock = pd.DataFrame(colls.clock)
 cols = st.columns(4)
-cols[0].metric("collectives", s["collectives"], help="matched across ranks by (process group, sequence number)")
-cols[1].metric("calls", s["calls"], help="one per collective per rank")
-cols[2].metric("process groups", len(s["groups"]))
+cols[0].metric("collectives", colls.collectives, help="matched across ranks by (process group, sequence number)")
+cols[1].metric("calls", colls.calls, help="one per collective per rank")
+cols[2].metric("process groups", len(colls.groups))
 cols[3].metric("clocks", "one clock" if clock["same_clock"].all() else
                (f"aligned ±{clock['rtt'].max() / 2e6:.2f} ms" if clock["measured"].all() else "not measured"),
                help="every rank's times are moved onto rank 0's clock with the offsets measured at capture start "
                     "and end; ranks on one host share one clock")
 
 st.subheader("Stragglers")
-if not any(r["steps"] for r in s["stragglers"]):
+if not any(r.steps for r in colls.stragglers):
     st.markdown("No rank made the others wait significantly in any steady step.")
-if s["stragglers"]:
-    _table(s["stragglers"], {"rank": "rank", "wait_caused_ns": "wait caused (ms)", "steps": "straggler in steps",
+if colls.stragglers:
+    _table(colls.stragglers, {"rank": "rank", "wait_caused_ns": "wait caused (ms)", "steps": "straggler in steps",
                              "times_last": "last in steps", "waited_ns": "waited itself (ms)", "share": "share"},
            ms=("wait_caused_ns", "waited_ns"))
-if s["threshold_ms"] is not None:
-    st.caption(f"over the {s['steady_steps']} steady steps: a step's last rank counts as its straggler when the wait "
-               f"it caused stands out from the run's own jitter (here {s['threshold_ms']:.1f} ms or more; "
+if colls.threshold_ms is not None:
+    st.caption(f"over the {colls.steady_steps} steady steps: a step's last rank counts as its straggler when the wait "
+               f"it caused stands out from the run's own jitter (here {colls.threshold_ms:.1f} ms or more; "
                "neuron_prof's own step-boundary work is not counted)")
 
-waits = run.collective_waits
+waits = analyze(run).collective_waits
 st.subheader("Wait per rank and step")
 st.plotly_chart(wait_heatmap(waits), width="stretch")
 st.caption("ms each rank waited inside collectives for the last rank to arrive: a straggler's steps are the columns "
@@ -76,8 +77,8 @@ st.caption("ms each rank waited inside collectives for the last rank to arrive: 
 
 st.subheader("A step's collectives, rank by rank")
 steps = sorted(int(x) for x in waits["step"].unique())
-worst = max((r for r in s["straggler_steps"] if r["significant"]), key=lambda r: r["wait_caused_ns"], default=None)
-step = st.selectbox("step", steps, index=steps.index(worst["step"]) if worst else 0, key="coll_step")
+worst = max((r for r in colls.straggler_steps if r.significant), key=lambda r: r.wait_caused_ns, default=None)
+step = st.selectbox("step", steps, index=steps.index(worst.step) if worst else 0, key="coll_step")
 rows = waits[waits["step"] == step]
 ranks = sorted(int(r) for r in rows["rank"].unique())
 if len(ranks) > MAX_LANES:
@@ -87,21 +88,21 @@ if len(ranks) > MAX_LANES:
                            max_selections=MAX_LANES, key="coll_ranks")
     rows = rows[rows["rank"].isin(shown)]
 step_rows = run.steps[run.steps["step"] == step]
-zero = int(to_rank0(step_rows["ts"].to_numpy(), step_rows["rank"].to_numpy(), run.collective_offsets).min()) \
+zero = int(to_rank0(step_rows["ts"].to_numpy(), step_rows["rank"].to_numpy(), analyze(run).collective_offsets).min()) \
     if len(step_rows) else int(rows["start"].min())
 if len(rows):
     st.plotly_chart(collective_lanes(rows, zero), width="stretch")
 st.caption(f"from the start of step {step}; red: waiting for the last rank to arrive, then the collective itself")
 
 st.subheader("Mismatches")
-if s["mismatches"]:
-    _table(s["mismatches"], {"group": "group", "seq": "seq", "kind": "kind", "ranks": "ranks", "detail": "detail"})
+if colls.mismatches:
+    _table(colls.mismatches, {"group": "group", "seq": "seq", "kind": "kind", "ranks": "ranks", "detail": "detail"})
 else:
     st.caption("none: at every (group, seq) the ranks issued the same op, size and dtype, and every member issued it")
 
 st.subheader("In flight")
-if s["in_flight"]:
-    _table(s["in_flight"], {"rank": "rank", "op": "op", "group": "group", "seq": "seq", "bytes": "bytes",
+if colls.in_flight:
+    _table(colls.in_flight, {"rank": "rank", "op": "op", "group": "group", "seq": "seq", "bytes": "bytes",
                             "status": "status", "step": "step", "source": "source", "arrived": "arrived",
                             "missing": "never arrived"})
     st.caption("collectives issued and never completed: what each rank was stuck in when the job hung or its group "
@@ -110,13 +111,13 @@ else:
     st.caption("none: every collective issued completed")
 
 st.subheader("By op and group")
-_table(s["by_op"], {"group": "group", "op": "op", "collectives": "collectives", "bytes": "bytes per rank",
+_table(colls.by_op, {"group": "group", "op": "op", "collectives": "collectives", "bytes": "bytes per rank",
                     "time_ms_per_rank": "ms per rank", "wait_ms_per_rank": "of which waiting", "per_step": "per step"})
-if s["bandwidth"]:
-    _table(s["bandwidth"], {"group": "group", "op": "op", "group_size": "ranks", "calls": "collectives",
+if colls.bandwidth:
+    _table(colls.bandwidth, {"group": "group", "op": "op", "group_size": "ranks", "calls": "collectives",
                             "bytes": "bytes", "algbw": "algbw GB/s", "busbw": "busbw GB/s"})
     st.caption("bandwidth over the transfer (from the last arrival to completion); busbw as NCCL-tests counts it")
-if s["overlap"]:
-    _table(s["overlap"], {"rank": "rank", "comm_ms": "ms in collectives per step", "overlapped_ms": "overlapped",
+if colls.overlap:
+    _table(colls.overlap, {"rank": "rank", "comm_ms": "ms in collectives per step", "overlapped_ms": "overlapped",
                           "exposed_ms": "exposed", "exposed_pct": "exposed % of step"})
     st.caption("per steady step: time in collectives, the part compute overlapped, and the rest the rank only waited")

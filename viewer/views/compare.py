@@ -16,6 +16,7 @@ import streamlit as st
 
 from neuron_prof.analysis.compare import checklist
 from neuron_prof.analysis.metrics import series
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.compare_report import format_value, side
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot
@@ -140,7 +141,7 @@ else:
 st.subheader("Step time")
 parts = []
 for label, run in ((f"a: {plot(a_name)}", run_a), (f"b: {plot(b_name)}", run_b)):  # legend text renders HTML
-    steps = run.step_kinds
+    steps = analyze(run).step_kinds
     done = steps[steps["steady"]]
     parts.append(done.assign(ms=done["dur"] / 1e6, run=label, rank=done["rank"].astype(str))[["run", "rank", "step",
                                                                                              "ms"]])

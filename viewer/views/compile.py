@@ -12,7 +12,8 @@ import streamlit as st
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import in_steps
-from neuron_prof.analysis.steps import basis_steps
+from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.summary.sections import BreakSite
 from neuron_prof.viewer import data
 from neuron_prof.viewer.source import show_source
 from neuron_prof.viewer.text import md, plot_array
@@ -22,8 +23,9 @@ from neuron_prof.viewer.text import md, plot_array
 @st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
 def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
     run = data.load(Path(path))
-    basis = basis_steps(run.step_kinds, captured_only=True)
-    runs = comp.region_runs(run.ops, run.op_parent, run.op_compile[1])
+    analysis = analyze(run)
+    basis = analysis.op_basis
+    runs = comp.region_runs(run.ops, analysis.op_parent, analysis.op_compile.compile_ns)
     return comp.graph_runs(runs[in_steps(runs, basis.steps)] if len(runs) else runs, basis.per_rank)
 
 
@@ -32,14 +34,14 @@ def _recorded_files(run, stack_ids) -> set[str]:
     return {f for rank, sid in stack_ids for f, _, _ in run.stack(int(rank), int(sid))}
 
 
-def _show_site(run, site: dict) -> None:
-    rows = run.graph_breaks[(run.graph_breaks["source"].astype(str) == site["source"])
-                            & (run.graph_breaks["reason_class"].astype(str) == site["reason_class"])]
-    st.markdown(f"**{md(site['reason_class'])}** at {md(site['source'])} · {md(site['gb_id'])} · {site['breaks']} "
-                f"breaks · {site['hits_per_step']:.1f} hits/step · {site['frame_ms_per_step']:.3f} frame ms/step · "
-                f"compile ids {md(', '.join(site['compile_ids']))}")
+def _show_site(run, site: BreakSite) -> None:
+    rows = run.graph_breaks[(run.graph_breaks["source"].astype(str) == site.source)
+                            & (run.graph_breaks["reason_class"].astype(str) == site.reason_class)]
+    st.markdown(f"**{md(site.reason_class)}** at {md(site.source)} · {md(site.gb_id)} · {site.breaks} "
+                f"breaks · {site.hits_per_step:.1f} hits/step · {site.frame_ms_per_step:.3f} frame ms/step · "
+                f"compile ids {md(', '.join(site.compile_ids))}")
     with st.expander("full reason", expanded=False):
-        st.code(site["reason"], language=None)
+        st.code(site.reason, language=None)
     if rows.empty:
         return
     # the stack recorded most often for this site (they normally all agree)
@@ -60,13 +62,12 @@ def _show_site(run, site: dict) -> None:
 
 
 run = data.load()
-s = data.summary()
-c = s["compile"]
+compiled = data.summary().compile
 path = data.run_path()
 runs = _graph_runs(str(path), data.stamp(path))
 
 st.title("Graph breaks / Compile")
-if not c["frames_compiled"] and not c["graph_break_events"] and runs.empty:
+if not compiled.frames_compiled and not compiled.graph_break_events and runs.empty:
     data.no_data("torch.compile activity",
                  "Run a `torch.compile`d model under `neuron_prof.profile(...)` or `neuron-prof record` with the "
                  "`compiler` collector on (it is by default): graph breaks, recompiles, compile time, caches, "
@@ -74,19 +75,19 @@ if not c["frames_compiled"] and not c["graph_break_events"] and runs.empty:
     st.stop()
 
 cols = st.columns(4)
-cols[0].metric("frame compiles", c["frames_compiled"])
-cols[1].metric("compile time", f"{c['compile_ms']:.0f} ms")
-cols[2].metric("graph break sites", c["graph_breaks"], help=f"{c['graph_break_events']} graph breaks in all")
-cols[3].metric("recompiles", c["recompiles"])
-if c["cache_limit_hit"]:
-    hit = [r["func"] for r in c["recompiles_by_frame"] if r["cache_limit_hit"]]
+cols[0].metric("frame compiles", compiled.frames_compiled)
+cols[1].metric("compile time", f"{compiled.compile_ms:.0f} ms")
+cols[2].metric("graph break sites", compiled.graph_breaks, help=f"{compiled.graph_break_events} graph breaks in all")
+cols[3].metric("recompiles", compiled.recompiles)
+if compiled.cache_limit_hit:
+    hit = [r.func for r in compiled.recompiles_by_frame if r.cache_limit_hit]
     st.error(f"**The recompile (cache size) limit was hit** for {md(', '.join(hit))}: "
              "those frames run eagerly, uncompiled, for the rest of the run. Fix the recompiles below "
              "(or mark the changing dimension dynamic) rather than raising the limit.",
              icon=":material/error:")
 
 st.subheader("Graph breaks by site")
-sites = c["break_sites"]
+sites = compiled.break_sites
 if not sites:
     st.success("No graph breaks: every compiled frame traced in one graph.")
 else:
@@ -99,11 +100,11 @@ else:
                      "gb_id": "gb id", "compile_ids": st.column_config.ListColumn("compile ids")})
     st.caption("frame ms/step: the graph before the break plus the break's eager code, until the resumed frame.")
     pick = st.selectbox("break site", range(len(sites)), key="compile_site",
-                        format_func=lambda i: f"{sites[i]['source']} · {sites[i]['reason_class']}")
+                        format_func=lambda i: f"{sites[i].source} · {sites[i].reason_class}")
     _show_site(run, sites[pick])
 
 st.subheader("Recompiles by frame")
-rec = pd.DataFrame(c["recompiles_by_frame"])
+rec = pd.DataFrame(compiled.recompiles_by_frame)
 if rec.empty:
     st.caption("no recompiles: every frame's guards held")
 else:
@@ -111,10 +112,10 @@ else:
         "func": "frame", "cache_limit_hit": st.column_config.CheckboxColumn("cache limit hit"),
         "reasons": st.column_config.ListColumn("failed guards", width="large")})
     with st.expander("failed guards, one per line"):
-        for r in c["recompiles_by_frame"]:
-            st.markdown(f"**{md(r['func'])}** ({r['recompiles']} recompiles"
-                        + (", :red[CACHE LIMIT HIT]" if r["cache_limit_hit"] else "") + ")")
-            st.code("\n".join(r["reasons"]) or "(no failed guard recorded)", language=None)
+        for r in compiled.recompiles_by_frame:
+            st.markdown(f"**{md(r.func)}** ({r.recompiles} recompiles"
+                        + (", :red[CACHE LIMIT HIT]" if r.cache_limit_hit else "") + ")")
+            st.code("\n".join(r.reasons) or "(no failed guard recorded)", language=None)
 
 st.subheader("Compile time by frame and phase")
 ctime = comp.compile_time(run.compiles, run.compile_phases)

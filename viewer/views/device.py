@@ -4,8 +4,8 @@ kernel that ran its work, the host's waits by line with the source around them, 
 ops that fell back to the CPU.
 
 On an asynchronous device an op returns once it is queued, so the host's op times say little:
-every table and the per-step chart are the report's Device section (``report.summarize(run)
-["device"]``, computed by ``neuron_prof.analysis.device``), so the page and ``neuron-prof report``
+every table and the per-step chart are the report's Device section (``summarize(run).device``,
+computed by ``neuron_prof.analysis.device``), so the page and ``neuron-prof report``
 say the same numbers. The lanes are one step of one rank, sliced out of the run's device tables
 before any per-row work and cached, and at most ``MAX_BARS`` bars per kind and ``MAX_FLOWS``
 lines go to the browser, so the page stays quick on a run of a million kernels.
@@ -13,7 +13,7 @@ lines go to the browser, so the page stays quick on a run of a million kernels.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from neuron_prof.analysis import timeline as tla
-from neuron_prof.findings import findings, user_line
+from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.findings import Finding, findings, user_line
+from neuron_prof.summary.sections import DeviceSection, DeviceThresholds, DeviceVerdict, Stall
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 from neuron_prof.viewer.source import show_source
@@ -36,34 +38,35 @@ HOW = ("Device data (the eager queue, its kernels, the host's waits for it and C
        "backend that reports through neuron_prof's backend hook API (`collectors/neuron_prof_backend.h`, read by the "
        "`device` collector, on by default); CPU and CUDA runs have none. To try it without the hardware, enable the "
        "emulated `neuron` device, `neuron_prof.testing.neuron.enable()`, before moving the model to `\"neuron\"` (or "
-       "run `neuron-prof demo --device neuron`); the README's sections on the backend hook API and the emulated "
-       "`neuron` device say more.")
+       "run `neuron-prof demo --device neuron`); docs/device.md (linked from the README) says more about the backend "
+       "hook API and the emulated `neuron` device.")
 
 
-def _table(rows: list[dict], columns: dict[str, str]) -> None:
-    """``rows`` (summary records) as a grid of ``columns`` (key -> header): cells are literal text."""
+def _table(rows: list | pd.DataFrame, columns: dict[str, str]) -> None:
+    """``rows`` (rows of the Device section, or a frame of them) as a grid of ``columns`` (field ->
+    header): cells are literal text."""
     st.dataframe(pd.DataFrame(rows, columns=list(columns)).rename(columns=columns), hide_index=True)
 
 
-def _share(verdicts: list[dict], key: str) -> float | None:
-    """The mean of ``key`` (a per-step share) over every rank's basis steps: the report's verdict
+def _share(verdicts: list[DeviceVerdict], share: Callable[[DeviceVerdict], float]) -> float | None:
+    """The mean of ``share`` (a per-step share) over every rank's basis steps: the report's verdict
     rows are means over their steps, so they are weighted by them."""
-    steps = sum(v["steps"] for v in verdicts)
-    return sum(v[key] * v["steps"] for v in verdicts) / steps if steps else None
+    steps = sum(v.steps for v in verdicts)
+    return sum(share(v) * v.steps for v in verdicts) / steps if steps else None
 
 
-def _metrics(d: dict[str, Any]) -> None:
+def _metrics(device: DeviceSection) -> None:
     """What bounds most steps, how busy the device is and how long the host waits for it, and the
     share of device ops that ran natively: the four figures to read before any chart."""
-    v = d["verdict"]
+    v = device.verdict
     counts = pd.DataFrame(v).groupby("verdict")["steps"].sum().sort_values(ascending=False) if v else pd.Series()
-    busy, wait = _share(v, "busy_pct"), _share(v, "wait_pct")
-    cov = d["coverage"]
-    native, total = sum(c["native_ops"] for c in cov), sum(c["native_ops"] + c["fallback_ops"] for c in cov)
-    per_rank = "; ".join(f"rank {x['rank']}: {x['steps']} {x['verdict']}" for x in v)
+    busy, wait = _share(v, lambda x: x.busy_pct), _share(v, lambda x: x.wait_pct)
+    cov = device.coverage
+    native, total = sum(c.native_ops for c in cov), sum(c.native_ops + c.fallback_ops for c in cov)
+    per_rank = "; ".join(f"rank {x.rank}: {x.steps} {x.verdict}" for x in v)
     cols = st.columns(4)
     cols[0].metric("most steps are", counts.index[0] if len(counts) else "-",
-                   help=f"over the {d['basis_steps']} {d['basis']} captured steps of each rank: {per_rank}" if v else
+                   help=f"over the {device.basis_steps} {device.basis} captured steps of each rank: {per_rank}" if v else
                    "no steady captured step")
     cols[1].metric("device busy", f"{busy:.0f}% of a step" if busy is not None else "-",
                    help="the busiest device's kernels, as a share of the step, averaged over the steps")
@@ -73,7 +76,7 @@ def _metrics(d: dict[str, Any]) -> None:
                    help=f"of {total:,} device ops, {native:,} ran natively, the rest fell back to the CPU")
 
 
-def _step_chart(steps: pd.DataFrame, thresholds: dict[str, float]) -> go.Figure:
+def _step_chart(steps: pd.DataFrame, thresholds: DeviceThresholds) -> go.Figure:
     """Per complete step of one rank (the report's ``steps`` rows): the busiest device's busy
     share (coloured by the step's verdict, hatched for warm-up steps) stacked with its idle share,
     and the host's wait for it as a line; the verdict thresholds as dashed lines. In % of the step
@@ -97,8 +100,9 @@ def _step_chart(steps: pd.DataFrame, thresholds: dict[str, float]) -> go.Figure:
     fig.add_trace(go.Scatter(x=steps["step"], y=steps["wait_pct"], name="host waits for the device",
                              mode="lines+markers", line_color=WAIT_COLOR, customdata=hover,
                              hovertemplate="%{customdata}<extra></extra>"))
-    for key, label in (("device_bound_busy_pct", "device-bound above"), ("host_bound_busy_pct", "host-bound below")):
-        fig.add_hline(y=thresholds[key], line_dash="dash", line_color="#7f7f7f", annotation_text=label,
+    for y, label in ((thresholds.device_bound_busy_pct, "device-bound above"),
+                     (thresholds.host_bound_busy_pct, "host-bound below")):
+        fig.add_hline(y=y, line_dash="dash", line_color="#7f7f7f", annotation_text=label,
                       annotation_position="top left")
     fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="% of the step", yaxis_range=[0, 105],
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 30})
@@ -110,7 +114,7 @@ def _choices(path: str, mtime: float, rank: int) -> pd.DataFrame:
     """The rank's steps the lanes can show (``analysis.timeline.step_choices``), without what came
     before the first step: this page is about steps."""
     run = data.load(Path(path))
-    c = tla.step_choices(run.step_kinds, run.ops, rank, run.spans)
+    c = tla.step_choices(analyze(run).step_kinds, run.ops, rank, run.spans)
     return c[c["step"] != tla.BEFORE_FIRST_STEP].reset_index(drop=True)
 
 
@@ -127,11 +131,11 @@ def _step_slice(path: str, mtime: float, rank: int, step: int) -> dict[str, Any]
     ``MAX_FLOWS`` that waited longest in the queue). Bars: the ``MAX_BARS`` longest per kind.
     ``counts``: how many of each there were, to say what was left out."""
     run = data.load(Path(path))
-    kinds = run.step_kinds
+    kinds = analyze(run).step_kinds
     s = kinds[(kinds["rank"] == rank) & (kinds["step"] == step)].iloc[0]
     t0, end = int(s["ts"]), int(s["ts"] + s["dur"])
     corr, flushes, falls = (df[(df["rank"] == rank) & (df["step"] == step)]
-                            for df in (run.device_correlation, run.queue_flushes, run.fallbacks))
+                            for df in (analyze(run).device_correlation, run.queue_flushes, run.fallbacks))
     ran = corr[corr["kernel"] >= 0]
     if len(ran):
         end = max(end, int((ran["kernel_ts"] + ran["kernel_dur"]).max()))
@@ -246,64 +250,67 @@ def _lanes_caption(sl: dict[str, Any], step: int) -> str:
             + ", ".join(parts) + f"; {flows}: each from where a host op queued an op to the kernel that ran it.")
 
 
-def _show_stall_source(run, stall: dict[str, Any]) -> None:
+def _show_stall_source(run, stall: Stall) -> None:
     """The source lines around the line a stall waited on, read from its file when the source
     rule allows (the file its flushes recorded), else a caption saying it is not readable here."""
     f = run.queue_flushes
-    rows = f[(f["rank"] == stall["rank"]) & (f["source"].astype(str) == stall["source"])
-             & (f["user_source"].astype(str) == stall["user_source"]) & (f["host_op"].astype(str) == stall["host_op"])
-             & (f["reason"].astype(str) == stall["reason"]) & (f["device"].astype(str) == stall["device"])]
+    rows = f[(f["rank"] == stall.rank) & (f["source"].astype(str) == stall.source)
+             & (f["user_source"].astype(str) == stall.user_source) & (f["host_op"].astype(str) == stall.host_op)
+             & (f["reason"].astype(str) == stall.reason) & (f["device"].astype(str) == stall.device)]
     full = rows["source_full"].astype(str).mode()
     file, _, line = (full.iloc[0] if len(full) else "").rpartition(":")
     if not file or not line.isdigit():
         st.caption("this wait was outside any op of the user's: there is no source line to show")
         return
-    allowed = {fr for sid in rows["stack"].unique() for fr, _, _ in run.stack(int(stall["rank"]), int(sid))}
+    allowed = {fr for sid in rows["stack"].unique() for fr, _, _ in run.stack(int(stall.rank), int(sid))}
     show_source(file, int(line), allowed, run.meta.get("cwd"), run.path)
 
 
-def _stalls(run, d: dict[str, Any]) -> None:
+def _stalls(run, device: DeviceSection) -> None:
     st.subheader("Where the host waits for the device")
-    stalls = d["stalls"]
+    stalls = device.stalls
     if not stalls:
         st.caption("none: the host never waited for a queued op")
         return
-    _table([{**x, "source": x["source"] or "(outside any op)", "called_from": user_line(x)} for x in stalls],
+    _table(pd.DataFrame(stalls).assign(source=[x.source or "(outside any op)" for x in stalls],
+                                       called_from=[user_line(x) for x in stalls]),
            {"rank": "rank", "source": "source line", "called_from": "called from", "host_op": "op", "reason": "why",
             "device": "device", "count": "waits", "per_step_ms": "ms/step", "mean_ms": "mean ms", "max_ms": "max ms",
             "total_ms": "total ms", "ops": "ops waited for"})
     st.caption("why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback needs the "
                "inputs; synchronize = torch.<device>.synchronize(); ms/step over the steady captured steps")
     i = st.selectbox("source of the wait", range(len(stalls)), key="dev_stall",
-                     format_func=lambda i: f"{stalls[i]['source'] or '(outside any op)'} · {stalls[i]['reason']} · "
-                                           f"{stalls[i]['total_ms']:.2f} ms in all")
+                     format_func=lambda i: f"{stalls[i].source or '(outside any op)'} · {stalls[i].reason} · "
+                                           f"{stalls[i].total_ms:.2f} ms in all")
     _show_stall_source(run, stalls[i])
 
 
-def _fusion(d: dict[str, Any]) -> None:
+def _fusion(device: DeviceSection) -> None:
     st.subheader("Fusion")
-    if d["fusion"]:
-        _table(d["fusion"], {"rank": "rank", "device": "device", "kernels": "kernels", "ops": "ops",
+    if device.fusion:
+        _table(device.fusion, {"rank": "rank", "device": "device", "kernels": "kernels", "ops": "ops",
                              "ops_per_kernel": "ops per kernel", "one_op_kernels": "one-op kernels",
                              "one_op_pct": "one-op %", "busy_ms": "busy ms", "launch_floor_us": "shortest kernel µs",
                              "launch_ms": "launch ms (at most)", "launch_pct": "launch % of busy (at most)"})
         st.caption("a kernel's fixed launch cost is at most the device's shortest kernel: kernels x that bounds the "
                    "device time spent on launches")
-    if d["unfused"]:
+    if device.unfused:
         st.markdown("**Unfused runs**: one-op kernels in a row, where `torch.compile` or a custom kernel would save "
                     "launches")
-        _table([{**x, "where": x["source"] + (f" .. {x['last_source']}" if x["last_source"] != x["source"] else "")}
-                for x in d["unfused"]],
+        _table(pd.DataFrame(device.unfused).assign(
+                   where=[x.source + (f" .. {x.last_source}" if x.last_source != x.source else "") for x in device.unfused]),
                {"rank": "rank", "device": "device", "where": "source lines", "kernels": "kernels",
                 "occurrences": "times", "per_step": "per step", "total_kernels": "kernels in all",
                 "total_ms": "device ms", "launch_ms": "launch ms (at most)", "first_step": "first step"})
 
 
-def _fallbacks(d: dict[str, Any]) -> None:
+def _fallbacks(device: DeviceSection) -> None:
     st.subheader("CPU fallbacks")
-    if d["fallbacks"]:
-        _table([{**x, "lines": ", ".join(x["sources"]), "to_host": format_bytes(x["bytes_to_host"]),
-                 "from_host": format_bytes(x["bytes_from_host"])} for x in d["fallbacks"]],
+    falls = device.fallbacks
+    if falls:
+        _table(pd.DataFrame(falls).assign(lines=[", ".join(x.sources) for x in falls],
+                                          to_host=[format_bytes(x.bytes_to_host) for x in falls],
+                                          from_host=[format_bytes(x.bytes_from_host) for x in falls]),
                {"rank": "rank", "device": "device", "op": "op", "lines": "source lines", "calls": "calls",
                 "calls_per_step": "per step", "to_host": "to host", "from_host": "from host",
                 "per_step_ms": "ms/step", "total_ms": "total ms"})
@@ -311,18 +318,18 @@ def _fallbacks(d: dict[str, Any]) -> None:
                    "copies")
     else:
         st.caption("none: every op ran on the device")
-    if d["coverage"]:
-        _table(d["coverage"], {"rank": "rank", "device": "device", "native_ops": "ops run natively",
+    if device.coverage:
+        _table(device.coverage, {"rank": "rank", "device": "device", "native_ops": "ops run natively",
                                "fallback_ops": "ops fallen back", "coverage_pct": "coverage %",
                                "fallback_op_kinds": "kinds fallen back"})
 
 
-def _finding(f: dict[str, str]) -> None:
+def _finding(f: Finding) -> None:
     """A finding of the report as a box: a warning for high and medium, a note for info."""
-    if f["severity"] == "info":
-        st.info(md(f["text"]), icon=":material/info:")
+    if f.severity == "info":
+        st.info(md(f.text), icon=":material/info:")
     else:
-        st.warning(md(f["text"]), icon=":material/error:" if f["severity"] == "high" else ":material/warning:")
+        st.warning(md(f.text), icon=":material/error:" if f.severity == "high" else ":material/warning:")
 
 
 def _step_label(choices: pd.DataFrame, verdicts: dict[int, str]) -> dict[int, str]:
@@ -354,33 +361,33 @@ def _lanes(path: Path, rank: int, verdicts: dict[int, str]) -> None:
 st.title("Device")
 path = data.run_path()
 run = data.load(path)
-report = data.summary(path)
-d = report["device"]
-if not d["captured"]:
+summary = data.summary(path)
+device = summary.device
+if not isinstance(device, DeviceSection):
     data.no_data("device data", HOW)
     st.stop()
-for f in findings(report):
-    if f["page"] == "device":  # what bounds the steps, the host's waits, fallbacks, launches: as the report says
+for f in findings(summary):
+    if f.page == "device":  # what bounds the steps, the host's waits, fallbacks, launches: as the report says
         _finding(f)
-_metrics(d)
+_metrics(device)
 
 st.subheader("What bounds each step")
-if d["verdict"]:
-    _table(d["verdict"], {"rank": "rank", "verdict": "verdict", "steps": "steps", "device": "busiest device",
+if device.verdict:
+    _table(device.verdict, {"rank": "rank", "verdict": "verdict", "steps": "steps", "device": "busiest device",
                           "step_ms": "step ms", "busy_ms": "busy ms", "busy_pct": "busy %", "idle_ms": "idle ms",
                           "wait_ms": "host waits ms", "wait_pct": "host waits %"})
-t = d["thresholds"]
-st.caption(f"over the {d['basis_steps']} {md(d['basis'])} captured steps: device-bound when the busiest device runs "
-           f"kernels {t['device_bound_busy_pct']:.0f}% of the step or more; host-bound when it is busy under "
-           f"{t['host_bound_busy_pct']:.0f}% while the host waits for it under {t['host_bound_wait_pct']:.0f}% (the "
+t = device.thresholds
+st.caption(f"over the {device.basis_steps} {md(device.basis)} captured steps: device-bound when the busiest device runs "
+           f"kernels {t.device_bound_busy_pct:.0f}% of the step or more; host-bound when it is busy under "
+           f"{t.host_bound_busy_pct:.0f}% while the host waits for it under {t.host_bound_wait_pct:.0f}% (the "
            "device waits for work); else balanced")
-steps = pd.DataFrame(d["steps"])
+steps = pd.DataFrame(device.steps)
 ranks = sorted(int(r) for r in steps["rank"].unique()) if len(steps) else sorted(run.ranks)
 rank = st.selectbox("rank", ranks, key="dev_rank")
 mine = steps[steps["rank"] == rank].sort_values("step") if len(steps) else steps
 if len(mine):
     st.plotly_chart(_step_chart(mine, t), width="stretch", key="dev_steps")
 _lanes(path, rank, {int(s): v for s, v in zip(mine["step"], mine["verdict"])} if len(mine) else {})
-_stalls(run, d)
-_fusion(d)
-_fallbacks(d)
+_stalls(run, device)
+_fusion(device)
+_fallbacks(device)

@@ -9,6 +9,7 @@ timeline is downsampled on the server (each bucket's minimum and maximum kept, s
 from __future__ import annotations
 
 import pickle
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -16,8 +17,11 @@ import plotly.express as px
 import streamlit as st
 
 from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.analysis.steps import captured_steps
 from neuron_prof.analysis.timeline import memory_window
 from neuron_prof.findings import called_from, process_note
+from neuron_prof.summary.sections import MemoryLeak, MemoryPeak
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md
@@ -33,6 +37,12 @@ def _plain(df: pd.DataFrame) -> pd.DataFrame:
     return df.astype({c: str for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
 
 
+def _row(kind: type, row: pd.Series):
+    """A row of ``RunAnalysis.memory_peaks`` or ``RunAnalysis.memory_leaks`` as the summary's row of ``kind``
+    (what the findings' sentences are written from)."""
+    return kind(**{f.name: row[f.name] for f in fields(kind)})
+
+
 def _run(path: str):
     return data.load(Path(path))
 
@@ -41,7 +51,7 @@ def _run(path: str):
 def _devices(path: str, mtime: float) -> dict[int, list[str]]:
     """rank -> the devices it has memory data for."""
     run = _run(path)
-    parts = [run.memory_allocations[["rank", "device"]], run.memory_steps[["rank", "device"]],
+    parts = [analyze(run).memory_allocations[["rank", "device"]], run.memory_steps[["rank", "device"]],
              run.memory_ooms[["rank", "device"]]]
     pairs = pd.concat([p.astype({"device": str}).drop_duplicates() for p in parts], ignore_index=True)
     return {int(r): sorted(set(g["device"])) for r, g in pairs.groupby("rank")}
@@ -51,21 +61,21 @@ def _devices(path: str, mtime: float) -> dict[int, list[str]]:
 def _timeline(path: str, mtime: float, rank: int, device: str, step: int | None) -> pd.DataFrame:
     run = _run(path)
     if step is None:
-        t = run.memory_timeline
+        t = analyze(run).memory_timeline
     else:
         s = run.steps[(run.steps["rank"] == rank) & (run.steps["step"] == step)].iloc[0]
-        t = memory_window(run.memory_allocations, rank, int(s["ts"]), int(s["ts"] + s["dur"]), TIMELINE_POINTS)
+        t = memory_window(analyze(run).memory_allocations, rank, int(s["ts"]), int(s["ts"] + s["dur"]), TIMELINE_POINTS)
     return t[(t["rank"] == rank) & (t["device"].astype(str) == device)].reset_index(drop=True)
 
 
 @st.cache_data(max_entries=4, show_spinner="finding each step's peak ...")
 def _peaks(path: str, mtime: float) -> pd.DataFrame:
-    return _run(path).memory_peaks
+    return analyze(_run(path)).memory_peaks
 
 
 @st.cache_data(max_entries=4, show_spinner="looking for leaks ...")
 def _leaks(path: str, mtime: float) -> pd.DataFrame:
-    return _run(path).memory_leaks
+    return analyze(_run(path)).memory_leaks
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -75,12 +85,12 @@ def _process(path: str, mtime: float) -> pd.DataFrame:
 
 @st.cache_data(max_entries=32, show_spinner="what was live at the peak ...")
 def _sites(path: str, mtime: float, rank: int, device: str, ts: int, top: int) -> pd.DataFrame:
-    return mem.peak_site_details(_run(path).memory_allocations, rank, device, ts, top)
+    return mem.peak_site_details(analyze(_run(path)).memory_allocations, rank, device, ts, top)
 
 
 @st.cache_data(max_entries=32, show_spinner="comparing the two boundaries ...")
 def _diff(path: str, mtime: float, rank: int, device: str, ts_a: int, ts_b: int, by: str) -> pd.DataFrame:
-    return mem.snapshot_diff(_run(path).memory_allocations, ts_a, ts_b, by, rank, device)
+    return mem.snapshot_diff(analyze(_run(path)).memory_allocations, ts_a, ts_b, by, rank, device)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
@@ -162,7 +172,7 @@ else:
                         format_func=lambda s: f"step {s}" + (" (the highest peak)" if s == worst else ""))
     p = peaks[peaks["step"] == step].iloc[0]
     made = (f", reached with {int(p['alloc_bytes']):,} bytes from {md(p['op'])} at {md(p['source'] or '?')}"
-            f"{md(called_from(p))}" + (f" (module {md(p['module'])})" if p["module"] else "")
+            f"{md(called_from(_row(MemoryPeak, p)))}" + (f" (module {md(p['module'])})" if p["module"] else "")
             + f" [{p['category']}]") if p["op"] else ""
     st.markdown(f"Step {step} peaked at **{format_bytes(p['bytes'])}** ({int(p['bytes']):,} bytes){made}.")
     top_n = st.number_input("sites to list", min_value=1, max_value=200, value=10, key="mem_top")
@@ -196,7 +206,7 @@ else:
     g = float(x["growth_per_step"])
     st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {md(device)}: it grew at "
              f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
-    note = process_note(x)
+    note = process_note(_row(MemoryLeak, x))
     if note:
         st.warning(note[:1].upper() + note[1:] + ".")
     cols = st.columns(3)
@@ -252,7 +262,8 @@ if len(ooms):
 # ------------------------------------------------------------------ diff
 st.subheader("What changed between two step boundaries")
 # allocations are recorded in captured steps: compare the boundaries of those
-bounds = mem.step_boundaries(r_steps[r_steps["active"]] if r_steps["active"].any() else r_steps)
+captured = captured_steps(r_steps)
+bounds = mem.step_boundaries(captured if len(captured) else r_steps)
 if len(bounds) < 2:
     data.no_data("two complete captured steps on this rank",
                  "A diff compares what was live at the end of two steps.")

@@ -9,8 +9,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats, run_time_ops, run_time_rows
-from neuron_prof.analysis.steps import basis_steps
+from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot_array
 
@@ -18,11 +18,9 @@ MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by sel
 
 
 def _scope(run) -> tuple[pd.DataFrame, int]:
-    """The report's op scope: the steady captured steps' ops, compiling left out."""
-    basis = basis_steps(run.step_kinds, captured_only=True)
-    cols = ("name", "module", "shapes", "bwd")
-    keep = run_time_rows(run.ops, run.op_compile[0], basis.steps)
-    return run_time_ops(run.ops, keep, run.op_compile[1], run.op_run_self_ns, cols), basis.per_rank
+    """The report's op scope (``RunAnalysis.scoped_ops``) and what "per step" divides by."""
+    analysis = analyze(run)
+    return analysis.scoped_ops(("name", "module", "shapes", "bwd")), analysis.op_basis.per_rank
 
 
 @st.cache_data(max_entries=8, show_spinner="aggregating ops ...")

@@ -8,8 +8,10 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import step_stats
 from neuron_prof.findings import findings
+from neuron_prof.summary.sections import DeviceSection, NotCaptured, Summary
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import step_time_chart
 from neuron_prof.viewer.text import md, plot
@@ -19,11 +21,11 @@ _PAGE_TITLES = {"overview": "Overview", "timeline": "Timeline", "device": "Devic
                 "memory": "Memory", "collectives": "Collectives", "ops": "Ops", "compare": "Compare"}
 
 
-def _device_split(d: dict) -> pd.DataFrame:
+def _device_split(device: DeviceSection | NotCaptured) -> pd.DataFrame:
     """Per rank, the busiest device's busy and idle ms per steady step and the host's wait for it
     (the report's Device verdict rows, which are means over their steps, weighted by them); empty
     when the run has no device data."""
-    v = pd.DataFrame(d.get("verdict") or []) if d.get("captured") else pd.DataFrame()
+    v = pd.DataFrame(device.verdict) if isinstance(device, DeviceSection) else pd.DataFrame()
     if v.empty:
         return v
     w = v.assign(busy=v["busy_ms"] * v["steps"], idle=v["idle_ms"] * v["steps"], wait=v["wait_ms"] * v["steps"])
@@ -48,21 +50,21 @@ def _split_with_device(long: pd.DataFrame, device: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _show_findings(box, s: dict) -> None:
+def _show_findings(box, summary: Summary) -> None:
     """Run facts and the findings of every analysis (the report's), in ``box`` under the metrics."""
-    r = s["run"]
+    facts = summary.run
     with box:
-        st.caption(f"torch {md(r['torch_version'])} · world size {md(r['world_size'])} · started {md(r['start_time'])}")
+        st.caption(f"torch {md(facts.torch_version)} · world size {md(facts.world_size)} · started {md(facts.start_time)}")
         st.subheader("Findings")
-        found = findings(s)
+        found = findings(summary)
         if not found:
             st.success("Nothing stands out: no graph breaks, recompiles, leaks, sync points or collector failures.")
         for f in found:
             with st.container(border=True):
                 left, right = st.columns([5, 1])
-                left.markdown(f"{_ICONS[f['severity']]} {md(f['text'])}")  # names from the run: as typed
-                if f["page"] != "overview":
-                    right.page_link(f"views/{f['page']}.py", label=f"see {_PAGE_TITLES[f['page']]}")
+                left.markdown(f"{_ICONS[f.severity]} {md(f.text)}")  # names from the run: as typed
+                if f.page != "overview":
+                    right.page_link(f"views/{f.page}.py", label=f"see {_PAGE_TITLES[f.page]}")
 
 
 run = data.load()
@@ -73,7 +75,7 @@ meta = run.meta
 st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
 st.code(cmd, language=None, wrap_lines=True)  # the recorded command, as typed: never Markdown
-kinds = run.step_kinds
+kinds = analyze(run).step_kinds
 steps = step_stats(kinds)
 startup = run.spans[run.spans["name"].astype(str) == "start-up"]
 cols = st.columns(6)
@@ -109,14 +111,14 @@ if s is None:
     _show_findings(findings_box, s)
 
 st.subheader("Where a steady step's time goes")
-split = pd.DataFrame(s["time_split"])
+split = pd.DataFrame(s.time_split)
 if split.empty:
     data.no_data("captured steps with ops", "Capture at least one complete step with the `eager` collector.")
 else:
     long = split.melt(id_vars=["rank"], value_vars=[c for c in split.columns if c.endswith("_ms") and c != "step_ms"],
                       var_name="kind", value_name="ms per step")
     long["kind"] = long["kind"].str[:-3]
-    device = _device_split(s["device"])
+    device = _device_split(s.device)
     if device.empty:
         fig = px.bar(long, x="ms per step", y=long["rank"].astype(str), color="kind", orientation="h",
                      labels={"y": "rank"})

@@ -23,6 +23,7 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from neuron_prof.analysis import timeline as tla
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.viewer import data
 from neuron_prof.viewer import trace as run_trace
@@ -41,7 +42,7 @@ def _run(path: str):
 @st.cache_data(max_entries=8, show_spinner=False)
 def _choices(path: str, mtime: float, rank: int) -> pd.DataFrame:
     run = _run(path)
-    return tla.step_choices(run.step_kinds, run.ops, rank, run.spans)
+    return tla.step_choices(analyze(run).step_kinds, run.ops, rank, run.spans)
 
 
 @st.cache_data(max_entries=32, show_spinner="finding the ops in the window ...")
@@ -61,7 +62,7 @@ def _compiles(path: str, mtime: float, rank: int, t0: int, t1: int) -> tuple[pd.
 
 @st.cache_data(max_entries=32, show_spinner="live memory in the window ...")
 def _memory(path: str, mtime: float, rank: int, t0: int, t1: int) -> pd.DataFrame:
-    return tla.memory_window(_run(path).memory_allocations, rank, t0, t1, MEMORY_POINTS)
+    return tla.memory_window(analyze(_run(path)).memory_allocations, rank, t0, t1, MEMORY_POINTS)
 
 
 @st.cache_resource

@@ -1,0 +1,194 @@
+"""``neuron_prof.analyze(run) -> RunAnalysis``: the analyses of one run, each computed once.
+
+``Run`` reads (tables, strings resolved, ranks merged); this facade computes, like Holistic Trace
+Analysis's ``TraceAnalysis``: every analysis result the report, the viewer and the exporters share
+is a cached field here, named for what it holds, and the analysis modules stay pure functions
+(DataFrames in, DataFrames out) that tests call directly. The scope every per-step figure is over
+is chosen here once (``op_basis``, ``op_scope``), so the report and the viewer's pages cannot
+disagree on it.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.analysis import clock, collective_match, comm_cost
+from neuron_prof.analysis import device as dev
+from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis.compile import compile_spans
+from neuron_prof.analysis.ops import (RUN_TIME_COLUMNS, compile_overlap, parent_index, run_time_ops, run_time_rows,
+                                     self_time)
+from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
+
+if TYPE_CHECKING:
+    from neuron_prof.run import Run
+
+
+@dataclass(frozen=True)
+class OpCompile:
+    """Per row of ``run.ops`` (``analysis.ops.compile_overlap``): whether it ran within a
+    torch.compile compile on its thread, and how much compiling lies within it. Run time is
+    ``dur - compile_ns``."""
+
+    inside: np.ndarray
+    compile_ns: np.ndarray
+
+
+class RunAnalysis:
+    """The analyses of ``run``, computed on first use and kept (get it with :func:`analyze`)."""
+
+    def __init__(self, run: "Run") -> None:
+        self.run = run
+
+    def __repr__(self) -> str:
+        return f"RunAnalysis({self.run!r})"
+
+    # ---- ops: nesting, compile time, self time, and the scope per-step op figures are over
+
+    @functools.cached_property
+    def op_parent(self) -> np.ndarray:
+        """Row position in ``run.ops`` of each op's enclosing op (-1: top level). The nesting pass
+        is the costliest step over millions of ops; self time, sync points and compiled-region
+        timing all start from it, so it is computed once per run."""
+        return parent_index(self.run.ops)
+
+    @functools.cached_property
+    def op_compile(self) -> OpCompile:
+        """Which ops ran while compiling, and the compile time inside each."""
+        inside, compile_ns = compile_overlap(self.run.ops, self.compile_spans)
+        return OpCompile(inside, compile_ns)
+
+    @functools.cached_property
+    def op_run_self_ns(self) -> np.ndarray:
+        """Self time of each row of ``run.ops`` (ns) with compiling left out: 0 for ops inside a
+        compile; the op table, region costs and break-site costs start from it."""
+        compile_ns = self.op_compile.compile_ns
+        ops = self.run.ops
+        return self_time(ops, self.op_parent, ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
+
+    @functools.cached_property
+    def op_basis(self) -> Basis:
+        """The steps op figures are over: the steady steps captured in detail, else all complete
+        captured steps (``analysis.steps.basis_steps``); ``per_rank`` is what "per step" divides by."""
+        return basis_steps(self.step_kinds, captured_only=True)
+
+    @functools.cached_property
+    def op_scope(self) -> np.ndarray:
+        """Mask of ``run.ops``: the run-time ops (not run while compiling) of the ``op_basis`` steps."""
+        return run_time_rows(self.run.ops, self.op_compile.inside, self.op_basis.steps)
+
+    def scoped_ops(self, columns: tuple[str, ...] = RUN_TIME_COLUMNS, top_level: bool = False) -> pd.DataFrame:
+        """The ``op_scope`` ops as ``columns`` with their run time and run-time self time
+        (``analysis.ops.run_time_ops``): what the op table, the report and the Ops page rank."""
+        return run_time_ops(self.run.ops, self.op_scope, self.op_compile.compile_ns, self.op_run_self_ns,
+                            columns, top_level=top_level)
+
+    # ---- steps and compiling
+
+    @functools.cached_property
+    def compile_spans(self) -> pd.DataFrame:
+        """When each thread was compiling (``analysis.compile.compile_spans``)."""
+        return compile_spans(self.run.compiles, self.run.compile_phases)
+
+    @functools.cached_property
+    def step_kinds(self) -> pd.DataFrame:
+        """``run.steps`` with ``compile_ns``, ``warmup`` and ``steady`` (``analysis.steps.step_kinds``)."""
+        return step_kinds(self.run.steps, self.compile_spans)
+
+    # ---- memory
+
+    @functools.cached_property
+    def memory_allocations(self) -> pd.DataFrame:
+        """One row per captured allocation: lifetime, attribution, category (``analysis.memory``)."""
+        run = self.run
+        return mem.allocations(run.memory_events, run.memory_tensors, run.steps)
+
+    @functools.cached_property
+    def memory_timeline(self) -> pd.DataFrame:
+        """Live bytes over time per device, total and per category, min/max downsampled."""
+        return mem.timeline(self.memory_allocations)
+
+    @functools.cached_property
+    def memory_peaks(self) -> pd.DataFrame:
+        """Each captured step's peak per device and the allocation that reached it."""
+        return mem.peaks(self.memory_allocations, self.run.steps)
+
+    @functools.cached_property
+    def memory_leaks(self) -> pd.DataFrame:
+        """Step-over-step growth of live memory and the sites whose allocations survive."""
+        run = self.run
+        return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory)
+
+    def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
+        """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,
+        module, op..."""
+        steps = self.run.steps
+        s = steps[(steps["rank"] == rank) & (steps["step"] == step)]
+        if s.empty:
+            raise KeyError(f"no step {step} on rank {rank} in {self.run.path}")
+        return mem.snapshot(self.memory_allocations, int(s["ts"].iloc[0] + s["dur"].iloc[0]), by, rank)
+
+    # ---- collectives
+
+    @functools.cached_property
+    def collective_offsets(self) -> pd.DataFrame:
+        """Each rank's offset to rank 0's clock, as merged views apply it
+        (``analysis.clock.clock_offsets``)."""
+        return clock.clock_offsets(self.run.clock_sync, self.run.ranks)
+
+    @functools.cached_property
+    def collectives_matched(self) -> pd.DataFrame:
+        """One row per collective (group, seq) across its ranks, on rank 0's clock: arrivals, the
+        last rank, wait, transfer, missing ranks (``analysis.collective_match.matched``)."""
+        run = self.run
+        return collective_match.matched(run.collectives, self.collective_offsets, run.collective_groups, run.steps)
+
+    @functools.cached_property
+    def collective_waits(self) -> pd.DataFrame:
+        """``run.collectives`` with aligned start/end and each rank's wait for the last arrival
+        (``analysis.collective_match.waits``)."""
+        return collective_match.waits(self.run.collectives, self.collectives_matched, self.collective_offsets)
+
+    @functools.cached_property
+    def collective_mismatches(self) -> pd.DataFrame:
+        """Collectives the ranks of a group disagree on (``analysis.collective_match.mismatches``)."""
+        return collective_match.mismatches(self.run.collectives, self.run.collective_groups)
+
+    @functools.cached_property
+    def collective_overlap(self) -> pd.DataFrame:
+        """Per rank and step: time in collectives, overlapped by compute, exposed
+        (``analysis.comm_cost.overlap``)."""
+        run = self.run
+        return comm_cost.overlap(run.collectives, run.ops, run.steps)
+
+    # ---- the device queue
+
+    @functools.cached_property
+    def device_correlation(self) -> pd.DataFrame:
+        """Each enqueued op with its host op (``op_index``: its ``run.ops`` row) and the kernel
+        that ran it (``analysis.device.correlation``)."""
+        run = self.run
+        return dev.correlation(run.device_enqueues, run.device_kernels, run.kernel_enqueues, run.ops)
+
+    @functools.cached_property
+    def device_steps(self) -> pd.DataFrame:
+        """Per rank, device and complete step: device busy and idle time, the host's waits for it
+        (``analysis.device.device_steps``)."""
+        return dev.device_steps(self.run.device_kernels, self.run.queue_flushes, self.step_kinds)
+
+
+_ANALYSES: "weakref.WeakKeyDictionary[Run, RunAnalysis]" = weakref.WeakKeyDictionary()
+
+
+def analyze(run: "Run") -> RunAnalysis:
+    """The one :class:`RunAnalysis` of ``run``: the report, the viewer and the exporters that work
+    on one ``Run`` share its cached results (kept while the ``Run`` lives)."""
+    analysis = _ANALYSES.get(run)
+    if analysis is None:
+        analysis = _ANALYSES[run] = RunAnalysis(run)
+    return analysis
