@@ -1,7 +1,7 @@
 """The collectives collector: every collective this rank issues, on any process-group backend.
 
-Mechanism (measured; see README "Design"): the native observer in ``_comms.cpp`` sees the c10d
-dispatcher op that every collective runs, whoever issues it (explicit ``torch.distributed``
+Mechanism (measured; see docs/benchmarks.md, "Collectives capture cost"): the native observer in
+``_comms.cpp`` sees the c10d dispatcher op that every collective runs, whoever issues it (explicit ``torch.distributed``
 calls, DDP's bucketed gradient all-reduce, FSDP2's all-gathers and reduce-scatters, functional
 collectives and DTensor), and records op, group, the group's own sequence number, bytes, dtype,
 issuing line and module, issue time and completion time. It is on from the moment a default

@@ -1,6 +1,6 @@
 """Step detection without user calls: a step ends when the training loop's optimizer steps.
 
-The rule (documented in the README): the first optimizer whose ``step()`` runs becomes the step
+The rule (documented in docs/capture.md): the first optimizer whose ``step()`` runs becomes the step
 clock; each return from its ``step()`` ends one training step. Other optimizers (GAN-style loops,
 per-parameter-group optimizers) do not end steps, so a step is one full iteration.
 

@@ -4,7 +4,7 @@
 Python process of the recorded command imports it at start-up, so it must cost next to nothing:
 here only the standard library is imported, and nothing of neuron_prof or torch.
 
-Which processes capture, and from when (the README's "Capture with no code change"):
+Which processes capture, and from when (docs/capture.md, "Capture with no code change"):
 
 - a launcher (torchrun, ``python -m torch.distributed.run|launch``, ``accelerate launch``)
   captures nothing;
