@@ -68,7 +68,9 @@ class OpBatch:
 
 class OpEngine(Protocol):
     def start(self, skip_prefixes: list[str], max_buffered: int) -> None:
-        """Register the callbacks, recording off. Raises if already started."""
+        """Start the observer, recording off: its RecordFunction callback is registered only while
+        recording (``set_recording``), so ops outside windows pay nothing for it. Raises if already
+        started."""
 
     def set_recording(self, on: bool) -> None: ...
 

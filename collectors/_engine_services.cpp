@@ -69,22 +69,66 @@ size_t g_stacks_drained = 1;
 
 namespace {
 
-struct StackKeyHash {
-  size_t operator()(const StackKey& k) const {
-    size_t h = 1469598103934665603ULL;
-    for (auto& p : k) {
-      h ^= std::hash<void*>()(p.first) + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-      h ^= std::hash<int>()(p.second) + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-    }
-    return h;
-  }
-};
-std::unordered_map<StackKey, int32_t, StackKeyHash>* g_stack_ids =
-    new std::unordered_map<StackKey, int32_t, StackKeyHash>();
 constexpr size_t kMaxFrames = 32;
 constexpr int kMaxWalk = 1024;
 constexpr size_t kMaxStacks = 4 << 20;
 constexpr size_t kMaxCodeCache = 1 << 18;
+
+// Stack ids by their frames: an open-addressed table of ids into g_stacks (linear probing, at
+// most half full), with each stack's hash beside it. Every top-level op looks its stack up here:
+// a probe is one multiply per frame and a compare of the stored frames, no allocation.
+struct StackIds {
+  std::vector<int32_t> slot = std::vector<int32_t>(1 << 12, 0);  // 0: empty
+  std::vector<uint64_t> hash = std::vector<uint64_t>(1, 0);      // by stack id
+
+  static uint64_t of(const StackKey& k) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ k.size();
+    for (auto& p : k) {
+      h = (h ^ reinterpret_cast<uintptr_t>(p.first)) * 0xBF58476D1CE4E5B9ULL;
+      h = (h ^ (uint64_t)(uint32_t)p.second) * 0x94D049BB133111EBULL;
+      h ^= h >> 31;
+    }
+    return h;
+  }
+  // The id of ``k`` (hash ``h``), or the empty slot where it goes.
+  int32_t* find(const StackKey& k, uint64_t h) {
+    const size_t mask = slot.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      int32_t& id = slot[i];
+      if (id == 0 || (hash[id] == h && (*g_stacks)[id] == k)) return &id;
+    }
+  }
+  void add(int32_t* at, int32_t id, uint64_t h) {
+    *at = id;
+    hash.push_back(h);
+    if (2 * hash.size() <= slot.size()) return;
+    std::vector<int32_t> old(2 * slot.size(), 0);
+    old.swap(slot);
+    const size_t mask = slot.size() - 1;
+    for (int32_t i : old) {
+      if (i == 0) continue;
+      size_t j = hash[i] & mask;
+      while (slot[j] != 0) j = (j + 1) & mask;
+      slot[j] = i;
+    }
+  }
+};
+StackIds* g_stack_ids = new StackIds();
+
+// Whether a code object's frames are left out of user stacks, by code pointer: a direct-mapped
+// cache in front of g_code_skip (which holds a reference to every code object it knows, so a
+// cached pointer is never a freed and reused one while it is in there: the cache is emptied
+// whenever g_code_skip is). A hit costs one load and compare, no hashing.
+struct CodeSlot {
+  PyObject* code;
+  bool skip;
+};
+constexpr size_t kCodeSlots = 1 << 12;
+CodeSlot* g_code_slots = new CodeSlot[kCodeSlots]();
+inline CodeSlot& code_slot(PyObject* code) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(code);
+  return g_code_slots[((u >> 4) ^ (u >> 16)) & (kCodeSlots - 1)];
+}
 
 bool py_alive() {
   if (!Py_IsInitialized()) return false;
@@ -96,7 +140,7 @@ bool py_alive() {
   return true;
 }
 
-bool code_skipped(PyObject* code) {
+bool code_skipped_slow(PyObject* code) {
   auto it = g_code_skip->find(code);
   if (it != g_code_skip->end()) return it->second;
   bool skip = false;
@@ -114,12 +158,17 @@ bool code_skipped(PyObject* code) {
     Py_DECREF(fn);
   }
   if (PyErr_Occurred()) PyErr_Clear();
-  if (g_code_skip->size() >= kMaxCodeCache) {
-    for (auto& kv : *g_code_skip) Py_DECREF(kv.first);
-    g_code_skip->clear();
-  }
+  if (g_code_skip->size() >= kMaxCodeCache) forget_code_skips();
   Py_INCREF(code);
   g_code_skip->emplace(code, skip);
+  return skip;
+}
+
+inline bool code_skipped(PyObject* code) {
+  CodeSlot& c = code_slot(code);
+  if (c.code == code) return c.skip;
+  const bool skip = code_skipped_slow(code);
+  c = CodeSlot{code, skip};
   return skip;
 }
 
@@ -130,8 +179,6 @@ inline int frame_lasti(PyFrameObject* f) {
   return f->f_lasti * (int)sizeof(_Py_CODEUNIT);
 #endif
 }
-
-thread_local StackKey tls_walk;
 
 // The Python name of the calling thread (threading._active[ident]._name), "" if none. GIL held.
 std::string py_thread_name() {
@@ -163,6 +210,12 @@ std::string py_thread_name() {
 
 }  // namespace
 
+void forget_code_skips() {
+  for (auto& kv : *g_code_skip) Py_DECREF(kv.first);
+  g_code_skip->clear();
+  std::fill(g_code_slots, g_code_slots + kCodeSlots, CodeSlot{nullptr, false});
+}
+
 int32_t walk_python(ThreadState* st) {
   if (!py_alive()) return 0;
   PyThreadState* ts = PyGILState_GetThisThreadState();
@@ -170,8 +223,11 @@ int32_t walk_python(ThreadState* st) {
   PyGILState_STATE g = PyGILState_Ensure();
   int32_t id = 0;
   if (g_started.load(std::memory_order_relaxed)) {
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    // An op may run while an exception is set (its fetch and restore are kept for that case
+    // alone: PyErr_Occurred is one load); errors of the walk's own are dropped.
+    PyObject *et = nullptr, *ev = nullptr, *etb = nullptr;
+    const bool pending = PyErr_Occurred() != nullptr;
+    if (pending) PyErr_Fetch(&et, &ev, &etb);
     if (!st->named_py) {
       st->named_py = true;
       std::string n = py_thread_name();
@@ -181,7 +237,7 @@ int32_t walk_python(ThreadState* st) {
         r.set_name(st->os_tid, n);
       }
     }
-    StackKey& buf = tls_walk;
+    StackKey& buf = st->walk;
     buf.clear();
     PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference
     int walked = 0;
@@ -196,17 +252,21 @@ int32_t walk_python(ThreadState* st) {
     }
     Py_XDECREF(f);
     if (!buf.empty()) {
-      auto it = g_stack_ids->find(buf);
-      if (it != g_stack_ids->end()) {
-        id = it->second;
+      const uint64_t h = StackIds::of(buf);
+      int32_t* at = g_stack_ids->find(buf, h);
+      if (*at != 0) {
+        id = *at;
       } else if (g_stacks->size() < kMaxStacks) {
         id = (int32_t)g_stacks->size();
         for (auto& p : buf) Py_INCREF(p.first);
         g_stacks->push_back(buf);
-        g_stack_ids->emplace(buf, id);
+        g_stack_ids->add(at, id, h);
       }
     }
-    PyErr_Restore(et, ev, etb);
+    if (pending)
+      PyErr_Restore(et, ev, etb);
+    else if (PyErr_Occurred())
+      PyErr_Clear();
   }
   PyGILState_Release(g);
   return id;

@@ -70,7 +70,7 @@ std::atomic<uint64_t> g_gen{0};
 std::atomic<int64_t> g_buffered{0};
 std::atomic<int64_t> g_dropped{0};
 std::atomic<int64_t> g_max_buffered{1 << 22};
-at::CallbackHandle g_handle = 0;
+at::CallbackHandle g_handle = 0;  // registered only while recording (py_set_recording)
 std::mutex g_ctl_mu;  // start/stop/set_recording
 
 // Drained events not yet packed, and the Recorder's id of each engine string and stack id (set
@@ -322,11 +322,10 @@ void atfork_child() {
 void py_start(py::list skip_prefixes, int64_t max_buffered) {
   if (g_child.load()) return;
   std::lock_guard<std::mutex> g(g_ctl_mu);
-  if (g_handle != 0) throw std::runtime_error("eager observer already started");
+  if (g_started.load()) throw std::runtime_error("eager observer already started");
   g_skip->clear();
   for (auto item : skip_prefixes) g_skip->push_back(py::cast<std::string>(item));
-  for (auto& kv : *g_code_skip) Py_DECREF(kv.first);
-  g_code_skip->clear();
+  forget_code_skips();
   g_max_buffered.store(max_buffered > 0 ? max_buffered : 1);
   g_gen.fetch_add(1);
   g_recording.store(false);
@@ -358,25 +357,28 @@ void py_start(py::list skip_prefixes, int64_t max_buffered) {
   g_buffered.store(0);
   g_dropped.store(0);
   g_started.store(true);
-  g_handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(on_start, on_end)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                   at::RecordScope::USER_SCOPE}));
-  at::disableCallback(g_handle);
 }
 
 void py_set_recording(bool on) {
   if (g_child.load()) return;
   std::lock_guard<std::mutex> g(g_ctl_mu);
-  if (g_handle == 0) return;
+  if (!g_started.load()) return;
   bool was = g_recording.exchange(on);
   if (was == on) return;
   if (on) {
-    at::reenableCallback(g_handle);
+    g_handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(on_start, on_end)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                     at::RecordScope::USER_SCOPE}));
     return;
   }
-  at::disableCallback(g_handle);
+  // Removed, not disabled: outside a window RecordFunction has no callback of ours at all
+  // (at::hasGlobalCallbacks() is false without other observers), the state of a process that
+  // never loaded us, so those steps pay nothing for it. Ops that started with the callback still
+  // get their end (a RecordFunction keeps the callbacks it started with).
+  at::removeCallback(g_handle);
+  g_handle = 0;
   // A window closes at a step boundary, which under `record` is inside torch.optim's step range
   // (its post-hook ends the step): with the callback off that range would never end and its
   // children would lose their parent. The calling thread's open ops end here instead (other
@@ -559,7 +561,7 @@ py::dict py_stats() {
     d["threads"] = r.states.size();
   }
   d["stacks"] = g_stacks->size() - 1;
-  d["registered"] = g_handle != 0;
+  d["registered"] = g_handle != 0;  // the callback is registered (while recording)
   d["meta_miss"] = g_meta_miss.load();
   d["has_global_callbacks"] = at::hasGlobalCallbacks();
   return d;

@@ -133,6 +133,7 @@ struct ThreadState {
   std::vector<NameEntry> names_c = std::vector<NameEntry>(kNameSlots);   // by name content
   std::vector<MetaSlot> metas = std::vector<MetaSlot>(kMetaSlots);  // by hash(key), 2-way
   char kb[2048];  // metadata cache key being built
+  std::vector<std::pair<PyObject*, int>> walk;  // the Python stack being walked (walk_python)
   // event buffer (owner pushes, drain swaps)
   SpinLock lock;
   std::vector<Event> events;
@@ -183,6 +184,8 @@ inline size_t fwd_index(uint64_t tid, int64_t seq) {
 // Python-side state: everything below is only touched with the GIL held.
 extern std::vector<std::string>* g_skip;  // file-name prefixes of frames left out of user stacks
 extern std::unordered_map<PyObject*, bool>* g_code_skip;  // code object -> skipped
+// Empties g_code_skip (and its cache), dropping its references: a new session's skip prefixes.
+void forget_code_skips();
 using StackKey = std::vector<std::pair<PyObject*, int>>;
 extern std::vector<StackKey>* g_stacks;  // id 0 = no stack
 extern size_t g_stacks_drained;

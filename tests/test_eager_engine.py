@@ -271,6 +271,17 @@ def test_window_off_and_keep_false(collector):
     assert list(rec.ops().name_s) == ["aten::tanh"]
 
 
+def test_window_off_detaches_the_observer(collector):
+    """Outside a window the RecordFunction callback is removed, not just idle: steps between
+    windows (always-on's unsampled ones) pay nothing for it."""
+    rec, col = collector
+    assert not col.engine.stats()["registered"] and not col.engine.stats()["has_global_callbacks"]
+    col.window(True)
+    assert col.engine.stats()["registered"] and col.engine.stats()["has_global_callbacks"]
+    col.window(False)
+    assert not col.engine.stats()["registered"] and not col.engine.stats()["has_global_callbacks"]
+
+
 def test_buffer_cap_drops_and_counts():
     rec = FakeRecorder()
     col = EagerCollector(max_buffered=10)
