@@ -83,10 +83,90 @@ struct Device {
   int64_t live = 0, peak = 0, allocated = 0, reserved = 0;
 };
 
+// The live blocks by key (key_of): open addressing with linear probing, deletion by backward
+// shift, at most 3/4 full. Every allocation and free looks a block up here, in and out of
+// windows; a node-based map's heap allocation per insert and free per erase were most of what a
+// report cost outside windows.
+class LiveMap {
+ public:
+  Live* find(uint64_t key) {
+    if (keys_.empty()) return nullptr;
+    key = stored(key);
+    for (size_t i = home(key);; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &vals_[i];
+      if (keys_[i] == 0) return nullptr;
+    }
+  }
+  // The entry for `key`, made (from `l`) or replaced.
+  Live& put(uint64_t key, const Live& l) {
+    if ((size_ + 1) * 4 > keys_.size() * 3) grow();
+    key = stored(key);
+    size_t i = home(key);
+    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask_;
+    if (keys_[i] == 0) ++size_;
+    keys_[i] = key;
+    vals_[i] = l;
+    return vals_[i];
+  }
+  // Removes the entry `v` (from find or put; no other call in between).
+  void erase(Live* v) {
+    size_t i = (size_t)(v - vals_.data());
+    for (size_t j = (i + 1) & mask_; keys_[j] != 0; j = (j + 1) & mask_) {
+      const size_t h = home(keys_[j]);
+      // the entry at j may move into the hole at i unless its home lies cyclically in (i, j]
+      if (i <= j ? (h > i && h <= j) : (h > i || h <= j)) continue;
+      keys_[i] = keys_[j];
+      vals_[i] = vals_[j];
+      i = j;
+    }
+    keys_[i] = 0;
+    --size_;
+  }
+  template <class F>
+  void for_each(F f) {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != 0) f(vals_[i]);
+  }
+  size_t size() const { return size_; }
+  void clear() {
+    keys_.clear();
+    vals_.clear();
+    size_ = 0;
+    mask_ = 0;
+    shift_ = 64;
+  }
+
+ private:
+  static uint64_t stored(uint64_t key) { return key ? key : ~0ull; }  // 0 marks an empty slot
+  size_t home(uint64_t key) const { return (size_t)((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  void grow() {
+    std::vector<uint64_t> keys;
+    std::vector<Live> vals;
+    keys.swap(keys_);
+    vals.swap(vals_);
+    const size_t cap = keys.empty() ? 1024 : keys.size() * 2;
+    keys_.assign(cap, 0);
+    vals_.resize(cap);
+    mask_ = cap - 1;
+    shift_ = 64 - __builtin_ctzll(cap);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == 0) continue;
+      size_t j = home(keys[i]);
+      while (keys_[j] != 0) j = (j + 1) & mask_;
+      keys_[j] = keys[i];
+      vals_[j] = vals[i];
+    }
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<Live> vals_;
+  size_t size_ = 0, mask_ = 0;
+  int shift_ = 64;
+};
+
 constexpr size_t kRing = 4096;
 
 std::mutex g_mu;  // everything below
-std::unordered_map<uint64_t, Live>* g_live = new std::unordered_map<uint64_t, Live>();
+LiveMap* g_live = new LiveMap();
 std::vector<MemEvent>* g_events = new std::vector<MemEvent>();
 std::vector<Device>* g_devices = new std::vector<Device>();
 std::vector<MemEvent>* g_ring = new std::vector<MemEvent>(kRing);
@@ -97,6 +177,13 @@ at::CallbackHandle g_outputs = 0;  // the op-output callback, registered while d
 int64_t g_dropped = 0;
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_detail{false};
+
+thread_local int64_t t_tid = 0;  // the OS thread id, asked once per thread (a syscall)
+
+inline int64_t tid() {
+  if (!t_tid) t_tid = (int64_t)syscall(SYS_gettid);
+  return t_tid;
+}
 
 inline uint64_t key_of(int64_t addr, int8_t type, int8_t index) {
   return (uint64_t)addr ^ ((uint64_t)(uint8_t)type << 56) ^ ((uint64_t)(uint8_t)index << 48);
@@ -166,19 +253,18 @@ struct Tracker final : public ProfilerStateBase {
       if (alloc_size > 0) {
         d.live += alloc_size;
         if (d.live > d.peak) d.peak = d.live;
-        Live l{addr, alloc_size, now, (int64_t)syscall(SYS_gettid), ctx, dt, di, detail};
+        Live& l = g_live->put(key, Live{addr, alloc_size, now, tid(), ctx, dt, di, detail});
         MemEvent e = event_of(l, addr, now, alloc_size, ALLOC);
         e.total_allocated = (int64_t)total_allocated;
         e.total_reserved = (int64_t)total_reserved;
         l.event = record(e, detail);
         l.drains = g_drains;
-        (*g_live)[key] = l;
       } else {
-        auto it = g_live->find(key);
-        if (it == g_live->end()) return;  // allocated before the tracker started: not ours to count
-        d.live -= it->second.bytes;
-        MemEvent e = event_of(it->second, addr, now, -it->second.bytes, detail ? FREE : LATE_FREE);
-        e.tid = (int64_t)syscall(SYS_gettid);
+        Live* l = g_live->find(key);
+        if (l == nullptr) return;  // allocated before the tracker started: not ours to count
+        d.live -= l->bytes;
+        MemEvent e = event_of(*l, addr, now, -l->bytes, detail ? FREE : LATE_FREE);
+        e.tid = tid();
         if (detail) {
           e.op = ctx.op;
           e.top_op = ctx.top_op;
@@ -188,8 +274,8 @@ struct Tracker final : public ProfilerStateBase {
         }
         e.total_allocated = (int64_t)total_allocated;
         e.total_reserved = (int64_t)total_reserved;
-        record(e, it->second.emitted);
-        g_live->erase(it);
+        record(e, l->emitted);
+        g_live->erase(l);
       }
     } catch (...) {
     }
@@ -199,7 +285,7 @@ struct Tracker final : public ProfilerStateBase {
                          c10::Device device) override {
     if (!g_on.load(std::memory_order_relaxed) || neuron_prof::in_forked_child()) return;
     try {
-      Live l{0, alloc_size, neuron_prof::now_ns(), (int64_t)syscall(SYS_gettid), {}, (int8_t)device.type(),
+      Live l{0, alloc_size, neuron_prof::now_ns(), tid(), {}, (int8_t)device.type(),
              (int8_t)device.index(), true};
       neuron_prof::current_op(&l.ctx);
       std::lock_guard<std::mutex> g(g_mu);
@@ -234,9 +320,9 @@ void outputs_end(const at::RecordFunction& rf, at::ObserverContext*) {
       const uint64_t key = key_of((int64_t)(uintptr_t)st.data(), (int8_t)d.type(), (int8_t)d.index());
       const bool grad = t.requires_grad() && !t.is_leaf();
       std::lock_guard<std::mutex> g(g_mu);
-      auto it = g_live->find(key);
-      if (it == g_live->end()) continue;
-      Live& l = it->second;
+      Live* found = g_live->find(key);
+      if (found == nullptr) continue;
+      Live& l = *found;
       const bool current = l.event >= 0 && l.drains == g_drains && l.event < (int64_t)g_events->size();
       if (grad && !l.grad) {
         l.grad = true;
@@ -339,13 +425,12 @@ void mem_resume() {
 void mem_set_detail(bool on) {
   std::lock_guard<std::mutex> g(g_mu);
   if (on && !g_detail.load()) {
-    for (auto& kv : *g_live) {
-      Live& l = kv.second;
-      if (l.emitted) continue;
+    g_live->for_each([](Live& l) {
+      if (l.emitted) return;
       l.emitted = true;
       l.event = record(event_of(l, l.addr, l.ts, l.bytes, BASELINE), true);
       l.drains = g_drains;
-    }
+    });
   }
   g_detail.store(on);
   neuron_prof::set_alloc_meta(on);
@@ -393,9 +478,7 @@ py::tuple mem_snapshot() {
   {
     std::lock_guard<std::mutex> g(g_mu);
     live.reserve(g_live->size());
-    for (auto& kv : *g_live) {
-      live.push_back(event_of(kv.second, kv.second.addr, kv.second.ts, kv.second.bytes, LIVE));
-    }
+    g_live->for_each([&live](Live& l) { live.push_back(event_of(l, l.addr, l.ts, l.bytes, LIVE)); });
     size_t n = std::min(g_ring_n, kRing);
     for (size_t i = g_ring_n - n; i < g_ring_n; ++i) ring.push_back((*g_ring)[i % kRing]);
   }

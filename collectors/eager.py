@@ -88,6 +88,8 @@ class EagerCollector:
     def window(self, on: bool) -> None:
         if self.engine is not None:
             self.engine.set_recording(on)
+        if self.tracker is not None:
+            self.tracker.window(on)  # module hooks only while a window needs them
 
     def flush(self, rec: Recorder, keep: bool) -> None:
         if self.engine is None:

@@ -27,15 +27,6 @@ from neuron_prof.torchhooks import skip_frames, without_ops
 LOSS = "loss"
 
 
-def _root(tensors: Any) -> torch.Tensor | None:
-    """The one-element tensor ``backward()`` differentiates, if that is what it was called on."""
-    if isinstance(tensors, (list, tuple)) and len(tensors) == 1:
-        tensors = tensors[0]
-    if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-        return tensors
-    return None
-
-
 class LossCollector:
     name = "loss"
 
@@ -46,22 +37,27 @@ class LossCollector:
 
     def install(self, rec: Recorder) -> None:
         original = torch.autograd.backward
+        tensor = torch.Tensor
         detach = torch.Tensor.detach
+        scalar = rec.scalar
         self._guard.attach(rec)
         lost = self._guard.lost
 
-        def record(tensors: Any) -> None:
-            root = _root(tensors)
-            if root is None:
-                return
+        def record(root: torch.Tensor) -> None:
             try:
-                rec.scalar(LOSS, without_ops(detach, root))  # detach is our work, not an op of the user's
+                # a plain tensor's .data is the detached alias made without an op (nothing an
+                # observer sees, no dispatch: the cheapest way); a subclass's (DTensor...) goes
+                # through its own dispatch, as an op of ours, not the user's
+                scalar(LOSS, root.data if type(root) is tensor else without_ops(detach, root))
             except Exception as exc:  # noqa: BLE001 - training goes on without this loss
                 lost("metrics", exc)
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
-            record(tensors)
+            # the one-element tensor backward() differentiates, if that is what it was called on
+            root = tensors[0] if type(tensors) in (list, tuple) and len(tensors) == 1 else tensors
+            if isinstance(root, tensor) and root.numel() == 1:
+                record(root)
             return original(tensors, *args, **kwargs)
 
         # neither is a Dynamo frame; what our own work calls is not either, while what torch's

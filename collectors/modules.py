@@ -5,15 +5,23 @@ called inside it by their ``named_modules()`` path relative to it (``layers.0.se
 module that is not a submodule of the outermost one is named ``<parent path>.<ClassName>``.
 Each change of the current path is reported as an interned id through ``set_module``.
 
+The hooks cost every module call a few Python calls, so they are attached only while someone reads
+the path: while a capture window is on (:meth:`ModuleTracker.window`), until the first module call
+has been seen (its time is the end of the process's start-up), and while a process group exists
+(collectives, recorded in and out of windows, carry the path of the module that issued them; a
+group made while the hooks are off is seen from the next window on). A sampled always-on run pays
+for them on its detailed steps only.
+
 Global module hooks and ``torch.compile`` do not mix: when any global forward hook exists, Dynamo
 traces a module call through ``Module.__call__`` instead of ``forward`` (which reorders the
 compiled graph's inputs, so Inductor's cache keys change), and it guards on the hooks (adding or
 removing one recompiles). So the hooks stand down for good at the start of the process's first
-Dynamo compile, and are not installed at all once Dynamo has compiled something (since its last
-``torch._dynamo.reset()``): from then on ops have no module path (inside compiled code they never
-had one: a ``Torch-Compiled Region`` range stands for its modules). Until then the hooks are hidden
-from Dynamo (:func:`neuron_prof.torchhooks.hide_from_dynamo`): the hooks of a compiled
-module never become compiled frames of their own, and a traced call to them is no call at all.
+Dynamo compile (attached or not at that moment), and are neither installed nor attached again once
+Dynamo has compiled something (since its last ``torch._dynamo.reset()``): from then on ops have no
+module path (inside compiled code they never had one: a ``Torch-Compiled Region`` range stands for
+its modules). Until then the hooks are hidden from Dynamo
+(:func:`neuron_prof.torchhooks.hide_from_dynamo`): the hooks of a compiled module never become
+compiled frames of their own, and a traced call to them is no call at all.
 """
 from __future__ import annotations
 
@@ -52,6 +60,11 @@ def dynamo_has_compiled() -> bool:
     return getattr(convert_frame, "FRAME_COUNTER", 1) != 0
 
 
+def _process_group_exists() -> bool:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    return c10d is not None and c10d.is_initialized()
+
+
 class ModuleTracker:
     def __init__(self, set_module: Callable[[int], None], intern: Callable[[str], int],
                  on_first_call: Callable[[int], None] | None = None) -> None:
@@ -61,7 +74,9 @@ class ModuleTracker:
         self._tls = threading.local()
         # id(root) -> (weakref(root), root path id, {id(child): (weakref(child), path, path id)})
         self._roots: dict[int, tuple[weakref.ref, str, dict[int, tuple[weakref.ref, str, int]]]] = {}
-        self._handles: list = []
+        self._hooks: tuple[Callable, Callable] | None = None  # (pre, post) from install to uninstall
+        self._handles: list = []  # while attached
+        self._window = False
         self._unhide: list[Callable[[], None]] = []
         self._filter: Any = None
         self._watch: Callable[[], None] | None = None  # cancels or undoes the compile-start watch
@@ -70,7 +85,9 @@ class ModuleTracker:
 
     # -- install / uninstall
     def install(self) -> None:
-        if self._handles or self.stood_down:
+        """Make the hooks and attach them (until the first module call, at least: see the module
+        docstring); nothing once Dynamo has compiled."""
+        if self._hooks is not None or self.stood_down:
             return
         if dynamo_has_compiled():
             self.stood_down = True
@@ -84,17 +101,45 @@ class ModuleTracker:
             tracker._post_hook(module, args, output)
 
         self._unhide = [hide_from_dynamo(pre_hook), hide_from_dynamo(post_hook)]
+        self._hooks = (pre_hook, post_hook)
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_MESSAGE, category=UserWarning)
+        self._filter = warnings.filters[0]
+        self._watch = None
+        cancel = when_imported("torch._dynamo", self._watch_compiles)  # may run at once
+        self._watch = self._watch or cancel
+        self._attach()
+
+    def window(self, on: bool) -> None:
+        """A capture window opens (hooks attached) or closes (detached, unless still needed)."""
+        self._window = on
+        if on:
+            self._attach()
+        elif not getattr(self._tls, "stack", None):  # else when this thread's outermost call ends
+            self._detach_if_unneeded()
+
+    def _attach(self) -> None:
+        if self._handles or self._hooks is None or self.stood_down:
+            return
+        if dynamo_has_compiled():  # new hooks would change what Dynamo guards on: never again
+            self.stood_down = True
+            return
+        pre_hook, post_hook = self._hooks
         pre = _nn_module.register_module_forward_pre_hook(pre_hook)
         try:
             post = _nn_module.register_module_forward_hook(post_hook, always_call=True)
         except TypeError:  # torch without always_call
             post = _nn_module.register_module_forward_hook(post_hook)
         self._handles = [pre, post]
-        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_MESSAGE, category=UserWarning)
-        self._filter = warnings.filters[0]
-        self._watch = None
-        cancel = when_imported("torch._dynamo", self._watch_compiles)  # may run at once
-        self._watch = self._watch or cancel
+
+    def _detach_if_unneeded(self) -> None:
+        """Out of a window, once the first module call was seen: remove the hooks unless a process
+        group exists. Every thread's stack starts afresh when they come back (a thread inside a
+        module call meanwhile names its next call from the top)."""
+        if not self._handles or self._window or self._on_first_call is not None or _process_group_exists():
+            return
+        self._remove_hooks()
+        self._tls = threading.local()
+        self._set(0)
 
     def _watch_compiles(self, dynamo: Any) -> None:
         """Stand down at the start of every Dynamo compile (the first one that comes). Hooked on
@@ -123,8 +168,8 @@ class ModuleTracker:
     def _stand_down(self) -> None:
         """Remove the hooks for good; ops from now on (on this thread: the module being compiled
         was pushed, and its post-hook will not run) have no module path."""
+        self.stood_down = True
         if self._handles:
-            self.stood_down = True
             self._remove_hooks()
             self._tls.stack = []
             self._set(0)
@@ -142,6 +187,7 @@ class ModuleTracker:
         for undo in self._unhide:
             undo()
         self._unhide = []
+        self._hooks = None
         self._roots.clear()
         if self._filter in warnings.filters:
             warnings.filters.remove(self._filter)
@@ -223,7 +269,12 @@ class ModuleTracker:
                     break
             else:
                 return
-        self._set(stack[-1][2] if stack else 0)
+        if stack:
+            self._set(stack[-1][2])
+        else:
+            self._set(0)
+            if not self._window:  # the first call seen, or a window closed inside this call
+                self._detach_if_unneeded()
 
     def current_path(self) -> str | None:
         stack = getattr(self._tls, "stack", None)

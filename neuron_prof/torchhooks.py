@@ -32,17 +32,24 @@ from neuron_prof._bootstrap.imports import when_imported
 __all__ = ["when_imported", "hide_from_dynamo", "skip_frames", "without_ops"]
 
 
+_record_function_switch: Callable[[bool], None] | None = None  # torch's, once torch is imported
+
+
 def without_ops(fn: Callable, *args: Any) -> Any:
     """``fn(*args)`` with PyTorch's RecordFunction off on this thread: the torch ops neuron_prof's
     own work runs (detaching a loss, reading it) are no ops of the user's, for neuron_prof's
-    observer or torch.profiler."""
-    import torch.autograd
+    observer or torch.profiler. Runs at every step boundary: torch's switch is looked up once."""
+    global _record_function_switch
+    switch = _record_function_switch
+    if switch is None:
+        import torch.autograd
 
-    torch.autograd._enable_record_function(False)
+        switch = _record_function_switch = torch.autograd._enable_record_function
+    switch(False)
     try:
         return fn(*args)
     finally:
-        torch.autograd._enable_record_function(True)
+        switch(True)
 
 
 def _code_of(fn: Callable) -> types.CodeType | None:
