@@ -116,18 +116,19 @@ class MemoryTracker:
         """Native ``events`` (this tracker's ``dtype``) as ``memory_events`` journal rows with the
         Recorder ``rec``'s ids: the native side maps every column; ``rec`` is asked for each
         string, stack (through the op ``engine``) and device once per ``start``."""
-        data = np.ascontiguousarray(events).tobytes()
+        whole = events.base  # a drain's rows are its bytes: passed on as they are, not copied
+        data = whole if type(whole) is bytes and len(whole) == events.nbytes else np.ascontiguousarray(events).tobytes()
         strings, stacks, devices = self._ext.mem_unmapped(data)
         packed = self._ext.mem_pack(
             data,
-            [(i, rec.intern(s)) for i, s in zip(strings, engine.strings_of(strings))],
-            [(i, rec.intern_stack(f) if f else 0) for i, f in zip(stacks, engine.stacks_of(stacks))],
+            [(i, rec.intern(s)) for i, s in zip(strings, engine.strings_of(strings))] if strings else [],
+            [(i, rec.intern_stack(f) if f else 0) for i, f in zip(stacks, engine.stacks_of(stacks))] if stacks else [],
             [((t, i), rec.intern(device_name(t, i))) for t, i in devices])
         return np.frombuffer(packed, dtype=self.row_dtype)
 
     def totals(self) -> list[tuple[int, int, int, int, int, int]]:
         """Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved)."""
-        return [tuple(int(v) for v in t) for t in self._ext.mem_totals()]
+        return self._ext.mem_totals()  # ints already: read at every step boundary, so nothing more
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Everything live now (kind ``live``) and the last events of any kind (newest last)."""

@@ -38,11 +38,13 @@ import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
-from neuron_prof.schema import MEMORY_KINDS
+from neuron_prof.schema import MEMORY_KINDS, TABLES, row_dtype
 from neuron_prof.torchhooks import hide_from_dynamo
 from neuron_prof.units import parse_bytes
 
 DEFAULT_MAX_EVENTS = 4_000_000
+_STEP_ROW = row_dtype(TABLES["memory_steps"])
+_PROCESS_ROW = row_dtype(TABLES["process_memory"])
 _OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+\s*(?:bytes|[KMGT]i?B)?)", re.I)
 
 
@@ -226,17 +228,12 @@ class MemoryCollector:
             steps, self._steps = self._steps, []
             tensors, self._tensors = self._tensors, []
             process, self._process = self._process, []
+        # every step's rows, made in their journals' layout at once: written as they are
         if process:
-            c = list(zip(*process))
-            rec.append("process_memory", {"step": np.array(c[0], np.int32), "ts": np.array(c[1], np.int64),
-                                          "rss": np.array(c[2], np.int64)})
+            rec.append("process_memory", np.array(process, dtype=_PROCESS_ROW))
         if steps:
-            c = list(zip(*steps))
-            rec.append("memory_steps", {
-                "step": np.array(c[0], np.int32), "ts": np.array(c[1], np.int64),
-                "device": np.array([rec.intern(d) for d in c[2]], np.int32),
-                "live": np.array(c[3], np.int64), "peak": np.array(c[4], np.int64),
-                "allocated": np.array(c[5], np.int64), "reserved": np.array(c[6], np.int64)})
+            rec.append("memory_steps", np.array([(s, ts, rec.intern(d), *rest) for s, ts, d, *rest in steps],
+                                                dtype=_STEP_ROW))
         if tensors:
             c = list(zip(*tensors))
             rec.append("memory_tensors", {

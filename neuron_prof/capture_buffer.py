@@ -23,8 +23,14 @@ DEFAULT_MAX_BUFFERED_EVENTS = 2_000_000
 DEFAULT_MAX_EVENTS = 50_000_000
 DEFAULT_MAX_BYTES = 256 << 20  # per rank; docs/run-format.md's "Bounded memory and disk" says why this size
 IDLE_FLUSH_INTERVAL_NS = 1_000_000_000  # outside windows only step rows are pending: flush ~1/s
-COMPACT_INTERVAL_NS = 2_000_000_000     # journaled rows move to the Arrow streams this often ...
-COMPACT_JOURNAL_BYTES = 16 << 20        # ... or once the journals hold this much
+COMPACT_JOURNAL_BYTES = 256 << 20
+"""Journaled rows move into the Arrow streams at close, or before once the journals hold this
+much. Moving them rewrites every byte (read back, split into columns, written again, checked):
+done every 2 s or 16 MB, it paused the training thread 30-130 ms every ~300 steps of the 64-wide
+MLP, 100-200 us per step on average, more than all the rest of the step boundary. Journals read
+as they are (a run killed with kill -9 is read from them), so only the close needs Arrow; with
+the default ``max_bytes`` a capture moves its journals once, at close (about a second for 256 MB),
+and this bound keeps an unbudgeted one's pauses as rare."""
 EVENT_TABLES = ("ops", "marks")
 DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
 DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
@@ -45,7 +51,6 @@ class CaptureBuffer:
         self.cut: dict[str, Any] | None = None  # where detail capture stopped (see _budget_cut)
         self.detail_seen: set[str] = set()  # DETAIL_TABLES written so far
         self.last_commit = 0
-        self.last_compact = 0
         self.metrics_written = 0
         self.keep_from = 0  # after a discard: events that began before this are not kept either
 
@@ -70,8 +75,7 @@ class CaptureBuffer:
         for table, rows in interner.take_new().items():
             writer.append(table, rows)
         pending, self.pending = self.pending, defaultdict(list)
-        self.detail_seen.update(t for t in DETAIL_TABLES if pending.get(t))
-        metrics = pending.pop("metrics", [])
+        metrics = pending.pop("metrics", None)
         if metrics and not final and time.monotonic_ns() - self.metrics_written < IDLE_FLUSH_INTERVAL_NS:
             # scalars go to disk about once a second, in one write: a journal write per step cost
             # 25-35 us at the boundary (a kill -9 can lose the last second's scalars)
@@ -79,14 +83,15 @@ class CaptureBuffer:
         elif metrics:
             writer.append("metrics", np.concatenate(metrics))
             self.metrics_written = time.monotonic_ns()
-        for table in ("threads", "spans", "steps", "ops", "marks", "failures"):
-            for cols in pending.pop(table, ()):
-                writer.append(table, cols)
-                if table in EVENT_TABLES:
-                    self.written[table] += len(cols["ts"])
-        for table, batches in pending.items():  # tables of collectors added later
+        # one pass, in the order the rows came: every table is committed together by the
+        # manifest line that follows, so the order of their writes does not matter
+        for table, batches in pending.items():
             for cols in batches:
                 writer.append(table, cols)
+            if table in EVENT_TABLES:
+                self.written[table] += sum(len(cols["ts"]) for cols in batches)
+            if table in DETAIL_TABLES:
+                self.detail_seen.add(table)
         now = time.monotonic_ns()
         if self.cut is None and not final:
             self.cut = self._budget_cut(writer, step_num, now)
@@ -96,9 +101,8 @@ class CaptureBuffer:
             counters["detail_cut"] = self.cut
         if final:
             writer.close(step_num, counters)
-        elif now - self.last_compact >= COMPACT_INTERVAL_NS or writer.journal_bytes() >= COMPACT_JOURNAL_BYTES:
+        elif writer.journal_bytes() >= COMPACT_JOURNAL_BYTES:
             writer.compact(step_num, counters)
-            self.last_compact = now
         else:
             writer.commit(step_num, counters)
         self.last_commit = now

@@ -67,18 +67,24 @@ class ScalarBuffer:
         with self._lock:
             self._new.append(row)
 
-    def settle(self, final: bool = False) -> np.ndarray | None:
+    def device_due(self) -> bool:
+        """The device values waiting are due to be read (at a step boundary)."""
+        waiting = self._on_device
+        return bool(waiting) and (len(waiting) >= DEVICE_READ_BATCH
+                                  or time.monotonic_ns() - waiting[0][0] >= DEVICE_READ_AGE_S * 1e9)
+
+    def settle(self, final: bool = False, host_only: bool = False) -> np.ndarray | None:
         """At a step boundary: the rows whose values are read now, in the ``metrics`` layout
-        (``final``: every value). None when there are none."""
+        (``final``: every value). None when there are none. ``host_only``: off the training
+        thread (always-on capture's background writer): device values wait for a step boundary."""
         with self._lock:
             new, self._new = self._new, []
         ready = []
         for row in new:
             value = row[3]
-            (ready if isinstance(value, float) or value.device.type == "cpu" else self._on_device).append(row)
+            (ready if isinstance(value, float) or value.is_cpu else self._on_device).append(row)
         waiting = self._on_device
-        if waiting and (final or len(waiting) >= DEVICE_READ_BATCH
-                        or time.monotonic_ns() - waiting[0][0] >= DEVICE_READ_AGE_S * 1e9):
+        if waiting and not host_only and (final or self.device_due()):
             ready += waiting
             self._on_device = []
         if not ready:

@@ -66,6 +66,26 @@ def test_a_changed_number_in_the_manifest_is_damage(run):
     one_line_error(cli("report", run), str(manifest), "checksum")
 
 
+def test_every_commit_is_the_json_of_itself_signed(tmp_path):
+    """The writer formats its commit lines by hand (store.RankWriter._write_manifest, at every
+    step): each must be exactly ``json.dumps`` of the line it parses to, ``check`` last, with a
+    budget cut (a nested map with a list) and dropped rows in the counters."""
+    import torch
+
+    import neuron_prof
+    model, run_dir = torch.nn.Linear(8, 8), tmp_path / "run"
+    with neuron_prof.profile(run_dir, max_bytes=30_000) as prof:
+        for _ in range(20):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.session.dropped("ops", 1)
+            prof.step()
+    lines = (run_dir / "rank-00000" / "manifest.jsonl").read_bytes().splitlines()
+    parsed = [json.loads(raw) for raw in lines]
+    assert any("detail_cut" in line for line in parsed) and parsed[-1]["dropped"] == {"ops": 20}
+    for raw, line in zip(lines, parsed):
+        assert json.dumps(line).encode() == raw and sign(dict(line))["check"] == line["check"]
+
+
 def test_a_torn_last_line_is_a_kill_not_damage(run):
     """The writer killed mid-line: the commit before it is read (the crash-safety promise)."""
     manifest = run / "rank-00000" / "manifest.jsonl"

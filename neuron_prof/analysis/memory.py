@@ -357,11 +357,11 @@ PROCESS_FACTOR = 4
 PROCESS_MIN_BYTES = 16 * 2**10
 """... and by at least this much per step: less can be the C allocator taking memory in chunks."""
 PROCESS_SETTLE_NS = 4 * 10**9
-"""A captured step grows the process by what the capture holds: the session keeps each captured
-step's rows in memory until it moves its journals into tables (every 2 s or 16 MB), and the memory
-that frees is reused and trimmed in jumps of megabytes. So resident memory is judged only at the
-boundaries of steps not captured that end this long after the last captured one (a compaction has
-run since), after the first half of the run (start-up, optimizer state, allocator caches)."""
+"""A captured step grows the process by what the capture holds: each captured step's rows are
+built, drained and written, and the memory that frees is reused and trimmed in jumps of megabytes.
+So resident memory is judged only at the boundaries of steps not captured that end this long after
+the last captured one, after the first half of the run (start-up, optimizer state, allocator
+caches)."""
 PROCESS_MIN_BOUNDARIES = 8
 """Such boundaries needed to judge the process's growth at all."""
 _MAX_SLOPE_POINTS = 256  # boundaries the pairwise slopes are taken over (evenly spaced)
