@@ -3,10 +3,18 @@
 // collector (collectors/device.py) drains at every flush.
 //
 // The API is one static struct, handed out as a PyCapsule (device_api_capsule). Its `capturing`
-// points at g_capturing, which the collector sets while a capture window is open; a backend tests
-// it before every report, and every function tests it again (a report that raced the window's end
-// is dropped). Reports come from host threads (enqueue, flush, fallback) and from the device's
-// worker threads (kernels): one mutex guards the buffers, held only to push a row.
+// points at g_capturing, which the collector sets while it wants reports: while a capture window
+// is open (g_window: rows), and, in always-on capture, all the time (g_live: the queue state a
+// dump shows). A backend tests it before every report, and every function tests the flags again
+// (a report that raced a window's end keeps no row). Reports come from host threads (enqueue,
+// flush, fallback) and from the device's worker threads (kernels): one mutex guards the buffers,
+// held only to push a row.
+//
+// The queue state a dump shows (device_live_queues) is the latest depth an enqueue reported and
+// the latest flush, per device, window on or off. It costs a report a few stores: each reporting
+// thread writes a block of its own (LiveBlock, made at its first report and kept for the next
+// thread when it exits), one writer per block, so a seqlock with plain stores and no lock
+// guards it; a dump reads every block and takes the latest.
 //
 // Each row takes the calling thread's OS tid, and enqueues, flushes and fallbacks also the host op
 // the observer has open on the calling thread (neuron_prof::current_op: op name, module path,
@@ -22,6 +30,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "_engine.h"
@@ -58,7 +67,10 @@ struct LinkRow {
   int64_t kernel, enqueue;
 };
 
-volatile int32_t g_capturing = 0;
+volatile int32_t g_capturing = 0;  // the API's flag: g_window || g_live
+volatile int32_t g_window = 0;     // a capture window is open: reports become rows
+volatile int32_t g_live = 0;       // always-on capture: reports keep each queue's state
+int64_t g_live_since = 0;          // when g_live came on: older state is not this capture's
 std::atomic<uint64_t> g_next_enqueue{1};
 std::atomic<int64_t> g_next_kernel{1};
 
@@ -78,7 +90,78 @@ inline int64_t tid() {
   return t_tid;
 }
 
-inline bool on() { return g_capturing && !neuron_prof::in_forked_child(); }
+inline bool on() { return g_window && !neuron_prof::in_forked_child(); }
+
+// ---- each device queue as it is now (always-on dumps)
+constexpr int kLiveDevices = 64;  // device indices -1..62 keep a state; others do not
+
+struct LiveQueue {  // one writer (the block's thread); a reader retries while seq is odd or moved
+  std::atomic<uint32_t> seq{0};
+  std::atomic<int32_t> depth{0}, flush_reason{0}, flush_ops{0};
+  std::atomic<int64_t> depth_ts{-1}, flush_ts{-1}, flush_dur{0};
+};
+
+struct LiveBlock {
+  LiveQueue queue[kLiveDevices];
+  LiveBlock* next = nullptr;  // every block ever made, newest first (g_blocks)
+};
+
+std::atomic<LiveBlock*> g_blocks{nullptr};
+std::mutex g_spare_mu;
+std::vector<LiveBlock*> g_spare;  // blocks of threads that exited, with what they last wrote
+
+thread_local LiveBlock* t_block = nullptr;
+
+// Gives the thread's block back at its exit: the next new thread writes on where it left off,
+// so what it wrote last stays visible and the blocks stay as many as threads reporting at once.
+struct BlockOwner {
+  bool armed = false;  // set at the thread's first report: constructs it, so its destructor runs
+  ~BlockOwner() {
+    if (!t_block) return;
+    std::lock_guard<std::mutex> g(g_spare_mu);
+    g_spare.push_back(t_block);
+    t_block = nullptr;
+  }
+};
+thread_local BlockOwner t_block_owner;
+
+LiveBlock* new_block() {  // a thread's first report: a spare block, or a new one
+  LiveBlock* b = nullptr;
+  {
+    std::lock_guard<std::mutex> g(g_spare_mu);
+    if (!g_spare.empty()) {
+      b = g_spare.back();
+      g_spare.pop_back();
+    }
+  }
+  if (!b) {
+    b = new LiveBlock();
+    b->next = g_blocks.load(std::memory_order_relaxed);
+    while (!g_blocks.compare_exchange_weak(b->next, b, std::memory_order_release, std::memory_order_relaxed)) {
+    }
+  }
+  t_block_owner.armed = true;
+  return t_block = b;
+}
+
+inline LiveQueue* live_queue(int32_t device) {
+  const uint32_t i = uint32_t(device + 1);
+  if (i >= uint32_t(kLiveDevices)) return nullptr;
+  LiveBlock* b = t_block;
+  return &(b ? b : new_block())->queue[i];
+}
+
+// A write of the calling thread's state of `device`: a few stores between two of seq.
+template <class Write>
+inline void keep(int32_t device, Write write) {
+  LiveQueue* q = live_queue(device);
+  if (!q) return;
+  const uint32_t s = q->seq.load(std::memory_order_relaxed);
+  q->seq.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  write(*q);
+  q->seq.store(s + 2, std::memory_order_release);
+}
 
 inline int32_t intern_c(const char* s) {
   if (!s || !*s) return 0;
@@ -134,10 +217,17 @@ bool push(std::vector<T>& v, const T& row, int kind) {  // g_mu held
 int64_t api_now_ns(void) { return neuron_prof::now_ns(); }
 
 uint64_t api_op_enqueued(int32_t device, int32_t stream, const char* op, int32_t queue_depth) {
-  if (!on()) return 0;
+  if (!g_capturing || neuron_prof::in_forked_child()) return 0;
+  const int64_t ts = neuron_prof::now_ns();
+  if (g_live)
+    keep(device, [&](LiveQueue& q) {
+      q.depth.store(queue_depth, std::memory_order_relaxed);
+      q.depth_ts.store(ts, std::memory_order_relaxed);
+    });
+  if (!g_window) return 0;
   try {
     EnqueueRow r{};
-    r.ts = neuron_prof::now_ns();
+    r.ts = ts;
     r.tid = tid();
     r.device = device;
     r.stream = stream;
@@ -154,12 +244,20 @@ uint64_t api_op_enqueued(int32_t device, int32_t stream, const char* op, int32_t
 }
 
 void api_queue_flushed(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns) {
-  if (!on()) return;
+  if (!g_capturing || neuron_prof::in_forked_child()) return;
+  if (reason < NEURON_PROF_FLUSH_SYNC || reason > NEURON_PROF_FLUSH_OTHER) reason = NEURON_PROF_FLUSH_OTHER;
+  if (g_live)
+    keep(device, [&](LiveQueue& q) {
+      q.flush_reason.store(reason, std::memory_order_relaxed);
+      q.flush_ops.store(ops, std::memory_order_relaxed);
+      q.flush_dur.store(end_ns - start_ns, std::memory_order_relaxed);
+      q.flush_ts.store(start_ns, std::memory_order_relaxed);
+    });
+  if (!g_window) return;
   try {
     FlushRow r{};
     span(r, device, start_ns, end_ns);
-    r.reason = (reason >= NEURON_PROF_FLUSH_SYNC && reason <= NEURON_PROF_FLUSH_OTHER) ? reason
-                                                                                          : NEURON_PROF_FLUSH_OTHER;
+    r.reason = reason;
     r.ops = ops;
     attribute(r);
     std::lock_guard<std::mutex> g(g_mu);
@@ -223,8 +321,62 @@ py::object device_api_capsule() {
   return py::reinterpret_steal<py::object>(c);
 }
 
-void device_set_capturing(bool value) { g_capturing = value ? 1 : 0; }
+// `window`: reports become rows; `live`: they keep each queue's state (always-on capture), from
+// now on: the state kept before is not this capture's.
+void device_set_flags(bool window, bool live) {
+  if (live && !g_live) g_live_since = neuron_prof::now_ns();
+  g_window = window ? 1 : 0;
+  g_live = live ? 1 : 0;
+  g_capturing = (window || live) ? 1 : 0;
+}
 bool device_capturing() { return g_capturing != 0; }
+
+// Each device queue as it is now, from the latest reports since g_live came on: {device index:
+// (depth, depth_ts, flush_ts, flush_dur, flush_reason, flush_ops)}, the latest enqueue's depth
+// and time (-1: none) and the latest flush (flush_ts -1: none), over every reporting thread.
+py::dict device_live_queues() {
+  struct Latest {
+    int32_t depth = 0, flush_reason = 0, flush_ops = 0;
+    int64_t depth_ts = -1, flush_ts = -1, flush_dur = 0;
+  } latest[kLiveDevices];
+  const int64_t since = g_live_since;
+  for (LiveBlock* b = g_blocks.load(std::memory_order_acquire); b; b = b->next) {
+    for (int i = 0; i < kLiveDevices; ++i) {
+      LiveQueue& q = b->queue[i];
+      Latest v;
+      for (int tries = 0;; ++tries) {
+        const uint32_t s0 = q.seq.load(std::memory_order_acquire);
+        v.depth = q.depth.load(std::memory_order_relaxed);
+        v.depth_ts = q.depth_ts.load(std::memory_order_relaxed);
+        v.flush_reason = q.flush_reason.load(std::memory_order_relaxed);
+        v.flush_ops = q.flush_ops.load(std::memory_order_relaxed);
+        v.flush_ts = q.flush_ts.load(std::memory_order_relaxed);
+        v.flush_dur = q.flush_dur.load(std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (!(s0 & 1) && q.seq.load(std::memory_order_relaxed) == s0) break;
+        if (tries > 64) std::this_thread::yield();  // its writer was preempted mid-write
+      }
+      Latest& l = latest[i];
+      if (v.depth_ts >= since && v.depth_ts > l.depth_ts) {
+        l.depth = v.depth;
+        l.depth_ts = v.depth_ts;
+      }
+      if (v.flush_ts >= 0 && v.flush_ts + v.flush_dur >= since && v.flush_ts > l.flush_ts) {
+        l.flush_ts = v.flush_ts;
+        l.flush_dur = v.flush_dur;
+        l.flush_reason = v.flush_reason;
+        l.flush_ops = v.flush_ops;
+      }
+    }
+  }
+  py::dict out;
+  for (int i = 0; i < kLiveDevices; ++i) {
+    const Latest& l = latest[i];
+    if (l.depth_ts >= 0 || l.flush_ts >= 0)
+      out[py::int_(i - 1)] = py::make_tuple(l.depth, l.depth_ts, l.flush_ts, l.flush_dur, l.flush_reason, l.flush_ops);
+  }
+  return out;
+}
 
 void device_set_max(int64_t n) {
   std::lock_guard<std::mutex> g(g_mu);
@@ -330,25 +482,28 @@ py::tuple device_drain() {
   return py::make_tuple(rows, drops);
 }
 
-// ns per call of the API's op_enqueued (through the struct's pointer, as a backend calls it) and
-// of kernel_executed with 4 enqueue ids, `n` calls each, with the flag `capturing`; also the cost
-// of a backend's guarded call (`if (*api->capturing) api->op_enqueued(...)`) with the flag off.
-// The rows it adds are taken out again; never call it during a capture.
-py::dict device_bench(int64_t n, bool capturing) {
+// ns per call of the API's op_enqueued (through the struct's pointer, as a backend calls it), of
+// kernel_executed with 4 enqueue ids and of queue_flushed, `n` calls each, with a window open
+// (`capturing`: rows) or not, and the queue state kept (`live`, always-on capture) or not; also
+// the cost of a backend's guarded call (`if (*api->capturing) api->op_enqueued(...)`). The rows
+// it adds are taken out again; never call it during a capture.
+py::dict device_bench(int64_t n, bool capturing, bool live) {
   neuron_prof_backend_api* volatile api = &g_api;
-  const int32_t saved = g_capturing;
-  size_t e0, k0, l0;
+  const int32_t saved_window = g_window, saved_live = g_live;
+  const int64_t saved_since = g_live_since;
+  size_t e0, f0, k0, l0;
   int64_t d0[5];
   {
     std::lock_guard<std::mutex> g(g_mu);
     e0 = g_enqueues.size();
+    f0 = g_flushes.size();
     k0 = g_kernels.size();
     l0 = g_links.size();
     std::memcpy(d0, g_dropped, sizeof(d0));
   }
-  g_capturing = capturing ? 1 : 0;
+  device_set_flags(capturing, live);
   uint64_t ids[4] = {1, 2, 3, 4};
-  double r[3];
+  double r[4];
   int64_t guarded_calls = 0;
   {
     py::gil_scoped_release nogil;
@@ -360,19 +515,25 @@ py::dict device_bench(int64_t n, bool capturing) {
     for (int64_t i = 0; i < n; ++i)
       if (*api->capturing) guarded_calls += (int64_t)api->op_enqueued(0, 0, "aten::add", 0) != 0;
     int64_t t3 = neuron_prof::now_ns();
+    for (int64_t i = 0; i < n; ++i) api->queue_flushed(0, NEURON_PROF_FLUSH_SIZE, 16, t2, t3);
+    int64_t t4 = neuron_prof::now_ns();
     r[0] = double(t1 - t0) / double(n);
     r[1] = double(t2 - t1) / double(n);
     r[2] = double(t3 - t2) / double(n);
+    r[3] = double(t4 - t3) / double(n);
   }
   py::dict out;
   out["op_enqueued_ns"] = r[0];
   out["kernel_executed_ns"] = r[1];
   out["guarded_ns"] = r[2];
+  out["queue_flushed_ns"] = r[3];
   out["guarded_calls"] = guarded_calls;
-  g_capturing = saved;
+  device_set_flags(saved_window, saved_live);
+  g_live_since = saved_since;
   {
     std::lock_guard<std::mutex> g(g_mu);
     if (g_enqueues.size() > e0) g_enqueues.resize(e0);
+    if (g_flushes.size() > f0) g_flushes.resize(f0);
     if (g_kernels.size() > k0) g_kernels.resize(k0);
     if (g_links.size() > l0) g_links.resize(l0);
     std::memcpy(g_dropped, d0, sizeof(d0));
@@ -385,7 +546,8 @@ py::dict device_bench(int64_t n, bool capturing) {
 namespace neuron_prof {
 void register_device(py::module_& m) {
   m.def("device_api_capsule", &device_api_capsule);
-  m.def("device_set_capturing", &device_set_capturing);
+  m.def("device_set_flags", &device_set_flags);
+  m.def("device_live_queues", &device_live_queues);
   m.def("device_capturing", &device_capturing);
   m.def("device_set_max", &device_set_max);
   m.def("device_enqueue", &py_enqueue);
@@ -394,6 +556,6 @@ void register_device(py::module_& m) {
   m.def("device_fallback", &py_fallback);
   m.def("device_layout", &device_layout);
   m.def("device_drain", &device_drain);
-  m.def("device_bench", &device_bench);
+  m.def("device_bench", &device_bench, py::arg("n"), py::arg("capturing"), py::arg("live") = false);
 }
 }  // namespace neuron_prof

@@ -18,13 +18,14 @@ Three things beside the rows:
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import types
 
 import numpy as np
 
 from neuron_prof.recording import Recorder
-from neuron_prof.schema import INFLIGHT
+from neuron_prof.schema import INFLIGHT, INFLIGHT_SLOT
 from neuron_prof.torchhooks import when_imported
 
 INFLIGHT_SLOTS = 512
@@ -50,6 +51,7 @@ class CollectivesCollector:
         self._clock = None
         self._clock_error_logged = False
         self._patched: tuple[types.ModuleType, object] | None = None
+        self._inflight: mmap.mmap | None = None  # the in-flight ring, read-only: what a dump reads
         self._cancel_import = None
 
     # ---- Collector protocol
@@ -90,6 +92,26 @@ class CollectivesCollector:
             self._ext.comms_stop()
             self._ext.comms_close_inflight()
             self._ext = None
+        if self._inflight is not None:
+            self._inflight.close()
+            self._inflight = None
+
+    def on_dump(self, rec: Recorder, ts: int) -> None:
+        """An always-on dump: the collectives issued and not completed, as the in-flight ring holds
+        them now (the observer marks a slot at issue and at completion), into ``dump_collectives``."""
+        if self._inflight is None:
+            return
+        data = self._inflight[len(self._inflight) - INFLIGHT_SLOTS * INFLIGHT_SLOT.itemsize:]  # a copy
+        slots = np.frombuffer(data, INFLIGHT_SLOT)
+        slots = slots[(slots["id"] > 0) & (slots["state"] == 1)]  # 1: issued (schema.INFLIGHT_STATES)
+        if not len(slots):
+            return
+        slots = slots[np.argsort(slots["ts"], kind="stable")]
+        rec.append("dump_collectives", {
+            "ts": np.full(len(slots), ts, np.int64), "since": slots["ts"].astype(np.int64),
+            "op": _interned(rec, slots["op"]), "group": _interned(rec, slots["group"]),
+            "seq": slots["seq"].astype(np.int64), "bytes": slots["bytes"].astype(np.int64),
+            "peer": slots["peer"].astype(np.int32)})
 
     # ---- internals
     def _hook_c10d(self, c10d: types.ModuleType) -> None:
@@ -143,6 +165,7 @@ class CollectivesCollector:
             if fd is not None:
                 try:
                     self._ext.comms_set_inflight(fd, INFLIGHT_SLOTS)
+                    self._inflight = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
                 finally:
                     os.close(fd)
             self._ext.comms_start()
@@ -187,6 +210,11 @@ class CollectivesCollector:
             self._clock_error_logged = True
             log.warning("neuron_prof: could not measure this rank's clock against rank 0's (%s); merged views "
                         "assume one clock", self._clock.error)
+
+
+def _interned(rec: Recorder, names: np.ndarray) -> np.ndarray:
+    """The in-flight ring's fixed-width names as ids of the rank's strings."""
+    return np.array([rec.intern(n.decode("utf-8", "replace")) for n in names], np.int32)
 
 
 def _group_members() -> dict[str, list[int]]:

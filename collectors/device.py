@@ -6,8 +6,10 @@ ops fell back to the CPU. It reports them through the backend hook API
 :func:`backend_api` (a PyCapsule named ``"neuron_prof.backend_api"``), or, for a backend written in
 Python, :func:`report_enqueue`, :func:`report_flush`, :func:`report_kernel` and
 :func:`report_fallback`. Both feed the same buffers in the native engine (``_device.cpp``), and
-only while a capture window is open (the struct's ``*capturing`` is 1 then, 0 otherwise: one
-branch per report when nothing records). The collector drains them at every flush into:
+only while a capture window is open. The struct's ``*capturing`` is 1 then, and all through an
+always-on capture, whose dumps show each queue as it is (see :meth:`DeviceCollector.on_dump`),
+0 otherwise: one branch per report when nothing captures. The collector drains the buffers at
+every flush into:
 
 ===================  ============================================================================
 table                one row per
@@ -64,7 +66,7 @@ _STRINGS = {"enqueues": ("op", "host_op", "module"), "flushes": ("host_op", "mod
             "kernels": ("name",), "fallbacks": ("op", "host_op", "module"), "links": ()}
 
 _ext = None       # the engine extension once loaded (backend_api or a collector's install)
-_CAPTURING = False  # mirrors the native flag, for the Python report functions' fast exit
+_CAPTURING = False  # mirrors the API's flag (window or queue state), for the Python report functions' fast exit
 _ACTIVE: "DeviceCollector | None" = None  # the installed collector, if any
 
 
@@ -166,11 +168,13 @@ def now_ns() -> int:
     return time.monotonic_ns()
 
 
-def _set_capturing(on: bool) -> None:
+def _set_capturing(window: bool, live: bool = False) -> None:
+    """``window``: reports become rows; ``live``: they keep each queue's state for dumps (always-on
+    capture; the state kept before is not this capture's)."""
     global _CAPTURING
-    _CAPTURING = bool(on)
+    _CAPTURING = bool(window or live)
     if _ext is not None:
-        _ext.device_set_capturing(bool(on))
+        _ext.device_set_flags(bool(window), bool(live))
 
 
 class DeviceCollector:
@@ -187,6 +191,7 @@ class DeviceCollector:
         self._backend = None
         self._max = max_buffered
         self._window = False
+        self._live = False  # always-on: reports keep each queue's state, window on or off (on_dump)
         self._lock = threading.Lock()
         self._guard = HookGuard(self.name)  # reports the capture could not take (capture health)
 
@@ -200,6 +205,7 @@ class DeviceCollector:
         from neuron_prof.collectors import _engine
 
         self._rec = rec
+        self._live = getattr(rec, "always_on", None) is not None  # always-on, the one mode that dumps
         self._guard.attach(rec)
         _ACTIVE = self
         if _ext is not None or _engine._engine is not None:
@@ -209,7 +215,7 @@ class DeviceCollector:
         with self._lock:
             self._window = bool(on)
             if self._dtypes:
-                _set_capturing(on)
+                _set_capturing(on, self._live)
 
     def flush(self, rec: Recorder, keep: bool) -> None:
         if _ext is None or not self._dtypes:
@@ -239,6 +245,27 @@ class DeviceCollector:
                 cols["reason"] = lut[codes]
             rec.append(_TABLES[kind], cols)
 
+    def on_dump(self, rec: Recorder, ts: int) -> None:
+        """An always-on dump: each device queue as it is now (``dump_queues``): its depth after the
+        latest enqueue (0 if a flush drained it since) and the latest flush with its reason. The
+        engine keeps both per device (index -1 to 62) from every report of this capture, window on
+        or off, so a dump between sampled steps shows the step in flight, not the last sampled one."""
+        queues = _ext.device_live_queues() if _ext is not None and self._dtypes else {}
+        if not queues:
+            return
+        index = np.array(sorted(queues), np.int32)
+        depth, depth_ts, flush_ts, flush_dur, reason, flush_ops = (
+            np.array(col, np.int64) for col in zip(*(queues[i] for i in index.tolist())))
+        drained = (flush_ts >= 0) & (flush_ts + flush_dur >= depth_ts)  # the host waited for the queue to drain
+        depth = np.where(drained, 0, depth)
+        depth_ts = np.where(drained, flush_ts + flush_dur, depth_ts)
+        lut = np.array([rec.intern(r) for r in FLUSH_REASONS], np.int32)
+        reason = np.where(flush_ts >= 0, lut[np.clip(reason, 0, len(FLUSH_REASONS) - 1)], 0)  # no flush: ""
+        rec.append("dump_queues", {
+            "ts": np.full(len(index), ts, np.int64), "device": self._device_ids(rec, index),
+            "depth": depth.astype(np.int32), "depth_ts": depth_ts, "flush_ts": flush_ts, "flush_dur": flush_dur,
+            "flush_reason": reason.astype(np.int32), "flush_ops": flush_ops.astype(np.int32)})
+
     def uninstall(self) -> None:
         global _ACTIVE
         with self._lock:
@@ -260,7 +287,7 @@ class DeviceCollector:
             engine = load_engine()  # loaded already: returns it
             ext = _engine_ext()
             self._ids = EngineIds(engine)
-            ext.device_set_capturing(False)
+            ext.device_set_flags(False, False)
             ext.device_drain()  # reports from before this capture (none should be) are not its
             max_buffered = self._max or getattr(self._rec, "max_buffered_events", None)
             if max_buffered:
@@ -269,7 +296,7 @@ class DeviceCollector:
                                             "offsets": [f[1] for f in lay["fields"]],
                                             "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
                             for kind, lay in ext.device_layout().items()}
-            _set_capturing(self._window)
+            _set_capturing(self._window, self._live)
 
     def _device_ids(self, rec: Recorder, index: np.ndarray) -> np.ndarray:
         import torch

@@ -39,13 +39,15 @@ enum neuron_prof_flush_reason {
 typedef struct neuron_prof_backend_api {
   uint32_t version; /* NEURON_PROF_BACKEND_API_VERSION of the neuron_prof that made it */
   uint32_t size;    /* sizeof(neuron_prof_backend_api) there */
-  /* Nonzero while a capture window records device events: test it before every report. */
+  /* Nonzero while neuron_prof wants reports: while a capture window records device events, and
+   * all through an always-on capture (its dumps show each queue's latest depth and flush, so
+   * reports keep that state between windows too). Test it before every report. */
   const volatile int32_t* capturing;
   int64_t (*now_ns)(void);
   /* An op was put on a device queue by the calling (host) thread. neuron_prof records the host op
    * open on this thread (the op the observer records: its name, module path and source line), the
-   * time and the queue depth after it. Returns the enqueue's id (never 0 while capturing), which
-   * kernel_executed names to say which enqueued ops a kernel ran; 0 when not capturing. */
+   * time and the queue depth after it. Returns the enqueue's id (never 0 while a window records),
+   * which kernel_executed names to say which enqueued ops a kernel ran; 0 when no window records. */
   uint64_t (*op_enqueued)(int32_t device, int32_t stream, const char* op, int32_t queue_depth);
   /* The calling (host) thread waited from start_ns to end_ns for `ops` queued ops to run. */
   void (*queue_flushed)(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns);

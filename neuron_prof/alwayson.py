@@ -1,13 +1,15 @@
-"""Always-on capture for whole jobs: the detail of the last steps kept in memory, written when
-something goes wrong.
+"""Always-on capture for whole jobs: step-level data for every step, full detail sampled, the
+detail of the last sampled steps kept in memory and written when something goes wrong.
 
-A long job cannot afford to write every op to disk, and the step that matters (the one that
-hangs, raises, runs out of memory or gets killed by the scheduler) is not known in advance. In
-always-on mode the session writes the light tables as usual (step times, compile events,
-per-step memory, collectives, failures) about once a second, and keeps the detail tables (ops,
-allocations, device queue) of the last ``ring_steps`` steps in a :class:`DetailRing`. A *dump*
-writes the ring, the step in flight and one ``dumps`` row per thread named (reason, the steps
-it covers, that thread's Python stack) into the run. Dumps happen on:
+A long job cannot afford to record every op of every step: even a RecordFunction observer that
+does nothing costs 1.14-1.21x on a launch-bound step. In always-on mode the session writes the
+light tables (step times, compile events, per-step memory, collectives, losses, failures) for
+every step, off the training thread about once a second (:class:`Background`), and captures full
+op, allocation and device detail one step in ``detail_every`` only (step 1, then every
+``detail_every`` steps): the collectors' window is off in between, the op observer detached, so
+those steps pay nothing for it. The detail of the last ``ring_steps`` sampled steps stays in a
+:class:`DetailRing`. A *dump* writes the ring, the step in flight and one ``dumps`` row per thread
+named (reason, the steps it covers, that thread's Python stack) into the run. Dumps happen on:
 
 * an exception that ends the capture (an out-of-memory error included: the memory collector's
   live set goes with it),
@@ -17,7 +19,9 @@ it covers, that thread's Python stack) into the run. Dumps happen on:
   recorded, so the report says where each one waits),
 * ``profile.dump()``, on demand.
 
-Nothing is dumped when the job ends normally: its run holds the light tables only.
+``neuron-prof trigger PID`` (neuron_prof.ondemand) and ``profile.capture_next(n)`` capture the next
+``n`` steps in full detail straight to the run, like a scheduled window. Nothing is dumped when the
+job ends normally: its run holds the light tables and any steps captured on demand.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("neuron_prof")
 
 DEFAULT_RING_STEPS = 20
+DEFAULT_DETAIL_EVERY = 100
+BACKGROUND_INTERVAL_S = 1.0
 DEFAULT_HANG_TIMEOUT_S = 600.0
 DEFAULT_MAX_RING_ROWS = 4_000_000
 _UNTIMED = ("kernel_enqueues",)  # rows without a ts: kept with their drain's other rows
@@ -52,7 +58,9 @@ class AlwaysOn:
     """Settings of always-on capture (see the module docstring)."""
 
     ring_steps: int = DEFAULT_RING_STEPS
-    """Steps of detail kept in memory (the step in flight comes on top)."""
+    """Sampled steps whose detail is kept in memory (the step in flight comes on top)."""
+    detail_every: int = DEFAULT_DETAIL_EVERY
+    """Full detail one step in this many (step 1, then every ``detail_every``); 1: every step."""
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
     """No step completed for this long: a hang, dumped once until steps go on. None: no watchdog."""
     signals: bool = True
@@ -60,9 +68,15 @@ class AlwaysOn:
     max_ring_rows: int = DEFAULT_MAX_RING_ROWS
     """A bound on the rows the ring holds, whatever the steps: the oldest go first."""
 
+    def sampled(self, step: int) -> bool:
+        """Whether ``step`` is one of the sampled steps captured in detail into the ring."""
+        return step % self.detail_every == 1 % self.detail_every
+
     def __post_init__(self) -> None:
         if self.ring_steps < 1:
             raise ValueError(f"ring_steps must be >= 1, not {self.ring_steps}")
+        if self.detail_every < 1:
+            raise ValueError(f"detail_every must be >= 1, not {self.detail_every}")
         if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
             raise ValueError(f"hang_timeout_s must be > 0 (or None: no watchdog), not {self.hang_timeout_s}")
         if self.max_ring_rows < 1:
@@ -153,7 +167,8 @@ def thread_stacks() -> list[tuple[int, list[Frame]]]:
 
 
 class Triggers:
-    """What starts a dump besides an exception: signals and the hang watchdog."""
+    """What starts a dump besides an exception: signals, and the hang watchdog that runs on the
+    :class:`Background` thread."""
 
     def __init__(self, session: "Session", settings: AlwaysOn) -> None:
         self._session = session
@@ -161,20 +176,15 @@ class Triggers:
         self._saved: dict[int, Any] = {}
         self._handlers: dict[int, Callable[[int, FrameType | None], None]] = {
             signal.SIGUSR1: self._on_usr1, signal.SIGTERM: self._on_term}
-        self._stop = threading.Event()
-        self._watchdog: threading.Thread | None = None
         self.last_step_ns = time.monotonic_ns()
         """When the last step completed (or capture began): what the watchdog measures from."""
+        self._fired_for: int | None = None
 
     def install(self) -> None:
         if self._settings.signals:
             self._install_signals()
-        if self._settings.hang_timeout_s is not None:
-            self._watchdog = threading.Thread(target=self._watch, name="neuron_prof watchdog", daemon=True)
-            self._watchdog.start()
 
     def uninstall(self) -> None:
-        self._stop.set()
         for signum, previous in self._saved.items():
             try:
                 if signal.getsignal(signum) is self._handlers.get(signum):
@@ -182,23 +192,34 @@ class Triggers:
             except (ValueError, OSError):  # not the main thread (a stop at exit elsewhere): leave it
                 pass
         self._saved.clear()
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None and watchdog is not threading.current_thread():
-            watchdog.join(timeout=5)
 
     def forget(self) -> None:
-        """In a forked child (one thread, no watchdog): the signals get the parent's handlers back,
-        so a worker process dies of SIGTERM and SIGUSR1 as it would without capture."""
+        """In a forked child (one thread, no background thread): the signals get the parent's
+        handlers back, so a worker process dies of SIGTERM and SIGUSR1 as it would without capture."""
         for signum, previous in self._saved.items():
             try:
                 signal.signal(signum, previous)
             except (ValueError, OSError):
                 pass
         self._saved.clear()
-        self._watchdog = None
 
-    def step_done(self) -> None:
-        self.last_step_ns = time.monotonic_ns()
+    def step_done(self, now_ns: int) -> None:
+        self.last_step_ns = now_ns
+
+    def check_hang(self) -> None:
+        """Dump once per hang (no step completed for ``hang_timeout_s``): a step completing
+        re-arms it. Called by the background thread."""
+        if self._settings.hang_timeout_s is None:
+            return
+        last = self.last_step_ns
+        if last == self._fired_for or time.monotonic_ns() - last < self._settings.hang_timeout_s * 1e9:
+            return
+        self._fired_for = last
+        waited = (time.monotonic_ns() - last) / 1e9
+        try:
+            self._session.dump(f"hang: no step completed for {waited:.0f} s", stacks=thread_stacks())
+        except Exception as exc:  # noqa: BLE001 - the job goes on whatever happens here
+            log.warning("neuron_prof: the hang dump failed (%s: %s)", type(exc).__name__, exc)
 
     # ---- signals
     def _install_signals(self) -> None:
@@ -215,20 +236,40 @@ class Triggers:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self._session.request_dump("signal SIGTERM", frames_of(frame), then_exit=signal.SIGTERM)
 
-    # ---- watchdog
-    def _watch(self) -> None:
-        timeout_ns = int(self._settings.hang_timeout_s * 1e9)
-        fired_for = None
-        while not self._stop.wait(min(1.0, self._settings.hang_timeout_s / 4)):
-            last = self.last_step_ns
-            if last == fired_for or time.monotonic_ns() - last < timeout_ns:
-                continue
-            fired_for = last  # once per hang: a step completing re-arms it
-            waited = (time.monotonic_ns() - last) / 1e9
+
+class Background:
+    """The thread that does always-on capture's periodic work off the training thread: about
+    once a second (sooner when the hang timeout is short) it runs ``tick``, which writes the
+    step-level rows buffered since the last time, answers on-demand requests and watches for a
+    hang. The step boundary itself then does no disk write."""
+
+    def __init__(self, tick: Callable[[], None], interval_s: float) -> None:
+        self._tick = tick
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="neuron_prof always-on", daemon=True)
+        self._thread.start()
+
+    def stop(self, join: bool = True) -> None:
+        """No tick after this one; ``join``: wait for a tick in progress to end."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if join and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def forget(self) -> None:
+        """In a forked child: the thread is the parent's."""
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
             try:
-                self._session.dump(f"hang: no step completed for {waited:.0f} s", stacks=thread_stacks())
+                self._tick()
             except Exception as exc:  # noqa: BLE001 - the job goes on whatever happens here
-                log.warning("neuron_prof: the hang dump failed (%s: %s)", type(exc).__name__, exc)
+                log.warning("neuron_prof: always-on background work failed (%s: %s)", type(exc).__name__, exc)
 
 
 def exit_by_signal(signum: int) -> None:

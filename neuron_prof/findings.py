@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from neuron_prof.recording import went_on
-from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceSection, InFlight, MemoryLeak,
-                                          MemorySection, StepStats, Straggler, StragglerSite, Summary)
+from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceSection, DumpCollective, DumpQueue,
+                                          InFlight, MemoryLeak, MemorySection, StepStats, Straggler, StragglerSite,
+                                          Summary)
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
@@ -48,10 +49,11 @@ def findings(summary: Summary) -> list[Finding]:
 
     for dump in summary.dumps:
         where = ", ".join(f"thread {t.tid} at {t.source}" for t in dump.threads if t.source)
+        waiting = "".join(f"; in flight: {dump_collective_text(c)}" for c in dump.collectives)
         routine = dump.reason in ("on demand", "signal SIGUSR1")
         add("info" if routine else "high", "overview",
             f"always-on dump on rank {dump.rank} in step {dump.last_step}: {dump.reason}"
-            + (f"; {where}" if where else "") + f" (steps {dump.first_step}-{dump.last_step} in detail)")
+            + (f"; {where}" if where else "") + waiting + f" ({detail_steps_text(dump.detail_steps)})")
     health = summary.health
     for f in health.failures:
         add("high", "overview", f"collector {f.collector} failed on rank {f.rank} and "
@@ -231,6 +233,30 @@ def in_flight_text(x: InFlight) -> str:
     if x.status == "in_flight":
         return f"rank {x.rank} was stuck in {what}{who}"
     return f"rank {x.rank}'s {what} failed{who}"
+
+
+def detail_steps_text(steps: list[int]) -> str:
+    """The sampled steps an always-on dump wrote whole: ``steps 13, 15, 17, 19 in detail``."""
+    if not steps:
+        return "no sampled step in detail"
+    shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
+    return f"step{'s' if len(steps) > 1 else ''} {shown} in detail"
+
+
+def dump_collective_text(c: DumpCollective) -> str:
+    """A collective in flight at an always-on dump: ``all_reduce (group 0, seq 4) for 3.1 s``."""
+    return f"{c.op} (group {c.group}, seq {c.seq}) for {c.for_s:.1f} s"
+
+
+def dump_queue_text(q: DumpQueue) -> str:
+    """A device queue at an always-on dump, with how old what the device last reported is."""
+    depth = f"{q.depth} op{'s' if q.depth != 1 else ''} queued"
+    if q.depth_age_s is not None:
+        depth += f" ({q.depth_age_s:.1f} s before the dump)"
+    if q.flush_reason is None:
+        return f"{q.device}: {depth}; no flush seen"
+    return (f"{q.device}: {depth}; last flush: {q.flush_reason}, {q.flush_ops} ops, {q.flush_ms:.1f} ms wait, "
+            f"{q.flush_age_s:.1f} s before the dump")
 
 
 _LIMITS = {"max_bytes": ("disk budget", "--max-bytes (record) or profile(max_bytes=...)"),

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from typing import Iterable, Sequence
 
-from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS, AlwaysOn
+from neuron_prof.alwayson import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS, AlwaysOn, frames_of
 from neuron_prof.autostep import OptimizerStepClock
 from neuron_prof.capture_buffer import DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.ownership import current
@@ -30,10 +32,12 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     start). ``run_id`` and ``yield_if_stepless`` are how ``record`` ties the processes of one
     command into one run (neuron_prof.session.Session says what they do).
 
-    ``mode="always-on"``: for whole jobs. Step times, compile events, per-step memory and
-    collectives go to disk for every step; op, allocation and device detail of the last
-    ``ring_steps`` steps stays in memory and is written on an exception, SIGUSR1, SIGTERM, a hang
-    (no step for ``hang_timeout_s`` seconds; None: no watchdog) or :meth:`dump`
+    ``mode="always-on"``: for whole jobs. Step times, compile events, per-step memory, losses and
+    collectives go to disk for every step (off the training thread, about once a second); op,
+    allocation and device detail is captured one step in ``detail_every``, and that of the last
+    ``ring_steps`` such steps stays in memory, written on an exception, SIGUSR1, SIGTERM, a hang
+    (no step for ``hang_timeout_s`` seconds; None: no watchdog) or :meth:`dump`;
+    :meth:`capture_next` (or ``neuron-prof trigger PID``) captures the next steps in full detail
     (neuron_prof.alwayson). Takes no ``schedule``.
 
     ``tokens_per_step``/``samples_per_step``: what each step trains on, when every step is alike
@@ -47,11 +51,13 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                  max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
                  command: Sequence[str] | None = None, origin_ns: int | None = None, run_id: str | None = None,
                  yield_if_stepless: bool = False, mode: str = "detail", ring_steps: int = DEFAULT_RING_STEPS,
+                 detail_every: int = DEFAULT_DETAIL_EVERY,
                  hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S, tokens_per_step: float | None = None,
                  samples_per_step: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
-        always_on = AlwaysOn(ring_steps=ring_steps, hang_timeout_s=hang_timeout_s) if mode == "always-on" else None
+        always_on = (AlwaysOn(ring_steps=ring_steps, detail_every=detail_every, hang_timeout_s=hang_timeout_s)
+                     if mode == "always-on" else None)
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
                                max_events=max_events, max_bytes=max_bytes, command=command, run_id=run_id,
                                origin_ns=origin_ns, yield_if_stepless=yield_if_stepless, always_on=always_on,
@@ -90,11 +96,16 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     def step(self, tokens: float | None = None, samples: float | None = None) -> None:
         """End the current training step; ``tokens``/``samples``: what it trained on (throughput
         and cost per token in ``neuron-prof compare``; default: ``tokens_per_step``/``samples_per_step``)."""
-        self.session.step(_per_step(tokens, samples))
+        self.session.step(None if tokens is None and samples is None else _per_step(tokens, samples))
 
     def dump(self, reason: str = "on demand") -> bool:
-        """Always-on mode: write the last steps' detail into the run now (the job goes on)."""
-        return self.session.dump(reason)
+        """Always-on mode: write the last sampled steps' detail into the run now (the job goes on)."""
+        return self.session.dump(reason, stacks=[(threading.get_native_id(), frames_of(sys._getframe(1)))])
+
+    def capture_next(self, steps: int) -> None:
+        """Always-on mode: capture the next ``steps`` steps in full detail into the run, like a
+        scheduled window (what ``neuron-prof trigger PID --steps N`` asks from outside)."""
+        self.session.capture_next(steps)
 
     def __enter__(self) -> "profile":
         return self.start()

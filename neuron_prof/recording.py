@@ -118,6 +118,9 @@ class Collector(Protocol):
     # Optional (the session calls them when a collector has them):
     #   on_step(step: int, ts: int) -> None          every step boundary, windows or not: keep it cheap
     #   on_error(rec, exc: BaseException, step: int)  the capture ends with this exception
+    #   on_dump(rec, ts: int) -> None                an always-on dump at ts (any thread): append what
+    #                                                 says where the job is now (collectives in flight,
+    #                                                 device queues), beside the threads' stacks
     #   exclude(ns: int) -> None                      the session's own work at a step boundary just
     #                                                 took ns on the calling thread: ops open there
     #                                                 (torch.optim's step range) must not count it

@@ -22,7 +22,7 @@ from neuron_prof.keys import backend_key, thread_key, thread_key_parts
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
 from neuron_prof.schema import (ATTRIBUTE_OF_TABLE, COLLECTIVE_STATUS, INFLIGHT_STATES, MEMORY_KINDS, REFERENCES,
-                                TABLE_OF_ATTRIBUTE, TABLES)
+                                SCHEMA_VERSION, TABLE_OF_ATTRIBUTE, TABLES)
 
 def _string_columns(lists: bool) -> dict[str, tuple[str, ...]]:
     """Per table, its columns of string ids (``lists``: of lists of them)."""
@@ -260,13 +260,25 @@ def _by_rank_ts(run: Run, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _steps(run: Run, steps: pd.DataFrame) -> pd.DataFrame:
-    """In an always-on run the steps a dump wrote whole are the active ones (their rows were
-    written before it); the step in flight at the dump is in it only in part."""
+    """In an always-on run the steps a dump wrote whole are active too (their rows were written
+    before it); the step in flight at the dump is in it only in part."""
     steps = steps.sort_values(["rank", "step"], ignore_index=True)
-    dumps = run.dumps
-    for rank, first, last in zip(dumps["rank"], dumps["first_step"], dumps["last_step"]):
-        steps.loc[(steps["rank"] == rank) & steps["step"].between(first, last - 1), "active"] = True
+    dumped = pd.MultiIndex.from_arrays([run.dumped_steps["rank"], run.dumped_steps["step"]])
+    steps.loc[pd.MultiIndex.from_arrays([steps["rank"], steps["step"]]).isin(dumped), "active"] = True
     return steps
+
+
+def _dumped_steps(run: Run, dumped: pd.DataFrame) -> pd.DataFrame:
+    """Schema 2's always-on ranks kept every step's detail, so their dumps wrote first_step up
+    to the step in flight whole: their rows are made here, and readers need not know."""
+    old = {rd.rank for rd in run.rank_data if rd.meta.get("schema_version", SCHEMA_VERSION) < 3}
+    dumps = run.dumps.drop_duplicates(["rank", "ts"])
+    dumps = dumps[dumps["rank"].isin(old)]
+    made = [pd.DataFrame({"rank": rank, "ts": ts, "step": np.arange(first, last, dtype=np.int32)})
+            for rank, ts, first, last in zip(dumps["rank"], dumps["ts"], dumps["first_step"], dumps["last_step"])]
+    if made:
+        dumped = pd.concat([dumped, *made], ignore_index=True).astype(dumped.dtypes.to_dict())
+    return dumped.sort_values(["rank", "ts", "step"], ignore_index=True)
 
 
 def _ops(run: Run, ops: pd.DataFrame) -> pd.DataFrame:
@@ -352,7 +364,10 @@ def _device_kernels(run: Run, df: pd.DataFrame) -> pd.DataFrame:
 
 _FINISHED: dict[str, Callable[[Run, pd.DataFrame], pd.DataFrame]] = {
     "steps": _steps,
+    "dumped_steps": _dumped_steps,
     "dumps": lambda run, df: df.sort_values(["rank", "ts", "tid"], ignore_index=True),
+    "dump_collectives": lambda run, df: run._with_step(df.sort_values(["rank", "ts", "since"], ignore_index=True)),
+    "dump_queues": lambda run, df: run._with_step(df.sort_values(["rank", "ts", "device"], ignore_index=True)),
     "ops": _ops,
     "marks": _with_step, "metrics": _with_step, "compiles": _with_step, "graph_breaks": _with_step,
     "recompiles": _with_step,

@@ -11,9 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """2: manifest lines carry CRC-32s of the committed bytes and of themselves (``store.sign``);
-readers verify them for runs of version 2 and read version 1 runs without."""
+readers verify them for runs of version 2 and read version 1 runs without. 3: always-on capture
+samples its detail, and a dump names the steps it wrote whole in ``dumped_steps`` (version 2's
+always-on ranks kept every step's detail: a dump's first_step..last_step were those steps). Tables
+added since (``dump_collectives``, ``dump_queues``) need no new version: a reader that predates
+them skips them, and reads an older run as having none."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
 JOURNALED = ("ops", "steps", "marks", "metrics", "memory_events", "memory_steps", "process_memory", "collectives",
@@ -150,6 +154,21 @@ TABLES: dict[str, pa.Schema] = {
     "dumps": pa.schema([
         ("ts", _i64), ("reason", _i32), ("first_step", _i32), ("last_step", _i32), ("tid", _i64), ("stack", _i32),
     ]),
+    # the sampled steps whose whole detail a dump (at ts) wrote: the run's active steps
+    "dumped_steps": pa.schema([("ts", _i64), ("step", _i32)]),
+    # where the job was at a dump (at ts), besides its threads' stacks: the collectives this rank
+    # had issued and not seen complete (op, group, seq; since: when issued; peer: root or peer
+    # rank, -1: none), from the collectives collector's in-flight ring (INFLIGHT) ...
+    "dump_collectives": pa.schema([
+        ("ts", _i64), ("since", _i64), ("op", _i32), ("group", _i32), ("seq", _i64), ("bytes", _i64), ("peer", _i32),
+    ]),
+    # ... and each device queue as the device collector last saw it: depth (ops queued, after the
+    # last enqueue seen; 0 once a flush after it drained the queue) as of depth_ts, and the last
+    # flush (flush_ts -1: none seen): its start, wait, reason and ops waited for
+    "dump_queues": pa.schema([
+        ("ts", _i64), ("device", _i32), ("depth", _i32), ("depth_ts", _i64), ("flush_ts", _i64), ("flush_dur", _i64),
+        ("flush_reason", _i32), ("flush_ops", _i32),
+    ]),
     # this rank's clock against rank 0's, measured at capture start and again at its end:
     # rank 0's CLOCK_MONOTONIC = ts + offset (± rtt/2); same_clock: both read one clock (same host
     # and boot), so the offset used is 0 whatever the estimate says
@@ -184,6 +203,8 @@ _STRING_IDS = {
     "device_kernels": ("device", "name"),
     "fallbacks": ("device", "op", "host_op", "module"),
     "dumps": ("reason",),
+    "dump_collectives": ("op", "group"),
+    "dump_queues": ("device", "flush_reason"),
 }
 REFERENCES: dict[str, dict[str, str]] = {
     table: {**{c: "strings" for c in _STRING_IDS.get(table, ())},
@@ -227,10 +248,19 @@ TABLE_OF_ATTRIBUTE: dict[str, str] = {a: t for t, a in ATTRIBUTE_OF_TABLE.items(
 
 DESCRIPTIONS: dict[str, str] = {
     "steps": "One row per step and rank: step, ts, dur, active (captured in detail), complete. In an always-on "
-             "run the steps a dump wrote whole are the active ones; the step in flight at the dump is in it only "
-             "in part.",
-    "dumps": "Always-on capture's dumps, a row per thread each named: rank, ts, reason, first_step, last_step (the "
-             "steps whose detail it wrote), tid and that thread's stack (source...).",
+             "run the steps a dump wrote whole (``dumped_steps``) and those captured on demand are the active ones; "
+             "the step in flight at the dump is in it only in part.",
+    "dumps": "Always-on capture's dumps, a row per thread each named: rank, ts, reason, first_step (the oldest "
+             "sampled step whose detail it wrote), last_step (the step in flight), tid and that thread's stack "
+             "(source...).",
+    "dumped_steps": "Always-on capture: the sampled steps whose whole detail a dump wrote (rank, ts of the dump, "
+                    "step).",
+    "dump_collectives": "Always-on capture: the collectives each dump found in flight on its rank (issued, not "
+                        "completed): rank, ts (the dump's), since (when it was issued), op, group, seq, bytes, peer, "
+                        "step (the one in flight at the dump).",
+    "dump_queues": "Always-on capture: each device queue at a dump, as the device collector last saw it: rank, ts "
+                   "(the dump's), device, depth (queued ops) as of depth_ts, and the last flush: flush_ts (-1: none "
+                   "seen), flush_dur, flush_reason (sync, size, fallback, synchronize, other), flush_ops, step.",
     "ops": "One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step.",
     "spans": "Spans of the run that are not steps: ``start-up`` (under ``record``: the process from its start to "
              "its first module call). neuron_prof's own work at step boundaries is the gap between one step's "

@@ -23,11 +23,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from neuron_prof.alwayson import AlwaysOn, DetailRing, Triggers, exit_by_signal, frames_of, traceback_frames
+from neuron_prof.alwayson import (BACKGROUND_INTERVAL_S, AlwaysOn, Background, DetailRing, Triggers, exit_by_signal,
+                                  frames_of, traceback_frames)
 from neuron_prof.capture_buffer import (DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS,
                                         DETAIL_TABLES, IDLE_FLUSH_INTERVAL_NS, CaptureBuffer)
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.interner import Interner
+from neuron_prof.ondemand import ControlChannel
 from neuron_prof.ownership import (claim_process, device_name, forget_in_child, open_rank, rank_and_world,
                                    release_process, yields_rank)
 from neuron_prof.recording import Collector, Frame, went_on
@@ -69,7 +71,7 @@ class Session:
                  yield_if_stepless: bool = False, always_on: AlwaysOn | None = None,
                  step_scalars: Mapping[str, float] | None = None) -> None:
         if always_on is not None and schedule is not None:
-            raise ValueError("always-on capture keeps every step's detail in memory and takes no schedule")
+            raise ValueError("always-on capture samples its own detail steps and takes no schedule")
         self.run_dir = Path(run_dir)
         # one id per capture: every process of one `record` shares record's; a session of its own
         # (the profile() API) has its own. rank.json carries it, so a folder's owner is known.
@@ -89,10 +91,13 @@ class Session:
         self.max_buffered_events = max_buffered_events
         self.command = list(command) if command is not None else [sys.executable, *sys.argv]
         self.collectors = _make_collectors(collectors)
+        self._on_step = [c for c in self.collectors if hasattr(c, "on_step")]
+        self._excluders = [c for c in self.collectors if hasattr(c, "exclude")]
         self.step_num = 0
         self._interner = Interner()
         self._buffer = CaptureBuffer(max_events, max_bytes)
         self._scalars = ScalarBuffer()
+        self._scalar_ids: dict[str, int] = {}  # a scalar's name -> its string id (a loss per backward())
         self._failed: set[str] = set()
         self._writer: RankWriter | None = None
         self._lock = threading.RLock()
@@ -100,12 +105,18 @@ class Session:
         self._step_start = 0
         self._started = False
         self._closed = False
-        # always-on (neuron_prof.alwayson): detail goes to a ring, written by dumps
+        self._step_rows: list[tuple[int, int, int, bool, bool]] = []  # steps ended since the last flush
+        # always-on (neuron_prof.alwayson): sampled steps' detail goes to a ring, written by dumps;
+        # steps asked for on demand (capture_next) go to disk like a scheduled window's
         self.always_on = always_on
         self._ring = DetailRing(always_on.max_ring_rows) if always_on else None
-        self._ring_starts: deque[int] = deque(maxlen=always_on.ring_steps + 1 if always_on else 1)
-        self._steps_since_drain = 0
+        self._sampled: deque[tuple[int, int]] = deque(maxlen=always_on.ring_steps if always_on else 1)
+        """(step, start) of the completed sampled steps whose detail the ring holds, oldest first."""
+        self._on_demand = (0, 0)  # [first, end) steps captured on demand, straight to disk
+        self._requested = 0  # steps asked for by capture_next, from the next boundary on
         self._triggers: Triggers | None = None
+        self._background: Background | None = None
+        self._channel: ControlChannel | None = None  # on-demand requests (neuron-prof trigger PID)
         self._dumping = False
         self._deferred: tuple[str, list[Frame], int | None] | None = None
         ref = weakref.ref(self)
@@ -127,7 +138,10 @@ class Session:
     def scalar(self, name: str, value: Any) -> None:
         """A scalar of the current step (a float, or a one-element detached tensor read at a
         step boundary: see neuron_prof.scalars), in and out of detail windows."""
-        self._scalars.add(self.intern(name), value)
+        sid = self._scalar_ids.get(name)
+        if sid is None:
+            sid = self._scalar_ids[name] = self.intern(name)
+        self._scalars.add(sid, value)
 
     def dropped(self, table: str, n: int) -> None:
         with self._lock:
@@ -183,13 +197,19 @@ class Session:
         self._start_ns = self._origin_ns if self._origin_ns is not None else time.monotonic_ns()
         for c in list(self.collectors):
             self._guard(c, c.install, self)
-        self._step_start = self._buffer.last_commit = self._buffer.last_compact = time.monotonic_ns()
-        self._ring_starts.append(self._step_start)
+        self._step_start = self._buffer.last_commit = time.monotonic_ns()
         self._enter_step()
         self._started = True
         if self.always_on is not None:
             self._triggers = Triggers(self, self.always_on)
             self._triggers.install()
+            try:
+                self._channel = ControlChannel.open(self.run_dir, rank_and_world()[0])
+            except (NeuronProfError, OSError) as exc:
+                log.warning("neuron_prof: no on-demand capture for this job (%s)", exc)
+            hang = self.always_on.hang_timeout_s
+            self._background = Background(self._tick, min(BACKGROUND_INTERVAL_S, hang / 4 if hang else BACKGROUND_INTERVAL_S))
+            self._background.start()
         atexit.register(self._stop_at_exit)
         return self
 
@@ -198,34 +218,40 @@ class Session:
         ``scalars``: numbers of this step (tokens, samples), with ``step_scalars`` as defaults."""
         if not self._started or self._closed:
             return
-        for name, value in {**self.step_scalars, **(scalars or {})}.items():
-            self.scalar(name, value)
+        if self.step_scalars or scalars:
+            for name, value in {**self.step_scalars, **(scalars or {})}.items():
+                self.scalar(name, value)
         with self._lock:
             now = time.monotonic_ns()
             if self.step_num == 0 and self._origin_ns is not None:
                 self._split_startup()
             action = self._action(self.step_num)
             self._append_step(now, complete=True, action=action)
-            self._settle_scalars(final=False)
-            for c in self.collectors:
-                if hasattr(c, "on_step"):
-                    self._guard(c, c.on_step, self.step_num, now)
+            if self._ring is None or self._scalars.device_due():
+                self._settle_scalars(final=False)  # always-on: host values are read by _tick
+            for c in self._on_step:
+                self._guard(c, c.on_step, self.step_num, now)
+            if self._requested:
+                self._begin_on_demand()
             mark = now
-            if self._action(self.step_num + 1) is Action.NONE:
+            if self._window_on and self._action(self.step_num + 1) is Action.NONE:
                 # a window closing: the ops open on this thread (torch.optim's step range, whose
                 # post-hook ends the step) end here, in this step's data
                 mark = self._own_work_since(mark)
                 self._set_window(False)
-            if self._flush_due(action, now):
+            if self._ring is not None:
+                self._always_on_step_end(action, now)
+            elif self._flush_due(action, now):
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
             # the next step begins after our own work: steps are contiguous but for these gaps
-            self._step_start = self._own_work_since(mark)
-            self._ring_starts.append(self._step_start)
+            # (a window that was on in this step: ops still open on this thread must not count it)
+            self._step_start = self._own_work_since(mark) if self._window_on or mark != now else time.monotonic_ns()
             self._enter_step()
             if self._triggers is not None:
-                self._triggers.step_done()
-        self._run_deferred()
+                self._triggers.step_done(self._step_start)
+        if self._deferred is not None:
+            self._run_deferred()
 
     def dump(self, reason: str = "on demand", stacks: list[tuple[int, list[Frame]]] | None = None) -> bool:
         """Always-on capture: write the detail of the last steps and of the step in flight into
@@ -241,6 +267,17 @@ class Session:
             self._write_dump(reason, stacks)
         self._run_deferred()
         return True
+
+    def capture_next(self, steps: int) -> None:
+        """Always-on capture: capture the next ``steps`` steps (from the next step boundary on) in
+        full detail, written to the run like a scheduled window's. Safe from any thread (the
+        on-demand channel's, a signal handler)."""
+        if self._ring is None:
+            raise NeuronProfError("capture_next() is for always-on capture: neuron_prof.profile(..., "
+                                  "mode=\"always-on\"); a detail capture records every step already")
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, not {steps}")
+        self._requested = max(self._requested, int(steps))
 
     def request_dump(self, reason: str, frames: list[Frame], then_exit: int | None = None) -> None:
         """A signal handler's dump. A signal that lands in the session's own work (its lock held
@@ -265,6 +302,10 @@ class Session:
         """
         if not self._started or self._closed:
             return
+        if self._background is not None:
+            self._background.stop()  # its last tick ends before the final flush
+        if self._channel is not None:
+            self._channel.close()
         with self._lock:
             self._closed = True
             if self._triggers is not None:
@@ -293,17 +334,57 @@ class Session:
     def _action(self, step: int) -> Action:
         if self._buffer.cut is not None:
             return Action.NONE
+        if self.always_on is not None:
+            return Action.RECORD if self._is_on_demand(step) or self.always_on.sampled(step) else Action.NONE
         return Action.RECORD if self.schedule is None else self.schedule.action(step)
+
+    def _is_on_demand(self, step: int) -> bool:
+        return self._on_demand[0] <= step < self._on_demand[1]
 
     def _flush_due(self, action: Action, now: int) -> bool:
         """Detail steps flush at every boundary (what a kill -9 can lose is the step in flight);
-        always-on capture drains into its ring at least every ``ring_steps`` steps and commits
-        the light tables about once a second; other steps flush about once a second."""
-        if self._ring is not None:
-            self._steps_since_drain += 1
-            return (now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
-                    or self._steps_since_drain >= self.always_on.ring_steps)
+        other steps flush about once a second."""
         return action is not Action.NONE or now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
+
+    def _begin_on_demand(self) -> None:
+        """capture_next's steps begin with the next step (a window already open on demand grows)."""
+        first = self._on_demand[0] if self._is_on_demand(self.step_num + 1) else self.step_num + 1
+        self._on_demand = (first, max(self._on_demand[1], self.step_num + 1 + self._requested))
+        self._requested = 0
+        log.warning("neuron_prof: capturing steps %d-%d in full detail (on demand) into %s", first,
+                    self._on_demand[1] - 1, self.run_dir)
+
+    def _always_on_step_end(self, action: Action, now: int) -> None:
+        """A sampled step's detail goes to the ring, with no disk write; a step captured on demand
+        is written at its end (a kill -9 loses at most the step in flight, as in a window); the
+        step-level rows of every step wait for the background thread (``_tick``)."""
+        if action is Action.NONE:
+            return
+        if self._is_on_demand(self.step_num):
+            self._flush(keep=True)
+            if self.step_num + 1 == self._on_demand[1] and self._channel is not None:
+                self._channel.done(list(range(*self._on_demand)))
+            return
+        self._flush(keep=True, write=False)
+        self._sampled.append((self.step_num, self._step_start))
+        self._ring.trim(self._sampled[0][1])
+
+    def _tick(self) -> None:
+        """The background thread's periodic work: the step-level rows to disk, on-demand
+        requests, a hang check."""
+        with self._lock:
+            if self._closed:
+                return
+            # polled and applied under the lock: a step boundary in between would answer this
+            # request (channel.done) with the steps of the window that was ending
+            requested = self._channel.poll() if self._channel is not None else None
+            if requested:
+                self.capture_next(requested)
+            if self._step_rows or time.monotonic_ns() - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS:
+                self._settle_scalars(final=False, host_only=True)
+                self._flush(keep=True)
+        if self._triggers is not None:
+            self._triggers.check_hang()
 
     def _run_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None
@@ -311,15 +392,23 @@ class Session:
             self.request_dump(*deferred)
 
     def _write_dump(self, reason: str, stacks: list[tuple[int, list[Frame]]]) -> None:
-        """The ring, the step in flight and one ``dumps`` row per thread, committed (lock held)."""
-        first = self.step_num - (len(self._ring_starts) - 1)
+        """The ring, the step in flight and one ``dumps`` row per thread, committed (lock held).
+        ``dumped_steps`` names the sampled steps it wrote whole."""
+        first = self._sampled[0][0] if self._sampled else self.step_num
         now = time.monotonic_ns()
+        if self._sampled:
+            self._buffer.pending["dumped_steps"].append({
+                "ts": np.full(len(self._sampled), now, np.int64),
+                "step": np.array([step for step, _ in self._sampled], np.int32)})
         self._buffer.pending["dumps"].append({
             "ts": np.full(len(stacks), now, np.int64), "reason": np.full(len(stacks), self.intern(reason), np.int32),
             "first_step": np.full(len(stacks), first, np.int32),
             "last_step": np.full(len(stacks), self.step_num, np.int32),
             "tid": np.array([tid for tid, _ in stacks], np.int64),
             "stack": np.array([self.intern_stack(frames) for _, frames in stacks], np.int32)})
+        for c in self.collectors:  # where the job is: collectives in flight, device queues
+            if hasattr(c, "on_dump"):
+                self._guard(c, c.on_dump, self, now)
         self._dumping = True
         try:
             self._flush(keep=True)
@@ -329,17 +418,18 @@ class Session:
                     self.step_num, self.run_dir)
 
     def _into_ring(self) -> None:
-        """Always-on: this flush's detail rows go to the ring, or (a dump) the ring's to the writer."""
+        """Always-on: this flush's detail rows go to the ring (those of a step captured on demand
+        stay for the writer), or (a dump) the ring's to the writer."""
         pending = self._buffer.pending
-        detail = {t: pending.pop(t) for t in DETAIL_TABLES if t in pending}
-        self._steps_since_drain = 0
-        since = self._ring_starts[0]
         if not self._dumping:
-            self._ring.add(detail)
-            self._ring.trim(since)
+            if not self._is_on_demand(self.step_num):
+                self._ring.add({t: pending.pop(t) for t in DETAIL_TABLES if t in pending})
             return
+        detail = {t: pending.pop(t) for t in DETAIL_TABLES if t in pending}
+        since = self._sampled[0][1] if self._sampled else self._step_start
         for table, batches in self._ring.take(since).items():
             pending[table].extend(batches)
+        self._sampled.clear()
         for table, batches in detail.items():
             pending[table].extend(batches)
         if self._ring.dropped_rows:
@@ -358,9 +448,8 @@ class Session:
     def _own_work_since(self, t0: int) -> int:
         """Our own work on this thread since ``t0`` is kept out of the ops open on it; returns now."""
         t1 = time.monotonic_ns()
-        for c in self.collectors:
-            if hasattr(c, "exclude"):
-                self._guard(c, c.exclude, t1 - t0)
+        for c in self._excluders:
+            self._guard(c, c.exclude, t1 - t0)
         return t1
 
     def _split_startup(self) -> None:
@@ -374,15 +463,14 @@ class Session:
         self._step_start = began
 
     def _append_step(self, now: int, complete: bool, action: Action) -> None:
-        # one row in the steps journal's own layout: written as it is (no per-column conversion)
-        # active: its detail is on disk (always-on: only if a dump writes it; the reader tells)
-        active = action is Action.RECORD and self._ring is None
-        self._buffer.pending["steps"].append(np.array(
-            [(self.step_num, self._step_start, now - self._step_start, active, complete)], dtype=_STEP_ROW))
+        # active: its detail is on disk (always-on: a step captured on demand; a sampled step's
+        # only if a dump writes it, which names it in ``dumped_steps``)
+        active = action is Action.RECORD and (self._ring is None or self._is_on_demand(self.step_num))
+        self._step_rows.append((self.step_num, self._step_start, now - self._step_start, active, complete))
 
-    def _settle_scalars(self, final: bool) -> None:
+    def _settle_scalars(self, final: bool, host_only: bool = False) -> None:
         try:
-            rows = self._scalars.settle(final)
+            rows = self._scalars.settle(final, host_only)
         except Exception as exc:  # noqa: BLE001 - a value that cannot be read (a device error)
             self.failure("metrics", exc)
             return
@@ -402,17 +490,25 @@ class Session:
             except Exception:
                 pass
 
-    def _flush(self, keep: bool, final: bool = False) -> None:
+    def _flush(self, keep: bool, final: bool = False, write: bool = True) -> None:
+        """Collectors hand over what they hold; ``write``: it goes to disk (else it waits, detail
+        aside: that goes to the ring)."""
         for c in self.collectors:
             self._guard(c, c.flush, self, keep)
         if self._ring is not None:
             self._into_ring()
+        if not write:
+            return
         self._buffer.keep_or_discard_events(keep)
         if final:
             self._settle_scalars(final=True)
         if final and (self._writer is not None or self._buffer.pending or self.step_num > 0):
             # the step in progress when capture ends: kept, but not counted as a training step
             self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
+        if self._step_rows:
+            # one row per step in the steps journal's own layout: written as it is
+            self._buffer.pending["steps"].append(np.array(self._step_rows, dtype=_STEP_ROW))
+            self._step_rows = []
         writer = self._ensure_writer(final)
         if writer is None:
             return  # nothing to write yet, or nothing this process may write (see _ensure_writer)
@@ -467,6 +563,10 @@ class Session:
         self._closed = True
         if self._triggers is not None:
             self._triggers.uninstall()
+        if self._background is not None:
+            self._background.stop(join=False)  # maybe waiting for the lock this thread holds
+        if self._channel is not None:
+            self._channel.close()
         self._set_window(False)
         for c in self.collectors:
             self._guard(c, c.uninstall)
@@ -479,6 +579,9 @@ class Session:
         self._writer = None
         if self._triggers is not None:
             self._triggers.forget()
+        if self._background is not None:
+            self._background.forget()
+        self._channel = None  # the parent's announcement stays the parent's
         forget_in_child(self)
         atexit.unregister(self._stop_at_exit)
 

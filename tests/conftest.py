@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +264,20 @@ def stuck_collectives(run_dir: Path):
     except (NeuronProfError, FileNotFoundError):
         return pd.DataFrame({"seq": []})  # not written yet
     return c[(c["rank"] == 0) & (c["status"].astype(str) == "in_flight")]
+
+
+def child_pid(pid: int, timeout: float = 60) -> int:
+    """The one child process of ``pid`` (``record``'s command)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} started no child")
 
 
 def kill_group(proc: subprocess.Popen) -> None:

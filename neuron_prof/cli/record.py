@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from neuron_prof.alwayson import DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
+from neuron_prof.alwayson import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
 from neuron_prof.capture_buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.reader import describe_exit
@@ -86,11 +86,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
                    help=f"op and mark rows per rank after which detail capture stops (default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--always-on", action="store_true",
-                   help="for whole jobs: step times, compiles, per-step memory and collectives to disk; op and "
-                        "allocation detail of the last --ring-steps steps kept in memory and written on an "
-                        "exception, SIGUSR1, SIGTERM or a hang (no step for --hang-timeout seconds)")
+                   help="for whole jobs: step times, compiles, per-step memory, losses and collectives to disk; "
+                        "op and allocation detail one step in --detail-every, that of the last --ring-steps such "
+                        "steps kept in memory and written on an exception, SIGUSR1, SIGTERM or a hang (no step for "
+                        "--hang-timeout seconds); `neuron-prof trigger PID` captures the next steps in detail")
     p.add_argument("--ring-steps", type=_positive_int, default=DEFAULT_RING_STEPS, metavar="N",
-                   help=f"--always-on: steps of detail kept in memory (default {DEFAULT_RING_STEPS})")
+                   help=f"--always-on: sampled steps whose detail is kept in memory (default {DEFAULT_RING_STEPS})")
+    p.add_argument("--detail-every", type=_positive_int, default=DEFAULT_DETAIL_EVERY, metavar="N",
+                   help=f"--always-on: full detail one step in N (default {DEFAULT_DETAIL_EVERY}; 1: every step)")
     p.add_argument("--hang-timeout", type=_seconds, default=DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
                    help=f"--always-on: no step for this long is a hang, dumped (default {DEFAULT_HANG_TIMEOUT_S:.0f}; "
                         "0: no watchdog)")
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if not cmd:
         raise NeuronProfError("record needs a command: neuron-prof record -o RUN -- python train.py")
     if args.always_on and args.schedule:
-        raise NeuronProfError("--always-on keeps every step's detail in memory and takes no --schedule; drop one")
+        raise NeuronProfError("--always-on samples its own detail steps and takes no --schedule; drop one")
     run_dir = (args.output or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     from neuron_prof.collectors import REGISTRY
     collectors = [c for c in args.collectors.split(",") if c]
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         "run_dir": str(run_dir), "schedule": args.schedule, "collectors": collectors,
         "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id,
         "mode": "always-on" if args.always_on else "detail", "ring_steps": args.ring_steps,
+        "detail_every": args.detail_every,
         "hang_timeout_s": args.hang_timeout or None, "tokens_per_step": args.tokens_per_step,
         "samples_per_step": args.samples_per_step})
     env[PARENT_ENV] = "launcher"  # the command's own Python process is a main (sitecustomize.py)

@@ -31,9 +31,9 @@ from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp, CollectivesNotCaptured,
     CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime, Conflict, Coverage, DetailCut,
-    DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump, DumpThread, Fallback, FrameRecompiles,
-    FusedKernel, Fusion, GraphRun, Health, InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection,
-    MetricSummary, Mismatch, NoStragglerSite, NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite,
+    DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump, DumpCollective, DumpQueue, DumpThread, Fallback,
+    FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight, MemoryDevice, MemoryLeak, MemoryPeak,
+    MemorySection, MetricSummary, Mismatch, NoStragglerSite, NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite,
     ProcessMemory, RankHealth, RunFacts, Stall, Startup, StepBreakdown, StepStats, Straggler, StragglerSite,
     StragglerStep, Summary, SyncSection, SyncSite, TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
@@ -160,14 +160,40 @@ def _compile_time(ctime: pd.DataFrame) -> list[CompileTime]:
 
 
 def _dumps(run: Run) -> list[Dump]:
-    """Always-on dumps, one per (rank, time), with each thread they name and where it was."""
+    """Always-on dumps, one per (rank, time), with each thread they name and where it was, the
+    collectives in flight on the rank and its device queues."""
+    colls = {key: rows for key, rows in run.dump_collectives.groupby(["rank", "ts"], sort=False)}
+    queues = {key: rows for key, rows in run.dump_queues.groupby(["rank", "ts"], sort=False)}
+    detail = {key: rows["step"].tolist() for key, rows in run.dumped_steps.groupby(["rank", "ts"], sort=False)}
     out = []
     for (rank, ts), rows in run.dumps.groupby(["rank", "ts"], sort=True):
         first = rows.iloc[0]
+        c, q = colls.get((rank, ts)), queues.get((rank, ts))
         out.append(Dump(rank=int(rank), reason=str(first["reason"]), first_step=int(first["first_step"]),
-                        last_step=int(first["last_step"]),
+                        last_step=int(first["last_step"]), detail_steps=[int(s) for s in detail.get((rank, ts), [])],
                         threads=[DumpThread(tid=int(t), source=str(src), stack=str(full))
-                                 for t, src, full in zip(rows["tid"], rows["user_source"], rows["source_full"])]))
+                                 for t, src, full in zip(rows["tid"], rows["user_source"], rows["source_full"])],
+                        collectives=[] if c is None else _dump_collectives(c, int(ts)),
+                        queues=[] if q is None else _dump_queues(q, int(ts))))
+    return out
+
+
+def _dump_collectives(rows: pd.DataFrame, ts: int) -> list[DumpCollective]:
+    return [DumpCollective(op=str(r["op"]), group=str(r["group"]), seq=int(r["seq"]), bytes=int(r["bytes"]),
+                           peer=int(r["peer"]), for_s=(ts - int(r["since"])) / 1e9) for r in records(rows)]
+
+
+def _dump_queues(rows: pd.DataFrame, ts: int) -> list[DumpQueue]:
+    def age(t: int) -> float | None:
+        return None if t < 0 else (ts - t) / 1e9
+
+    out = []
+    for r in records(rows):
+        seen = int(r["flush_ts"]) >= 0
+        out.append(DumpQueue(device=str(r["device"]), depth=int(r["depth"]), depth_age_s=age(int(r["depth_ts"])),
+                             flush_reason=str(r["flush_reason"]) if seen else None, flush_ops=int(r["flush_ops"]),
+                             flush_ms=int(r["flush_dur"]) / 1e6 if seen else None,
+                             flush_age_s=age(int(r["flush_ts"]))))
     return out
 
 

@@ -28,8 +28,8 @@ __all__ = [
     "PeakSite", "MemoryDevice", "ProcessMemory", "MemoryLeak", "OutOfMemory", "MemorySection", "CollectiveGroup",
     "CollectiveOp", "StragglerSite", "NoStragglerSite", "Straggler", "StragglerStep", "Mismatch", "InFlight",
     "Overlap", "Bandwidth", "ClockOffset", "CollectivesSection", "CollectivesNotCaptured", "MetricSummary",
-    "DumpThread", "Dump", "RankHealth", "DetailCut", "CollectorFailure", "Conflict", "CommandExit", "Health",
-    "Summary",
+    "DumpThread", "DumpCollective", "DumpQueue", "Dump", "RankHealth", "DetailCut", "CollectorFailure", "Conflict",
+    "CommandExit", "Health", "Summary",
 ]
 
 row = dataclass(kw_only=True)
@@ -735,12 +735,43 @@ class DumpThread:
 
 
 @row
+class DumpCollective:
+    """A collective in flight on the dump's rank (``Run.dump_collectives``): issued ``for_s``
+    seconds before the dump and not completed."""
+    op: str
+    group: str
+    seq: int
+    bytes: int
+    peer: int
+    for_s: float
+
+
+@row
+class DumpQueue:
+    """A device queue at the dump (``Run.dump_queues``), as the backend last reported it (live
+    between sampled steps too): ``depth`` ops queued ``depth_age_s`` seconds before the dump; the last flush (None: none seen)
+    began ``flush_age_s`` before it and waited ``flush_ms`` for ``flush_ops`` ops."""
+    device: str
+    depth: int
+    depth_age_s: float | None
+    flush_reason: str | None
+    flush_ops: int
+    flush_ms: float | None
+    flush_age_s: float | None
+
+
+@row
 class Dump:
     rank: int
     reason: str
     first_step: int
     last_step: int
+    """The step in flight at the dump (in it only in part, if it was a sampled step)."""
+    detail_steps: list[int]
+    """The sampled steps whose whole detail the dump wrote (``Run.dumped_steps``)."""
     threads: list[DumpThread]
+    collectives: list[DumpCollective]
+    queues: list[DumpQueue]
 
 
 @row

@@ -11,8 +11,9 @@ from typing import Any, Callable, Sequence, TypeVar
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS
 from neuron_prof.analysis.stragglers import SHARE
-from neuron_prof.findings import (Sited, called_from, detail_cut_text, findings, in_flight_text, process_note,
-                                  ranks_text, steps_text, straggler_text, user_line)
+from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, dump_collective_text,
+                                  dump_queue_text, findings,
+                                  in_flight_text, process_note, ranks_text, steps_text, straggler_text, user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.summary.codec import ABSENT, to_json
 from neuron_prof.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
@@ -431,9 +432,11 @@ def _render_dumps(dumps: list[Dump]) -> list[str]:
         return []
     out = ["", "Always-on dumps (the detail of these steps is in the run)"]
     for dump in dumps:
-        out.append(f"  rank {dump.rank}, steps {dump.first_step}-{dump.last_step}: {dump.reason}")
+        out.append(f"  rank {dump.rank}, step {dump.last_step}: {dump.reason}; {detail_steps_text(dump.detail_steps)}")
         for t in dump.threads:
             out.append(f"    thread {t.tid} at {t.source or '(no Python frame of yours)'}")
+        out += [f"    in flight: {dump_collective_text(c)}" for c in dump.collectives]
+        out += [f"    device queue {dump_queue_text(q)}" for q in dump.queues]
     return out
 
 
