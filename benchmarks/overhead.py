@@ -1,31 +1,44 @@
-"""Step-time overhead: nothing vs torch.profiler vs neuron_prof's modes, side by side in one run.
+"""Step-time overhead, read against the floor: nothing, a do-nothing op observer, torch.profiler and
+neuron_prof's modes, side by side in one run.
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 7] [--steps 30] [--widths 512,64] [--json F]
+    .venv/bin/python benchmarks/overhead.py [--rounds 9] [--steps 40] [--widths 512,64] [--json F]
 
 Two 4-layer MLPs (Linear + GELU, batch 64, AdamW, one intra-op thread): 512 wide (compute-bound)
 and 64 wide (launch-bound: per-op cost dominates). Modes run interleaved (round-robin, the order
 rotating per round) so machine noise hits all alike; each reports the median step time, its
-ratio to the uncaptured loop, and the median time spent in the step-boundary call itself
-(``prof.step()``: work on the training thread between two steps).
+ratio to the uncaptured loop, the median time spent in the step-boundary call itself
+(``prof.step()``: work on the training thread between two steps), the overhead per op outside that
+call (ops counted in a captured step) and the end-to-end time per step (start and teardown in).
 
-* torch.profiler: ``record_shapes=True, with_stack=True, profile_memory=True`` (the detail
-  neuron_prof records); "end to end" adds its trace processing (``key_averages()``) per step;
-* neuron_prof eager: op capture only (collectors eager + compiler);
-* neuron_prof default: ``neuron_prof.profile``'s defaults (ops, compiler, memory, collectives,
-  device), every step committed to disk;
-* neuron_prof always-on: ``mode="always-on"``, the detail of the last 20 steps in memory.
+* observer / observer+inputs: a C++ RecordFunction observer that does nothing
+  (benchmarks/null_observer.cpp, built into torch's extension cache before the measurement), on
+  the scopes neuron_prof's op observer uses; "+inputs" asks for the ops' inputs, as recording
+  shapes must: the floor every profiler of ATen ops pays;
+* torch.profiler cpu: CPU ops only (no shapes, stack or memory);
+* torch.profiler full: ``record_shapes=True, with_stack=True, profile_memory=True`` (the detail
+  neuron_prof records); end to end adds its trace processing (``key_averages()``), as for cpu;
+* neuron_prof eager: op capture only (collectors eager + compiler), a diagnostic;
+* neuron_prof full: ``neuron_prof.profile``'s defaults (ops, compiler, memory, collectives,
+  device, losses), every step committed to disk;
+* neuron_prof always-on: ``mode="always-on"`` with its defaults (full detail sampled one step in
+  N, step-level data for every step).
 
-Per op: (eager - none - eager's prof.step()) / ops per step, ops counted in a captured step;
-memory tracking on top: default / eager.
+Then the targets of issue 24, each with the figures it is read from and "met" or "NOT met":
+neuron_prof full's overhead at most half of torch.profiler full's and at most twice the
+observer+inputs one's; always-on at most 1.02x on the 512-wide model, 1.03x on the 64-wide.
+``--json`` writes every figure and check.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import statistics
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -33,9 +46,72 @@ import torch.nn as nn
 
 import neuron_prof
 
-MODES = ("none", "torch.profiler", "neuron_prof eager", "neuron_prof default", "neuron_prof always-on")
-NEURON_PROF = {"neuron_prof eager": {"collectors": ["eager", "compiler"]}, "neuron_prof default": {},
+MODES = ("none", "observer", "observer+inputs", "torch.profiler cpu", "torch.profiler full", "neuron_prof eager",
+         "neuron_prof full", "neuron_prof always-on")
+NEURON_PROF = {"neuron_prof eager": {"collectors": ["eager", "compiler"]}, "neuron_prof full": {},
                "neuron_prof always-on": {"mode": "always-on"}}
+TORCH_PROFILER = {"torch.profiler cpu": {},
+                  "torch.profiler full": {"record_shapes": True, "with_stack": True, "profile_memory": True}}
+OBSERVER_INPUTS = {"observer": False, "observer+inputs": True}
+ALWAYS_ON_LIMIT = {512: 1.02, 64: 1.03}  # issue 24's ratio targets, by model width
+_HERE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def null_observer_extension():
+    """Build (or load from torch's extension cache) benchmarks/null_observer.cpp."""
+    from torch.utils.cpp_extension import load
+
+    return load(name="neuron_prof_bench_null_observer", sources=[str(_HERE / "null_observer.cpp")],
+                extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+
+
+class NullObserver:
+    """The do-nothing RecordFunction observer, registered for a ``with`` block. ``step()`` does
+    nothing: the loop ends every captured step alike."""
+
+    def __init__(self, needs_inputs: bool) -> None:
+        self.needs_inputs = needs_inputs
+
+    def __enter__(self) -> "NullObserver":
+        null_observer_extension().start(self.needs_inputs)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        null_observer_extension().stop()
+
+    def step(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ModeFigures:
+    """One mode's medians on one model."""
+
+    step_ms: float
+    ratio: float  # step time / the uncaptured step's
+    step_boundary_us: float  # prof.step() itself
+    us_per_op: float  # the overhead outside prof.step(), per op: (step - prof.step()), less none's, / ops per step
+    end_to_end_ms_per_step: float
+    end_to_end_ratio: float
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of issue 24's targets, read from one run: ``value`` at most ``limit``."""
+
+    target: str
+    value: float
+    limit: float
+    figures: str  # what the value was read from
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit
+
+    def line(self) -> str:
+        return f"{self.target}: {self.value:.2f} ({self.figures}), limit {self.limit:.2f}: " + (
+            "met" if self.met else "NOT met")
 
 
 def make_model(width: int, depth: int = 4) -> nn.Module:
@@ -48,9 +124,10 @@ def make_model(width: int, depth: int = 4) -> nn.Module:
 def capture(mode: str, tmp: Path):
     if mode in NEURON_PROF:
         return neuron_prof.profile(tmp / f"run-{time.monotonic_ns()}", **NEURON_PROF[mode])
-    if mode == "torch.profiler":
-        return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
-                                      with_stack=True, profile_memory=True)
+    if mode in TORCH_PROFILER:
+        return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], **TORCH_PROFILER[mode])
+    if mode in OBSERVER_INPUTS:
+        return NullObserver(OBSERVER_INPUTS[mode])
     return contextlib.nullcontext()
 
 
@@ -73,12 +150,12 @@ def run_once(mode: str, width: int, steps: int, tmp: Path) -> tuple[list[float],
             opt.step()
             opt.zero_grad()
             t1 = time.perf_counter()
-            if mode != "none":
+            if prof is not None:
                 prof.step()  # torch.profiler's too: its ProfilerStep ranges
             t2 = time.perf_counter()
             times.append(t2 - t0)
             boundary.append(t2 - t1)
-    if mode == "torch.profiler":
+    if mode in TORCH_PROFILER:
         prof.key_averages()  # what a user does next; makes the trace processing part of end-to-end
     return times, boundary, (time.perf_counter() - t_start) / steps
 
@@ -99,48 +176,81 @@ def ops_per_step(width: int, tmp: Path) -> float:
     return float((ops["step"] == 2).sum())
 
 
+def measure(width: int, rounds: int, steps: int, tmp: Path) -> tuple[dict[str, ModeFigures], float]:
+    """Every mode's medians on the ``width``-wide model (modes interleaved round by round), and its ops per step."""
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    bounds: dict[str, list[float]] = {m: [] for m in MODES}
+    e2e: dict[str, list[float]] = {m: [] for m in MODES}
+    for r in range(rounds):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            t, b, e = run_once(mode, width, steps, tmp)
+            times[mode] += t
+            bounds[mode] += b
+            e2e[mode].append(e)
+    n_ops = ops_per_step(width, tmp)
+    step_ms = {m: statistics.median(v) * 1e3 for m, v in times.items()}
+    bound_us = {m: statistics.median(v) * 1e6 for m, v in bounds.items()}
+    e2e_ms = {m: statistics.median(v) * 1e3 for m, v in e2e.items()}
+    return {m: ModeFigures(step_ms=step_ms[m], ratio=step_ms[m] / step_ms["none"], step_boundary_us=bound_us[m],
+                           us_per_op=((step_ms[m] - step_ms["none"]) * 1e3 - (bound_us[m] - bound_us["none"])) / n_ops,
+                           end_to_end_ms_per_step=e2e_ms[m], end_to_end_ratio=e2e_ms[m] / e2e_ms["none"])
+            for m in MODES}, n_ops
+
+
+def _share(a: float, b: float) -> float:
+    """``a / b`` for two overheads; a floor at or below zero (noise) reads as infinitely over (null
+    in the JSON)."""
+    return a / b if b > 0 else float("inf")
+
+
+def checks(width: int, fig: dict[str, ModeFigures]) -> list[Check]:
+    """Issue 24's targets on one model."""
+    over = {m: f.step_ms - fig["none"].step_ms for m, f in fig.items()}
+    full, tp, floor = over["neuron_prof full"], over["torch.profiler full"], over["observer+inputs"]
+    found = [
+        Check("neuron_prof full's overhead / torch.profiler full's", _share(full, tp), 0.5,
+              f"{full:.3f} / {tp:.3f} ms"),
+        Check("neuron_prof full's overhead / observer+inputs'", _share(full, floor), 2.0,
+              f"{full:.3f} / {floor:.3f} ms"),
+    ]
+    if width in ALWAYS_ON_LIMIT:
+        on = fig["neuron_prof always-on"]
+        found.append(Check("neuron_prof always-on's step / none's", on.ratio, ALWAYS_ON_LIMIT[width],
+                           f"{on.step_ms:.3f} / {fig['none'].step_ms:.3f} ms"))
+    return found
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--widths", default="512,64")
-    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--json", type=Path, help="also write every figure and check here")
     args = p.parse_args()
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        run_once("neuron_prof default", 64, 2, tmp)  # build/load the extension outside the measurement
+        # build/load both extensions outside the measurement
+        null_observer_extension()
+        run_once("neuron_prof full", 64, 2, tmp)
         for width in map(int, args.widths.split(",")):
-            steps: dict[str, list[float]] = {m: [] for m in MODES}
-            bounds: dict[str, list[float]] = {m: [] for m in MODES}
-            e2e: dict[str, list[float]] = {m: [] for m in MODES}
-            for r in range(args.rounds):
-                for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-                    t, b, e = run_once(mode, width, args.steps, tmp)
-                    steps[mode] += t
-                    bounds[mode] += b
-                    e2e[mode].append(e)
-            n_ops = ops_per_step(width, tmp)
-            med = {m: statistics.median(v) * 1e3 for m, v in steps.items()}
-            med_b = {m: statistics.median(v) * 1e6 for m, v in bounds.items()}
-            med_e2e = {m: statistics.median(v) * 1e3 for m, v in e2e.items()}
-            # per op: what op capture adds outside the step boundary's own work
-            per_op = (med["neuron_prof eager"] - med["none"] - med_b["neuron_prof eager"] / 1e3) / n_ops * 1e3
-            results[f"mlp{width}"] = {"step_ms": med, "step_boundary_us": med_b, "end_to_end_ms_per_step": med_e2e,
-                                      "ops_per_step": n_ops, "eager_us_per_op": per_op}
-            print(f"MLP {width}-wide (4 x Linear+GELU, batch 64, AdamW, 1 thread), median of {args.rounds}x{args.steps} "
-                  f"steps, {n_ops:.0f} ops per step")
-            print(f"  {'mode':<24}{'step ms':>9}{'ratio':>8}{'prof.step() us':>16}{'e2e ms/step':>13}{'ratio':>8}")
-            for m in MODES:
-                print(f"  {m:<24}{med[m]:>9.3f}{med[m] / med['none']:>8.3f}{med_b[m]:>16.1f}{med_e2e[m]:>13.3f}"
-                      f"{med_e2e[m] / med_e2e['none']:>8.2f}")
-            tp, npd = med["torch.profiler"] - med["none"], med["neuron_prof default"] - med["none"]
-            print(f"  eager op capture: {per_op:.2f} us per op; memory tracking on top: "
-                  f"{med['neuron_prof default'] / med['neuron_prof eager']:.3f}x; default's overhead / "
-                  f"torch.profiler's: {npd / tp:.2f}" if tp > 0 else "")
+            fig, n_ops = measure(width, args.rounds, args.steps, tmp)
+            found = checks(width, fig)
+            results[f"mlp{width}"] = {"ops_per_step": n_ops, "modes": {m: asdict(f) for m, f in fig.items()},
+                                      "checks": [{**asdict(c), "value": c.value if math.isfinite(c.value) else None,
+                                                  "met": c.met} for c in found]}
+            print(f"MLP {width}-wide (4 x Linear+GELU, batch 64, AdamW, 1 thread), median of "
+                  f"{args.rounds}x{args.steps} steps, {n_ops:.0f} ops per step")
+            print(f"  {'mode':<24}{'step ms':>9}{'ratio':>8}{'prof.step() us':>16}{'us/op':>8}{'e2e ms/step':>13}"
+                  f"{'ratio':>8}")
+            for m, f in fig.items():
+                print(f"  {m:<24}{f.step_ms:>9.3f}{f.ratio:>8.3f}{f.step_boundary_us:>16.1f}{f.us_per_op:>8.2f}"
+                      f"{f.end_to_end_ms_per_step:>13.3f}{f.end_to_end_ratio:>8.2f}")
+            for c in found:
+                print(f"  {c.line()}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, **results}, indent=2))
 
 
 if __name__ == "__main__":
