@@ -107,8 +107,17 @@ struct LiveBlock {
 };
 
 std::atomic<LiveBlock*> g_blocks{nullptr};
-std::mutex g_spare_mu;
-std::vector<LiveBlock*> g_spare;  // blocks of threads that exited, with what they last wrote
+// Blocks of threads that exited, with what they last wrote. Made once and never destroyed: threads
+// (autograd's device threads) exit after this library's static objects are gone, and their
+// BlockOwner still hands its block back here.
+std::mutex& spare_mu() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+std::vector<LiveBlock*>& spare() {
+  static std::vector<LiveBlock*>* blocks = new std::vector<LiveBlock*>();
+  return *blocks;
+}
 
 thread_local LiveBlock* t_block = nullptr;
 
@@ -118,8 +127,8 @@ struct BlockOwner {
   bool armed = false;  // set at the thread's first report: constructs it, so its destructor runs
   ~BlockOwner() {
     if (!t_block) return;
-    std::lock_guard<std::mutex> g(g_spare_mu);
-    g_spare.push_back(t_block);
+    std::lock_guard<std::mutex> g(spare_mu());
+    spare().push_back(t_block);
     t_block = nullptr;
   }
 };
@@ -128,10 +137,10 @@ thread_local BlockOwner t_block_owner;
 LiveBlock* new_block() {  // a thread's first report: a spare block, or a new one
   LiveBlock* b = nullptr;
   {
-    std::lock_guard<std::mutex> g(g_spare_mu);
-    if (!g_spare.empty()) {
-      b = g_spare.back();
-      g_spare.pop_back();
+    std::lock_guard<std::mutex> g(spare_mu());
+    if (!spare().empty()) {
+      b = spare().back();
+      spare().pop_back();
     }
   }
   if (!b) {
