@@ -19,6 +19,7 @@ from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work, time_split
 from neuron_prof.analysis.ops import comm_ops, run_time_ops, run_time_rows
 from neuron_prof.analysis.sync import sync_points
+from neuron_prof.findings import findings
 from neuron_prof.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # every test records a subprocess training under `neuron-prof record`
@@ -151,7 +152,7 @@ def test_statistics_and_findings_are_not_driven_by_startup(trainer_run, monkeypa
     assert st["max_ms"] == pytest.approx(steady["dur"].max() / 1e6, rel=1e-9)
     (row,) = s.to_json()["step_breakdown"]
     assert row["steps"] == 7 and row["step_ms"] == pytest.approx(steady["dur"].mean() / 1e6, rel=1e-9)
-    texts = [f.text for f in neuron_prof.findings.findings(s)]
+    texts = [f.text for f in findings(s)]
     assert any(t.startswith("start-up took") for t in texts)
     at = viewer_page(monkeypatch, run_dir, "overview", title="Overview")
     metrics = {m.label: m.value for m in at.metric}
