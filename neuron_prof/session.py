@@ -234,9 +234,9 @@ class Session:
             if self._requested:
                 self._begin_on_demand()
             mark = now
-            if self._window_on and self._action(self.step_num + 1) is Action.NONE:
+            if self._window_on and self._window_ends_here():
                 # a window closing: the ops open on this thread (torch.optim's step range, whose
-                # post-hook ends the step) end here, in this step's data
+                # post-hook ends the step) end here, in this step's data (reopened by _enter_step)
                 mark = self._own_work_since(mark)
                 self._set_window(False)
             if self._ring is not None:
@@ -340,6 +340,15 @@ class Session:
 
     def _is_on_demand(self, step: int) -> bool:
         return self._on_demand[0] <= step < self._on_demand[1]
+
+    def _window_ends_here(self) -> bool:
+        """At this step's end the window closes if the next step records nothing, or (always-on)
+        if its detail goes elsewhere: a sampled step's to the ring, an on-demand step's to disk.
+        Either way the ops still open belong to this step, on its side."""
+        step = self.step_num
+        if self._action(step + 1) is Action.NONE:
+            return True
+        return self._ring is not None and self._is_on_demand(step) != self._is_on_demand(step + 1)
 
     def _flush_due(self, action: Action, now: int) -> bool:
         """Detail steps flush at every boundary (what a kill -9 can lose is the step in flight);

@@ -87,6 +87,44 @@ def test_trigger_captures_exactly_the_next_steps_of_a_running_job(tmp_path):
     one_line_error(cli("trigger", job, env=env), f"no process {job}")  # it ended
 
 
+ADJACENT = '''
+import sys
+import torch, torch.nn as nn
+import neuron_prof
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(16, 32)
+# sampled: steps 1, 4, 7 (one in 3); steps end at the optimizer's step (its range still open)
+with neuron_prof.profile(sys.argv[1], mode="always-on", detail_every=3, auto_step=True) as prof:
+    for step in range(9):
+        model(x).square().mean().backward()
+        if step == 1:
+            prof.capture_next(2)  # in a sampled step: 2 and 3 on disk, 4 sampled again
+        opt.step()
+        opt.zero_grad()
+'''
+
+
+def test_steps_on_demand_next_to_sampled_steps_hold_exactly_their_own_ops(tmp_path):
+    """A sampled step's detail goes to the ring, an on-demand step's to disk: the optimizer's range,
+    open at the boundary between the two, ends in the step it began in, on its side (it once went
+    with the step after: step 1's into the on-demand data, step 3's into the ring)."""
+    script = write_script(tmp_path / "adjacent.py", ADJACENT)
+    run_dir = tmp_path / "run"
+    res = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    run = Run(run_dir)
+    assert sorted(run.steps.loc[run.steps["active"], "step"]) == [2, 3]
+    ops = run.ops.astype({"name": str})
+    per_step = ops.groupby("step").size()
+    assert list(per_step.index) == [2, 3] and per_step.nunique() == 1  # the same loop: the same ops each step
+    optimizer_steps = ops[ops["name"].str.startswith("Optimizer.step#")].groupby("step").size()
+    assert optimizer_steps.to_dict() == {2: 1, 3: 1}
+
+
 def test_bad_input_is_one_line(tmp_path):
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
