@@ -160,6 +160,14 @@ _REASON = re.compile(
 _ACTIVE: "CompilerCollector | None" = None
 
 
+def wall_to_mono(wall_ns: int) -> int:
+    """One of torch's wall-clock times (``time.time_ns()``: its compile events and metrics) on the
+    monotonic clock of everything else, by the two clocks' offset read now, as torch reports it:
+    an offset read once goes stale as the wall clock is slewed or stepped (NTP), by milliseconds
+    over a long compile, which put compile spans into the steps after the compiling one."""
+    return wall_ns + time.monotonic_ns() - time.time_ns()
+
+
 def _current_compile_id() -> str:
     try:
         import torch._guards
@@ -343,7 +351,6 @@ class CompilerCollector:
         self._raw: list[tuple] = []  # (kind, mono ns, tid, compile id, payload)
         self._reported: list[tuple] = []  # report_fusion / report_cache rows
         self._lock = threading.Lock()
-        self._wall_to_mono = time.monotonic_ns() - time.time_ns()
         self._prefixes: tuple[str, ...] = ()
         self._counters: Any = None
         self._last_counts: tuple[int, ...] = ()
@@ -362,7 +369,6 @@ class CompilerCollector:
         try:
             self._rec = rec
             self._guard.attach(rec)
-            self._wall_to_mono = time.monotonic_ns() - time.time_ns()
             self._prefixes = tuple(framework_prefixes())
             hooks: list[tuple[str, Callable[[Any], None]]] = [("torch._dynamo", self._hook_dynamo)]
             if self.fusions:
@@ -446,7 +452,7 @@ class CompilerCollector:
                 now, tid = time.monotonic_ns(), threading.get_native_id()
                 begins = phase == "B" and event_name == "entire_frame_compile"
                 stack = col._caller_stack() if begins else None  # before any put: all or nothing is filed
-                col._put(("timed", now, tid, cid, event))
+                col._put(("timed", wall_to_mono(time_ns), tid, cid, event))
                 if begins:
                     col._put(("start", now, tid, cid, stack))
                 elif phase == "B" and event_name == "backend_compile":
@@ -474,8 +480,10 @@ class CompilerCollector:
                     counts = col._cache_counts()
                     delta = tuple(b - a for a, b in zip(col._last_counts, counts))
                     col._last_counts = counts
+                    start_us = getattr(metrics, "start_time_us", None)
+                    start = wall_to_mono(int(start_us) * 1000) if start_us is not None else None
                     col._put(("metrics", time.monotonic_ns(), threading.get_native_id(),
-                              str(getattr(metrics, "compile_id", "") or ""), (metrics, delta)))
+                              str(getattr(metrics, "compile_id", "") or ""), (metrics, delta, start)))
                 except Exception as exc:  # noqa: BLE001 - torch's compile must go on
                     col._guard.lost("compiles", exc)
             return original(metrics)
@@ -685,9 +693,6 @@ class CompilerCollector:
             self._rec.failure(self.name, exc)
 
     # ---- parse side (flush)
-    def _mono(self, wall_us: float) -> int:
-        return int(round(wall_us * 1000.0)) + self._wall_to_mono
-
     def _is_user(self, file: str) -> bool:
         return bool(file) and not file.startswith(self._prefixes)
 
@@ -707,11 +712,11 @@ class CompilerCollector:
             if payload:
                 self._backends[cid] = payload
         elif kind == "metrics":
-            metrics, delta = payload
+            metrics, delta, start = payload
             for (cache, _, _, result), n in zip(_CACHE_COUNTERS, delta):
                 rows.cache.extend([(ts, cid, cache, result)] * max(0, n))
             if getattr(metrics, "is_forward", True) is not False:  # backward compiles: phases only
-                self._compile(metrics, ts, tid, cid, rows)
+                self._compile(metrics, start, ts, tid, cid, rows)
         elif kind == "break":
             self._graph_break(payload, ts, cid, rows)
         elif kind == "recompile":
@@ -720,13 +725,13 @@ class CompilerCollector:
             kernel, nodes = payload
             rows.fusions.append((ts, cid, "inductor", kernel, nodes))
 
-    def _timed(self, ev: dict, ts: int, tid: int, rec_cid: str, rows: "_Rows") -> None:
+    def _timed(self, ev: dict, t: int, tid: int, rec_cid: str, rows: "_Rows") -> None:
+        """One of torch's timed events (``t``: its time on the monotonic clock)."""
         ph, name = ev.get("ph"), str(ev.get("name", ""))
         args = ev.get("args") or {}
         cid = str(args.get("compile_id") or rec_cid or "")
         if cid in ("", "None"):
             return
-        t = self._mono(float(ev.get("ts", 0.0))) if "ts" in ev else ts
         key = (tid, cid)
         if ph == "B":
             self._open.setdefault(key, []).append((name, t))
@@ -756,7 +761,8 @@ class CompilerCollector:
                 phase += " (outside frame compile)"
             rows.phases.append((t0, max(0, t - t0), tid, cid, phase, depth))
 
-    def _compile(self, cm: Any, ts: int, tid: int, cid: str, rows: "_Rows") -> None:
+    def _compile(self, cm: Any, start_ns: int | None, ts: int, tid: int, cid: str, rows: "_Rows") -> None:
+        """``start_ns``: the metrics' start time on the monotonic clock, if they have one."""
         def get(key: str) -> Any:
             return getattr(cm, key, None)
 
@@ -764,8 +770,8 @@ class CompilerCollector:
         span = self._spans.pop(cid, None)
         if span is not None:
             t0, dur = span[0], span[1] - span[0]
-        elif get("start_time_us") is not None:
-            t0 = self._mono(float(get("start_time_us")))
+        elif start_ns is not None:
+            t0 = start_ns
             dur = int(get("duration_us") or 0) * 1000
         else:
             t0, dur = ts, 0
