@@ -104,7 +104,9 @@ for _ in range(6):
 def _record(tmp: Path, name: str, body: str) -> tuple[Path, Path]:
     script = write_script(tmp / f"{name}.py", body)
     run_dir = tmp / "run"
-    res = cli("record", "-o", run_dir, "--", sys.executable, script, cwd=tmp)
+    # a private Inductor cache: what compiles where does not hang on what earlier tests left
+    res = cli("record", "-o", run_dir, "--", sys.executable, script, cwd=tmp,
+              env={"TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")})
     assert res.returncode == 0, res.stderr
     return script, run_dir
 
@@ -200,7 +202,9 @@ def test_compiling_is_not_running(compiled_run):
     kinds = analyze(run).step_kinds
     assert kinds.loc[kinds["step"] == 0, "compile_ns"].item() > 0  # the first call compiled
     (st,) = s.to_json()["steps"]
-    assert st["basis"] == "steady" and st["steady"] == 5
+    # on failure: which steps overlapped which compile spans (phases included)
+    assert st["basis"] == "steady" and st["steady"] == 5, (kinds.to_string(), run.compiles.to_string(),
+                                                           run.compile_phases.to_string())
     assert s.to_json()["warmup_steps"][0]["step"] == 0 and s.to_json()["warmup_steps"][0]["compile_ms"] > 0
     # the break site's cost: the steady steps' self time of the graph that ends at the break
     (site,) = s.to_json()["compile"]["break_sites"]
