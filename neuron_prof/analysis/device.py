@@ -296,8 +296,10 @@ TOP_KERNEL_COLUMNS = ["rank", "device", "name", "kernels", "ops", "total_ms", "p
 def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, top: int = 10) -> pd.DataFrame:
     """Where device time goes: kernels by name per rank and device, with their count, ops, device
     time over the run and per ``basis`` step (None when none ran in one), mean duration, share of
-    the device's busy time, and the line that queued the first op of the longest of them. The
-    ``top`` by device time: on an asynchronous device this, not the host ops' time, is the cost."""
+    the device's busy time, and the line that queued the most of that device time (the first op of
+    that line's longest kernel): a sum, so one kernel held up by the host's scheduler cannot name
+    the line. The ``top`` by device time: on an asynchronous device this, not the host ops' time,
+    is the cost."""
     if kernels.empty:
         return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
     n = steps_per_rank(basis)
@@ -311,17 +313,21 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
     busy = k.groupby(["rank", "device"])["dur"].transform("sum")
     k["share"] = k["dur"] / busy
     g = k.groupby(["rank", "device", "name"])
-    longest = g["dur"].idxmax().to_numpy()
     out = pd.DataFrame({"kernels": g.size(), "ops": g["n_ops"].sum(), "total_ms": g["dur"].sum() / 1e6,
                         "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n else np.nan,
                         "mean_us": g["dur"].mean() / 1e3, "pct": 100 * g["share"].sum()}).reset_index()
     out["device"], out["name"] = dev_names[out["device"].to_numpy()], names[out["name"].to_numpy()]
-    if corr.empty:  # the line that queued the longest one's first op
+    if corr.empty:
         out["source"] = out["user_source"] = np.full(len(out), "", dtype=object)
-    else:
-        named, first_op, _ = _kernel_ops(kernels.iloc[longest], corr)
-        out["source"] = _strings_at(corr["source"], first_op, named)
-        out["user_source"] = _strings_at(corr["user_source"], first_op, named)
+    else:  # per kernel name: the line with the most device time, by its longest kernel's first op
+        named, first_op, _ = _kernel_ops(kernels, corr)
+        source, _ = _str_codes(corr["source"])
+        k["source"] = np.where(named, source[first_op], -1)
+        k["line_dur"] = k.groupby(["rank", "device", "name", "source"])["dur"].transform("sum")
+        chosen = k.sort_values(["rank", "device", "name", "line_dur", "dur"], kind="stable").groupby(
+            ["rank", "device", "name"]).tail(1).index.to_numpy()  # in the groups' order, as ``out``
+        out["source"] = _strings_at(corr["source"], first_op[chosen], named[chosen])
+        out["user_source"] = _strings_at(corr["user_source"], first_op[chosen], named[chosen])
     out["per_step_ms"] = out["per_step_ms"].astype(object).where(out["per_step_ms"] > 0, None) if n else None
     return out.sort_values("total_ms", ascending=False, ignore_index=True).head(top)[TOP_KERNEL_COLUMNS]
 

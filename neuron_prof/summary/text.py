@@ -206,7 +206,7 @@ def _render_device(device: DeviceSection) -> list[str]:
     else:
         out.append("  none: the host never waited for a queued op")
     if device.top_kernels:
-        out.append("  Top kernels by device time (source: the line that queued the longest one's first op)")
+        out.append("  Top kernels by device time (source: the line that queued most of its device time)")
         out += _table(device.top_kernels, [("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device),
                                            ("kernel", "", lambda x: x.name), ("runs", "d", lambda x: x.kernels),
                                            ("ops", "d", lambda x: x.ops), ("ms/step", ".3f", lambda x: x.per_step_ms),
