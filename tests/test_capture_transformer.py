@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import neuron_prof
+from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import train_transformer
 from neuron_prof.summary.build import summarize
 from conftest import check_trace, cli, line_of
@@ -66,11 +69,20 @@ def test_step_breakdown_accounts_for_the_step(demo_run):
     (row,) = summarize(run).to_json()["step_breakdown"]
     assert row["steps"] == 3
     assert all(row[f"{p}_ms"] > 0 for p in ("forward", "backward", "optimizer"))
-    # on CPU the backward pass runs on the calling thread: the phases tile the step (a few ops
-    # on torch's helper threads are counted in their phase but not in the calling thread's cover)
-    assert abs(sum(row[f"{p}_ms"] for p in PHASES) - row["step_ms"]) < 0.01 * row["step_ms"]
-    opt = run.ops[(run.ops["depth"] == 0) & run.ops["name"].astype(str).str.startswith("Optimizer.step#")]
-    assert abs(row["optimizer_ms"] - opt["dur"].sum() / 3 / 1e6) < 0.2 * row["optimizer_ms"] + 1e-3
+    ops = run.ops
+    kinds = analyze(run).step_kinds
+    steady = ops["step"].isin(kinds.loc[kinds["steady"] & kinds["active"], "step"]).to_numpy()
+    opt = steady & (ops["depth"] == 0).to_numpy() & ops["name"].astype(str).str.startswith("Optimizer.").to_numpy()
+    main = ops.loc[opt, "tid"].unique()
+    assert len(main) == 1  # the training thread
+    # on CPU the backward pass runs on the calling thread: the phases tile the step, but for the
+    # ops on torch's helper threads, counted in their phase and not in the calling thread's cover
+    # (exact sums of recorded durations: no measured quantity decides it)
+    helpers = steady & (ops["tid"] != main[0]).to_numpy()
+    assert sum(row[f"{p}_ms"] for p in PHASES) - row["step_ms"] == pytest.approx(
+        analyze(run).op_run_self_ns[helpers].sum() / 3 / 1e6, abs=1e-6)
+    # the optimizer phase: what ran in torch.optim's ranges (step and zero_grad), nothing else
+    assert row["optimizer_ms"] == pytest.approx(ops.loc[opt, "dur"].sum() / 3 / 1e6, rel=1e-9)
 
 
 def test_perfetto_export_nests_ops_under_their_parents(demo_run, tmp_path):

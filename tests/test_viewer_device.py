@@ -94,7 +94,6 @@ def test_a_cpu_run_says_it_has_no_device_data_and_how_to_get_it(demo_run, monkey
     assert not at.dataframe and not at.get("plotly_chart") and not at.selectbox and not at.metric
 
 
-@pytest.mark.timing  # "most steps are device-bound" rests on the verdicts' busy shares
 def test_findings_and_metrics_are_the_reports(device_run, summary, monkeypatch):
     at = _page(monkeypatch, device_run)
     said = [shown(x.value) for x in [*at.warning, *at.info]]
@@ -104,8 +103,10 @@ def test_findings_and_metrics_are_the_reports(device_run, summary, monkeypatch):
     metrics = {m.label: m.value for m in at.metric}
     (cov,) = d["coverage"]
     assert metrics["coverage"] == f"{cov['coverage_pct']:.1f}%"
-    top = max(d["verdict"], key=lambda v: v["steps"])
-    assert metrics["most steps are"] == top["verdict"] == "device-bound"  # 4 of the 7 steady steps
+    # the report's verdict with the most steps (4 of the 7 steady steps are device-bound by design;
+    # which verdict a loaded machine gives each step is test_device_analysis's business)
+    most = max(v["steps"] for v in d["verdict"])
+    assert metrics["most steps are"] in {v["verdict"] for v in d["verdict"] if v["steps"] == most}
     steps = sum(v["steps"] for v in d["verdict"])
     assert metrics["device busy"] == f"{sum(v['busy_pct'] * v['steps'] for v in d['verdict']) / steps:.0f}% of a step"
     verdicts = _table(at, "busiest device")
@@ -116,22 +117,27 @@ def test_findings_and_metrics_are_the_reports(device_run, summary, monkeypatch):
 def test_the_stalls_table_names_the_stall_line_and_shows_its_source(device_run, summary, monkeypatch):
     at = _page(monkeypatch, device_run)
     stalls = _table(at, "ops waited for")
-    first = stalls.iloc[0]
-    assert (first["source line"], first["why"], first["op"]) == (_line("STALL-LINE"), "sync",
-                                                                 "aten::_local_scalar_dense")
+    # the rows by their line, not their place: the order is by measured wait (STALL-LINE's
+    # hundreds of ms against the fallback's copies, but a loaded host stretches every wait)
+    sources = stalls["source line"].tolist()
+    stall, fallback = sources.index(_line("STALL-LINE")), sources.index(_line("FALLBACK-LINE"))
+    row = stalls.iloc[stall]
+    assert (row["why"], row["op"]) == ("sync", "aten::_local_scalar_dense")
     want = summary.to_json()["device"]["stalls"]
-    assert stalls["source line"].tolist() == [x["source"] for x in want]
+    assert sources == [x["source"] for x in want]
     assert stalls["total ms"].tolist() == [x["total_ms"] for x in want]
     assert stalls["waits"].tolist() == [x["count"] for x in want]
-    # the selected stall (the first) with its source: its line marked, as the file has it now
-    assert at.selectbox(key="dev_stall").value == 0
+    assert at.selectbox(key="dev_stall").value == 0  # the longest stall is selected first
+    # the stall picked shows its source: its line marked, as the file has it now
+    at.selectbox(key="dev_stall").set_value(stall).run()
+    assert not at.exception
     (code,) = [c.value for c in at.code if ">>" in c.value]
     marked = next(row for row in code.splitlines() if row.startswith(">>"))
     n = _lineno("STALL-LINE")
     assert marked.split("|", 1)[1].strip() == EXAMPLE.read_text().splitlines()[n - 1].strip()
     assert f" {n} |" in marked and "# STALL-LINE" in marked
     # picking the other stall (the fallback's wait) shows its own line
-    at.selectbox(key="dev_stall").set_value(1).run()
+    at.selectbox(key="dev_stall").set_value(fallback).run()
     assert not at.exception
     (code,) = [c.value for c in at.code if ">>" in c.value]
     assert "# FALLBACK-LINE" in next(row for row in code.splitlines() if row.startswith(">>"))
