@@ -17,15 +17,19 @@ from conftest import child_pid, check_trace, cli, kill_group, one_line_error, wr
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own
 
-JOB = '''
+MODEL = '''
 import os, sys
 import torch, torch.nn as nn
+import neuron_prof
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 opt = torch.optim.Adam(model.parameters())
 x = torch.randn(16, 32)
+'''
+
+JOB = MODEL + '''
 stop = sys.argv[1]
 step = 0
 while not os.path.exists(stop):  # trains until the test says stop
@@ -87,16 +91,7 @@ def test_trigger_captures_exactly_the_next_steps_of_a_running_job(tmp_path):
     one_line_error(cli("trigger", job, env=env), f"no process {job}")  # it ended
 
 
-ADJACENT = '''
-import sys
-import torch, torch.nn as nn
-import neuron_prof
-
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-opt = torch.optim.Adam(model.parameters())
-x = torch.randn(16, 32)
+ADJACENT = MODEL + '''
 # sampled: steps 1, 4, 7 (one in 3); steps end at the optimizer's step (its range still open)
 with neuron_prof.profile(sys.argv[1], mode="always-on", detail_every=3, auto_step=True) as prof:
     for step in range(9):
