@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import threading
 import time
 import uuid
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.safefile import atomic_output
 
 __all__ = ["ControlChannel", "TriggerResult", "request", "runtime_folder"]
 
@@ -277,14 +277,8 @@ def _read_json(path: Path) -> dict | None:
 
 def _write_atomic(path: Path, doc: dict) -> None:
     """``doc`` as ``path``, which appears whole or not at all (a new 0600 file renamed onto it)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(Path(tmp))
-        raise
+    with atomic_output(path, mode=0o600) as f:
+        f.write(json.dumps(doc).encode())
 
 
 def _unlink(path: Path) -> None:

@@ -112,15 +112,17 @@ def read_at(f: BinaryIO, offset: int, n: int) -> bytes:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
+def atomic_output(path: str | os.PathLike, mode: int | None = None) -> Iterator[BinaryIO]:
     """A new file that becomes ``path`` when the block ends without an exception (and is removed
     otherwise). Whatever was at ``path`` (a file, a link) is replaced, never written to; whether
-    it may be replaced at all is the caller's decision (e.g. ``neuron_prof.export.output``)."""
+    it may be replaced at all is the caller's decision (e.g. ``neuron_prof.export.output``).
+    ``mode``: the file's permissions (default: what ``open()`` would make under the umask)."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # O_EXCL|O_NOFOLLOW
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # what open() would have made, not mkstemp's 0600
+            # what open() would have made, not mkstemp's 0600, unless the caller says
+            os.fchmod(f.fileno(), 0o666 & ~_umask() if mode is None else mode)
             yield f
         os.replace(tmp, target)
     except BaseException:
