@@ -46,6 +46,19 @@ def on_terminal(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedP
     return done, shown.decode(errors="replace")
 
 
+# the set-up of a script that trains a small MLP under neuron_prof (its own imports come first)
+SMALL_MLP = '''
+import torch, torch.nn as nn
+import neuron_prof
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(16, 32)
+'''
+
+
 def write_script(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).lstrip("\n"))
     return path

@@ -16,21 +16,12 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.summary.build import summarize
 from neuron_prof.summary.text import render_text
 from neuron_prof.run import Run
-from conftest import child_pid, check_trace, cli, free_port, gloo_env, kill_group, line_of, one_line_error, write_script
+from conftest import (SMALL_MLP, child_pid, check_trace, cli, free_port, gloo_env, kill_group, line_of,
+                      one_line_error, write_script)
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
-LOOP = '''
-import os, signal, sys, threading, time
-import torch, torch.nn as nn
-import neuron_prof
-
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-opt = torch.optim.Adam(model.parameters())
-x = torch.randn(16, 32)
-lock = threading.Lock()
+LOOP = "import os, signal, sys, threading, time" + SMALL_MLP + '''lock = threading.Lock()
 held = threading.Event()
 
 

@@ -13,21 +13,11 @@ import neuron_prof
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.run import Run
 from neuron_prof.summary.build import summarize
-from conftest import child_pid, check_trace, cli, kill_group, one_line_error, write_script
+from conftest import SMALL_MLP, child_pid, check_trace, cli, kill_group, one_line_error, write_script
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own
 
-MODEL = '''
-import os, sys
-import torch, torch.nn as nn
-import neuron_prof
-
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-opt = torch.optim.Adam(model.parameters())
-x = torch.randn(16, 32)
-'''
+MODEL = "import os, sys" + SMALL_MLP
 
 JOB = MODEL + '''
 stop = sys.argv[1]
