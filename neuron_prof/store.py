@@ -305,7 +305,7 @@ class RankWriter:
         sizes = tuple([s.size() for s in self._streams.values()])
         if sizes != self._streams_seen:  # sizes only grow: the same sizes are the same bytes
             self._streams_seen = sizes
-            self._streams_json = (_json_ints({name: s.size() for name, s in self._streams.items()}),
+            self._streams_json = (_json_ints(dict(zip(self._streams, sizes))),
                                   _json_ints({name: s.crc for name, s in self._streams.items()}))
         journals = self._journals.items()
         rest = "".join([f', "{key}": {_json_value(value)}' for key, value in counters.items()])
