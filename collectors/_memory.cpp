@@ -16,6 +16,12 @@
 //    events always describe everything live. A free outside a window of an allocation already
 //    emitted is still emitted (kind LATE_FREE): lifetimes stay complete.
 //  * A ring of the last kRing events of any kind, for an out-of-memory report outside windows.
+//  * Unless CPU allocations are followed between windows (mem_start's follow_cpu; always-on capture
+//    leaves it off): outside windows memoryProfilingEnabled() is false, so the CPU allocator
+//    (c10::ProfiledCPUMemoryReporter: a mutex and a size table per block, before any report)
+//    reports nothing; devices' allocators report regardless and stay followed. When a window
+//    closes, the CPU blocks still live are let go: an UNFOLLOWED event each (their lifetime, as
+//    far as it is known, ends there) and the CPU's live bytes start from zero at the next window.
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <ATen/record_function.h>
@@ -44,7 +50,7 @@ using torch::profiler::impl::ProfilerStateBase;
 
 namespace {
 
-enum Kind : uint8_t { ALLOC = 0, FREE = 1, BASELINE = 2, LATE_FREE = 3, LIVE = 4, OOM = 5 };
+enum Kind : uint8_t { ALLOC = 0, FREE = 1, BASELINE = 2, LATE_FREE = 3, LIVE = 4, OOM = 5, UNFOLLOWED = 7 };
 
 struct MemEvent {
   int64_t ts;        // event time (BASELINE/LIVE: the allocation's time)
@@ -177,6 +183,12 @@ at::CallbackHandle g_outputs = 0;  // the op-output callback, registered while d
 int64_t g_dropped = 0;
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_detail{false};
+std::atomic<bool> g_follow_cpu{true};  // CPU allocations followed outside windows too
+
+inline bool unfollowed(int8_t device_type) {  // a CPU block outside windows, when those are not followed
+  return device_type == (int8_t)c10::DeviceType::CPU && !g_follow_cpu.load(std::memory_order_relaxed) &&
+         !g_detail.load(std::memory_order_relaxed);
+}
 
 thread_local int64_t t_tid = 0;  // the OS thread id, asked once per thread (a syscall)
 
@@ -232,7 +244,12 @@ MemEvent event_of(const Live& l, int64_t addr, int64_t ts, int64_t bytes, uint8_
 struct Tracker final : public ProfilerStateBase {
   Tracker() : ProfilerStateBase(ProfilerConfig(ProfilerState::Disabled, false, /*profile_memory=*/true)) {}
 
-  bool memoryProfilingEnabled() const override { return g_on.load(std::memory_order_relaxed); }
+  // what the CPU allocator asks before it keeps a block's size and reports it (devices' allocators
+  // report without asking): off outside windows unless CPU allocations are followed there
+  bool memoryProfilingEnabled() const override {
+    return g_on.load(std::memory_order_relaxed) &&
+           (g_follow_cpu.load(std::memory_order_relaxed) || g_detail.load(std::memory_order_relaxed));
+  }
   ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
 
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated, size_t total_reserved,
@@ -246,6 +263,7 @@ struct Tracker final : public ProfilerStateBase {
       const int8_t dt = (int8_t)device.type(), di = (int8_t)device.index();
       const int64_t addr = (int64_t)(uintptr_t)ptr;
       std::lock_guard<std::mutex> g(g_mu);
+      if (unfollowed(dt)) return;  // the window closed since the allocator asked
       Device& d = device_of(dt, di);
       d.allocated = (int64_t)total_allocated;
       d.reserved = (int64_t)total_reserved;
@@ -356,7 +374,7 @@ bool g_suspended = false;
 // ------------------------------------------------------------------ python API
 // Starts tracking on the calling thread (and the threads its work is handed to). Returns an
 // error message, "" on success: a torch.profiler already running on this thread owns the slot.
-std::string mem_start(int64_t max_events) {
+std::string mem_start(int64_t max_events, bool follow_cpu) {
   if (neuron_prof::in_forked_child()) return "forked child";
   if (g_pushed) return "memory tracking already started";
   if (ProfilerStateBase::get(/*global=*/false) != nullptr)
@@ -370,6 +388,7 @@ std::string mem_start(int64_t max_events) {
     g_dropped = 0;
     g_max_events = max_events > 0 ? max_events : 1;
   }
+  g_follow_cpu.store(follow_cpu);
   *g_ids = RecorderIds();  // a new session's Recorder: every id is learnt again
   *g_tracker = std::make_shared<Tracker>();
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, *g_tracker);
@@ -422,6 +441,29 @@ void mem_resume() {
   g_suspended = false;
 }
 
+// A window closed and CPU allocations are not followed until the next: the CPU blocks still live
+// are let go (g_mu held). Their frees will not be reported; an emitted one gets an UNFOLLOWED event.
+void let_cpu_go() {
+  const int64_t now = neuron_prof::now_ns();
+  std::vector<uint64_t> keys;
+  g_live->for_each([&](Live& l) {
+    if (l.device_type != (int8_t)c10::DeviceType::CPU) return;
+    keys.push_back(key_of(l.addr, l.device_type, l.device_index));
+    if (!l.emitted) return;
+    MemEvent e = event_of(l, l.addr, now, -l.bytes, UNFOLLOWED);
+    e.op = e.top_op = e.module = e.stack = 0;  // no op freed it: attribution is the allocation's
+    e.bwd = 0;
+    e.tid = tid();
+    record(e, true);
+  });
+  for (uint64_t k : keys) {
+    Live* l = g_live->find(k);
+    if (l == nullptr) continue;
+    device_of(l->device_type, l->device_index).live -= l->bytes;
+    g_live->erase(l);
+  }
+}
+
 void mem_set_detail(bool on) {
   std::lock_guard<std::mutex> g(g_mu);
   if (on && !g_detail.load()) {
@@ -433,6 +475,7 @@ void mem_set_detail(bool on) {
     });
   }
   g_detail.store(on);
+  if (!on && !g_follow_cpu.load()) let_cpu_go();
   neuron_prof::set_alloc_meta(on);
   if (on && g_outputs == 0) {
     g_outputs = at::addGlobalCallback(at::RecordFunctionCallback(outputs_start, outputs_end)
@@ -462,10 +505,14 @@ py::tuple mem_drain() {
 }
 
 // Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved).
+// The CPU only where its allocations are followed at every step (else its figures would count
+// what windows saw, from an unknown start).
 py::list mem_totals() {
   py::list out;
   std::lock_guard<std::mutex> g(g_mu);
+  const bool cpu = g_follow_cpu.load();
   for (auto& d : *g_devices) {
+    if (!cpu && d.type == (int8_t)c10::DeviceType::CPU) continue;
     out.append(py::make_tuple((int)d.type, (int)d.index, d.live, d.peak, d.allocated, d.reserved));
     d.peak = d.live;
   }

@@ -29,7 +29,9 @@ import numpy as np
 # capture window; ``baseline``: made before the window opened and still live then; ``late_free``:
 # freed outside a window, allocated (or baselined) in one; ``live``: what was live when
 # MemoryTracker.snapshot ran; ``oom``: the allocator reported an out-of-memory (devices that report
-# it to the profiler: CUDA, some PrivateUse1 backends).
+# it to the profiler: CUDA, some PrivateUse1 backends); ``unfollowed``: a CPU block still live when
+# a window closed, where CPU allocations are not followed between windows (its free is not known:
+# what is known of its lifetime ends there).
 
 _DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 8: "maia", 9: "xla", 12: "xpu", 13: "mps", 14: "meta",
                  15: "hpu", 19: "mtia"}
@@ -67,8 +69,10 @@ class MemoryTracker:
         self.row_dtype = journal_rows("memory_events", ext.mem_row_layout()["fields"])
         self._saved: dict = {}
 
-    def start(self, max_events: int) -> None:
-        err = self._ext.mem_start(int(max_events))
+    def start(self, max_events: int, follow_cpu: bool = True) -> None:
+        """Track from now on. ``follow_cpu`` False: CPU allocations only inside windows (the CPU
+        allocator keeps no size table and reports nothing in between; devices are followed)."""
+        err = self._ext.mem_start(int(max_events), bool(follow_cpu))
         if err:
             raise RuntimeError(err)
         import torch.autograd.profiler as autograd_profiler

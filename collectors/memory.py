@@ -11,7 +11,11 @@ user stack: the lines that executed). Tables:
   the window (``late_free``), so every captured allocation has its lifetime.
 * ``memory_steps`` — at every step boundary of the run, windows or not (cheap: counters), per
   device: live bytes (allocated since capture started), the peak since the previous boundary,
-  and the allocator's own totals where it reports them (CUDA).
+  and the allocator's own totals where it reports them (CUDA). Always-on capture follows the CPU
+  allocator in its sampled steps only (unless ``follow_cpu_memory``: c10's CPU allocator pays a
+  mutex and a size-table entry per block whenever memory is reported), so it has no CPU rows
+  here; ``process_memory`` is the CPU's per-step figure then, and a CPU block still live when a
+  sampled step's window closes ends its known lifetime with an ``unfollowed`` event.
 * ``memory_tensors`` — at each captured step boundary, the tensors whose role Python knows:
   ``parameter``, ``gradient`` and ``optimizer state`` of every optimizer that stepped (found
   through ``torch.optim``'s global step hook), by storage address, with shape and dtype.
@@ -148,7 +152,7 @@ class MemoryCollector:
 
             self.engine = load_engine()
             tracker = MemoryTracker(self.engine.extension())
-            tracker.start(self.max_events)
+            tracker.start(self.max_events, follow_cpu=rec.follows_cpu_memory)
             self.tracker = tracker
             optimizers = self._optimizers
 

@@ -4,7 +4,8 @@ detail of the last sampled steps kept in memory and written when something goes 
 A long job cannot afford to record every op of every step: even a RecordFunction observer that
 does nothing costs 1.14-1.21x on a launch-bound step. In always-on mode the session writes the
 light tables (step times, compile events, per-step memory, collectives, losses, failures) for
-every step, off the training thread about once a second (:class:`Background`), and captures full
+every step (per-step memory: each device's allocator at every step, the CPU's resident memory;
+the CPU allocator's blocks are followed in sampled steps only, unless ``follow_cpu_memory``), off the training thread about once a second (:class:`Background`), and captures full
 op, allocation and device detail one step in ``detail_every`` only (step 1, then every
 ``detail_every`` steps): the collectors' window is off in between, the op observer detached, so
 those steps pay nothing for it. The detail of the last ``ring_steps`` sampled steps stays in a
@@ -67,6 +68,13 @@ class AlwaysOn:
     """Dump on SIGUSR1 and SIGTERM (only where the program left them at their default action)."""
     max_ring_rows: int = DEFAULT_MAX_RING_ROWS
     """A bound on the rows the ring holds, whatever the steps: the oldest go first."""
+    follow_cpu_memory: bool = False
+    """Follow CPU allocations between sampled steps too: the CPU's live and peak tensor bytes at
+    every step and its live set on an out-of-memory error, for about 150 ns per allocation and
+    free (c10's CPU allocator keeps a size table under a mutex for every block once memory is
+    reported; 1.1x a launch-bound step). Off, the CPU's per-step memory is the process's resident
+    memory, and its allocations are seen inside sampled steps; devices' allocators are followed
+    at every step either way."""
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` is one of the sampled steps captured in detail into the ring."""

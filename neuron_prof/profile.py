@@ -38,7 +38,10 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     ``ring_steps`` such steps stays in memory, written on an exception, SIGUSR1, SIGTERM, a hang
     (no step for ``hang_timeout_s`` seconds; None: no watchdog) or :meth:`dump`;
     :meth:`capture_next` (or ``neuron-prof trigger PID``) captures the next steps in full detail
-    (neuron_prof.alwayson). Takes no ``schedule``.
+    (neuron_prof.alwayson). Takes no ``schedule``. Per-step memory is each device allocator's and
+    the process's resident memory; ``follow_cpu_memory=True`` follows the CPU allocator's blocks at
+    every step too (its tensor bytes per step, its live set at an out-of-memory error), which
+    costs about 150 ns per allocation and free.
 
     ``tokens_per_step``/``samples_per_step``: what each step trains on, when every step is alike
     (``prof.step(tokens=...)`` gives a step's own). Each step's loss (the scalar ``backward()`` is
@@ -52,12 +55,13 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                  command: Sequence[str] | None = None, origin_ns: int | None = None, run_id: str | None = None,
                  yield_if_stepless: bool = False, mode: str = "detail", ring_steps: int = DEFAULT_RING_STEPS,
                  detail_every: int = DEFAULT_DETAIL_EVERY,
-                 hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S, tokens_per_step: float | None = None,
+                 hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S, follow_cpu_memory: bool = False,
+                 tokens_per_step: float | None = None,
                  samples_per_step: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
-        always_on = (AlwaysOn(ring_steps=ring_steps, detail_every=detail_every, hang_timeout_s=hang_timeout_s)
-                     if mode == "always-on" else None)
+        always_on = (AlwaysOn(ring_steps=ring_steps, detail_every=detail_every, hang_timeout_s=hang_timeout_s,
+                              follow_cpu_memory=follow_cpu_memory) if mode == "always-on" else None)
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
                                max_events=max_events, max_bytes=max_bytes, command=command, run_id=run_id,
                                origin_ns=origin_ns, yield_if_stepless=yield_if_stepless, always_on=always_on,

@@ -97,6 +97,11 @@ class Recorder(Protocol):
     def closing(self) -> bool:
         """True in the capture's final flush: hand over what is still open."""
 
+    @property
+    def follows_cpu_memory(self) -> bool:
+        """Whether CPU allocations are followed outside detail windows too (always-on capture
+        leaves them to its sampled steps unless asked: see neuron_prof.alwayson.AlwaysOn)."""
+
 
 class Collector(Protocol):
     """One event source. Lifecycle: install → (window on/off, flush)* → uninstall."""

@@ -229,8 +229,8 @@ INFLIGHT_SLOT = np.dtype([("id", "<i8"), ("ts", "<i8"), ("done", "<i8"), ("seq",
                           ("state", "<i4"), ("peer", "<i4"), ("op", "S24"), ("group", "S56")])
 INFLIGHT_STATES = {1: "in_flight", 2: "completed", 3: "failed"}
 
-MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent")
-"""``memory_events.kind`` codes. The first six are the native tracker's (collectors/_memtrack.py
+MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent", "unfollowed")
+"""``memory_events.kind`` codes. All but ``recent`` are the native tracker's (collectors/_memtrack.py
 says what each means); ``recent`` marks the allocator events written out with an OOM."""
 
 
@@ -278,7 +278,7 @@ DESCRIPTIONS: dict[str, str] = {
     "recompiles": "One row per failed guard that caused a recompile.",
     "fusions": "One row per generated kernel: the FX nodes fused into it (``nodes``, a list).",
     "compile_cache": "FX graph / AOT autograd cache lookups: cache, result (hit, miss, bypass).",
-    "memory_events": "Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent), bytes "
+    "memory_events": "Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent, unfollowed), bytes "
                      "(negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op, top_op, "
                      "module, source; see collectors/memory.py.",
     "memory_steps": "Live bytes (allocated since capture began) and peak per device at every step boundary.",

@@ -184,6 +184,10 @@ class Session:
         """True from the final flush on: collectors hand over what is still open."""
         return self._closed
 
+    @property
+    def follows_cpu_memory(self) -> bool:
+        return self.always_on is None or self.always_on.follow_cpu_memory
+
     # ---- lifecycle
     @property
     def recording(self) -> bool:

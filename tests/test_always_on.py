@@ -111,7 +111,7 @@ def test_detail_is_exactly_the_dumped_steps(always_on_run):
     assert set(ops["step"]) == set(active)
     mem = run.memory_events
     assert set(mem.loc[mem["kind"].astype(str) == "alloc", "step"]) <= set(active)
-    assert len(run.memory_steps) >= 40  # per-step memory for every step
+    assert len(run.process_memory) >= 40  # per-step memory for every step (the CPU's: resident memory)
 
 
 def test_report_and_trace_show_the_dumps(always_on_run, tmp_path):
@@ -144,7 +144,7 @@ with neuron_prof.profile(sys.argv[1], mode="always-on", ring_steps=3) as prof:
     run = Run(tmp_path / "run")
     assert len(run.steps) == 26 and not run.steps["active"].any()
     assert run.ops.empty and run.dumps.empty
-    assert run.memory_events.empty and len(run.memory_steps) >= 25
+    assert run.memory_events.empty and len(run.process_memory) >= 25
     assert all(h["closed"] for h in summarize(run).to_json()["health"]["ranks"])
 
 
@@ -160,7 +160,7 @@ while True:
 ''')
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "neuron_prof", "record", "--always-on", "--ring-steps", "5",
-                             "--detail-every", "2",
+                             "--detail-every", "2", "--follow-cpu-memory",
                              "-o", str(run), "--", sys.executable, str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -179,6 +179,8 @@ while True:
     assert int(r.dumps["first_step"].iloc[0]) == sampled[0] and last >= 30
     assert sorted(r.steps.loc[r.steps["active"], "step"]) == sampled
     assert summarize(r).to_json()["health"]["ranks"][0]["closed"]  # closed by the handler before the signal's death
+    cpu = r.memory_steps[r.memory_steps["device"].astype(str) == "cpu"]
+    assert set(cpu["step"]) >= set(range(30))  # --follow-cpu-memory: the CPU allocator's figures at every step
 
 
 def test_a_programs_own_signal_handlers_are_left_alone(tmp_path):
@@ -225,7 +227,8 @@ def vm():
             return int(line.split()[1]) * 1024
 
 
-with neuron_prof.profile(sys.argv[1], mode="always-on", ring_steps=3, detail_every=2) as prof:
+with neuron_prof.profile(sys.argv[1], mode="always-on", ring_steps=3, detail_every=2,
+                         follow_cpu_memory=True) as prof:  # the CPU's live set at every step
     for i in range(12):
         train_step()
         prof.step()
@@ -267,6 +270,56 @@ def test_a_signal_inside_our_own_work_waits_for_its_end(tmp_path):
         assert prof.session._deferred is None
     dumps = Run(tmp_path / "run").dumps
     assert list(dumps["reason"].astype(str)) == ["signal SIGUSR1"] and int(dumps["last_step"].iloc[0]) == 4
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_cpu_allocations_are_followed_in_sampled_steps_unless_asked(tmp_path, follow):
+    """Between sampled steps the CPU allocator is left alone (c10 reports nothing, keeps no size
+    table): a block made in a sampled step and freed after it ends its known life when the window
+    closes, one made outside and freed in a sampled step is not seen at all, and the CPU's per-step
+    figure is the process's resident memory. ``follow_cpu_memory`` follows it at every step."""
+    import torch
+
+    from neuron_prof.analysis.memory import allocations
+
+    a_bytes, b_bytes = 4 * 11_111, 4 * 22_222  # sizes nothing else in this loop allocates
+    model = torch.nn.Linear(16, 16)
+    held = {}
+    with neuron_prof.profile(tmp_path / "run", mode="always-on", detail_every=3, collectors=["eager", "memory"],
+                             hang_timeout_s=None, follow_cpu_memory=follow) as prof:
+        for i in range(8):  # sampled: steps 1, 4, 7
+            model(torch.randn(4, 16)).sum().backward()
+            if i == 1:
+                held["a"] = torch.empty(a_bytes // 4)  # made in a sampled step ...
+            if i == 2:
+                del held["a"]  # ... freed in the next one, not sampled
+            if i == 3:
+                held["b"] = torch.empty(b_bytes // 4)  # made between sampled steps ...
+            if i == 4:
+                del held["b"]  # ... freed in a sampled one
+            prof.step()
+        prof.dump()
+    run = Run(tmp_path / "run")
+    steps = run.steps.set_index("step")
+    ev = run.memory_events
+    kind = ev["kind"].astype(str)
+    a_rows = ev[ev["bytes"].abs() == a_bytes]
+    b_rows = ev[ev["bytes"].abs() == b_bytes]
+    cpu_steps = run.memory_steps[run.memory_steps["device"].astype(str) == "cpu"]
+    assert set(run.process_memory["step"]) >= set(range(8))  # the CPU's resident memory, every step
+    a = allocations(ev, None, run.steps)
+    a = a[a["bytes"] == a_bytes]
+    assert len(a) == 1 and int(a["step"].iloc[0]) == 1
+    if follow:
+        assert sorted(kind[a_rows.index]) == ["alloc", "late_free"]  # its free, in step 2
+        assert steps.loc[2, "ts"] <= int(a["free_ts"].iloc[0]) < steps.loc[3, "ts"]
+        assert sorted(kind[b_rows.index]) == ["baseline", "free"]  # live when step 4 began, freed in it
+        assert set(cpu_steps["step"]) >= set(range(8))
+    else:
+        assert sorted(kind[a_rows.index]) == ["alloc", "unfollowed"]  # let go when step 1's window closed
+        assert int(a["free_ts"].iloc[0]) <= steps.loc[2, "ts"]
+        assert b_rows.empty and not (kind == "late_free").any()  # nothing reported between sampled steps
+        assert cpu_steps.empty
 
 
 def _written_by_thread(tid: int) -> int:

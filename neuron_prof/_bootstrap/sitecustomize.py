@@ -92,7 +92,7 @@ def _start_main_or_helper(config: dict, helper: bool) -> None:
             command=config.get("command"), run_id=config["run_id"], origin_ns=None if helper else _ORIGIN_NS,
             yield_if_stepless=not helper,
             **{key: config[key] for key in ("mode", "ring_steps", "detail_every", "hang_timeout_s",
-                                            "tokens_per_step", "samples_per_step") if key in config},
+                                            "follow_cpu_memory", "tokens_per_step", "samples_per_step") if key in config},
             ).start()  # stopped by the session's atexit handler
     except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
         _warn("capture not started", exc)

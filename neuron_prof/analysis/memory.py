@@ -87,7 +87,9 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     still live when capture ended), the step it was made in, attribution and category."""
     kind = events["kind"]
     made = events[kind.isin(["alloc", "baseline"])]
-    freed = events[kind.isin(["free", "late_free"])]
+    # an ``unfollowed`` block's lifetime is known until its window closed (CPU blocks, where
+    # always-on capture follows CPU allocations in its sampled steps only): it ends there
+    freed = events[kind.isin(["free", "late_free", "unfollowed"])]
     key = ["rank", "device", "addr", "alloc_ts"]
     a = made.drop_duplicates(key, keep="first").reset_index(drop=True)
     frees = freed.drop_duplicates(key, keep="first")

@@ -97,6 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-timeout", type=_seconds, default=DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
                    help=f"--always-on: no step for this long is a hang, dumped (default {DEFAULT_HANG_TIMEOUT_S:.0f}; "
                         "0: no watchdog)")
+    p.add_argument("--follow-cpu-memory", action="store_true",
+                   help="--always-on: follow CPU allocations between sampled steps too (the CPU's tensor memory "
+                        "at every step and its live set at an out-of-memory error; about 1.1x on a launch-bound "
+                        "CPU step); without it the CPU's per-step memory is the process's resident memory")
     p.add_argument("--tokens-per-step", type=_positive_number, metavar="N",
                    help="tokens each step trains on (throughput and cost per token in `neuron-prof compare`)")
     p.add_argument("--samples-per-step", type=_positive_number, metavar="N", help="samples each step trains on")
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         "run_dir": str(run_dir), "schedule": args.schedule, "collectors": collectors,
         "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id,
         "mode": "always-on" if args.always_on else "detail", "ring_steps": args.ring_steps,
-        "detail_every": args.detail_every,
+        "detail_every": args.detail_every, "follow_cpu_memory": args.follow_cpu_memory,
         "hang_timeout_s": args.hang_timeout or None, "tokens_per_step": args.tokens_per_step,
         "samples_per_step": args.samples_per_step})
     env[PARENT_ENV] = "launcher"  # the command's own Python process is a main (sitecustomize.py)

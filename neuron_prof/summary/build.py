@@ -246,7 +246,7 @@ def _memory(run: Run, top: int) -> MemorySection | NotCaptured:
     """Peak per device with what made it, growth per step (of the tracked bytes per device and of
     the process's resident memory), leak findings, OOMs."""
     ms = run.memory_steps
-    if ms.empty and run.memory_events.empty:
+    if ms.empty and run.memory_events.empty and run.process_memory.empty:
         return NotCaptured()
     analysis = analyze(run)
     allocs = analysis.memory_allocations

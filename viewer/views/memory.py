@@ -49,10 +49,10 @@ def _run(path: str):
 
 @st.cache_data(max_entries=4, show_spinner=False)
 def _devices(path: str, mtime: float) -> dict[int, list[str]]:
-    """rank -> the devices it has memory data for."""
+    """rank -> the devices it has memory data for (the process's resident memory is the CPU's)."""
     run = _run(path)
     parts = [analyze(run).memory_allocations[["rank", "device"]], run.memory_steps[["rank", "device"]],
-             run.memory_ooms[["rank", "device"]]]
+             run.memory_ooms[["rank", "device"]], run.process_memory[["rank"]].assign(device="cpu")]
     pairs = pd.concat([p.astype({"device": str}).drop_duplicates() for p in parts], ignore_index=True)
     return {int(r): sorted(set(g["device"])) for r, g in pairs.groupby("rank")}
 
@@ -113,7 +113,7 @@ run = data.load(path)
 mtime = data.stamp(path)
 key = str(path)
 
-if run.memory_events.empty and run.memory_steps.empty and run.memory_ooms.empty:
+if run.memory_events.empty and run.memory_steps.empty and run.memory_ooms.empty and run.process_memory.empty:
     data.no_data("memory data", "The `memory` collector is on by default; this run was recorded without it "
                                 "(e.g. `collectors=[\"eager\"]`). Record again with it on: `neuron-prof record "
                                 "-o RUN -- python train.py`, or "
@@ -234,10 +234,11 @@ pm = pm[pm["rank"] == rank]
 if len(pm):
     pg = _process(key, mtime)
     pg = pg[pg["rank"] == rank].iloc[0]
-    tracked = mem.growth(ms).iloc[0]["growth_per_step"] if len(ms) else 0.0
     per_step = pg["growth_per_step"]
     cols = st.columns(2)
-    cols[0].metric("tracked tensors: growth per step", format_bytes(tracked))
+    # always-on capture follows the CPU allocator in its sampled steps only: no per-step figure
+    cols[0].metric("tracked tensors: growth per step",
+                   format_bytes(mem.growth(ms).iloc[0]["growth_per_step"]) if len(ms) else "not followed")
     cols[1].metric("process (RSS): growth per step", "not judged" if pd.isna(per_step) else format_bytes(per_step))
     fig = px.line(pm, x="step", y="rss", markers=True,
                   labels={"rss": "resident bytes", "step": "step boundary (end of step)"})
