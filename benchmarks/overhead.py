@@ -22,10 +22,10 @@ call (ops counted in a captured step) and the end-to-end time per step (start an
   device, losses), every step committed to disk;
 * neuron_prof always-on: ``mode="always-on"`` with its defaults (full detail sampled one step in
   N, step-level data for every step);
-* always-on, no memory: the same without the memory collector, a diagnostic: what always-on costs
-  besides following every allocation between its sampled steps (c10's CPU allocator takes a
-  mutex and keeps a size table for every block once memory is reported, ~90 ns an event, before
-  neuron_prof's tracker sees it).
+* always-on, CPU memory: the same with ``follow_cpu_memory=True``, CPU allocations followed between
+  sampled steps too (c10's CPU allocator takes a mutex and keeps a size table for every block
+  once memory is reported, ~90 ns an event, before neuron_prof's tracker sees it): what the
+  option costs.
 
 Then the targets of issue 24, each with the figures it is read from and "met" or "NOT met":
 neuron_prof full's overhead at most half of torch.profiler full's and at most twice the
@@ -49,14 +49,12 @@ import torch
 import torch.nn as nn
 
 import neuron_prof
-from neuron_prof.session import DEFAULT_COLLECTORS
 
 MODES = ("none", "observer", "observer+inputs", "torch.profiler cpu", "torch.profiler full", "neuron_prof eager",
-         "neuron_prof full", "neuron_prof always-on", "always-on, no memory")
+         "neuron_prof full", "neuron_prof always-on", "always-on, CPU memory")
 NEURON_PROF = {"neuron_prof eager": {"collectors": ["eager", "compiler"]}, "neuron_prof full": {},
                "neuron_prof always-on": {"mode": "always-on"},
-               "always-on, no memory": {"mode": "always-on", "collectors": [
-                   c for c in DEFAULT_COLLECTORS if c != "memory"]}}
+               "always-on, CPU memory": {"mode": "always-on", "follow_cpu_memory": True}}
 TORCH_PROFILER = {"torch.profiler cpu": {},
                   "torch.profiler full": {"record_shapes": True, "with_stack": True, "profile_memory": True}}
 OBSERVER_INPUTS = {"observer": False, "observer+inputs": True}
