@@ -62,7 +62,9 @@ from neuron_prof.store import RankWriter, write_run_meta
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                "--disable-component-update", "--disable-sync"]
-TARGETS = {"overview_s": 5.0, "rss_gb": 2.0, "memory_interaction_s": 3.0}
+TARGETS = {"overview_s": 5.0, "overview_stored_s": 3.0, "rss_gb": 2.0, "memory_interaction_s": 3.0}
+"""Seconds until the Overview's findings without a stored summary (issue 9) and with one (issue 24), the
+server's peak RSS, seconds per Memory page interaction."""
 MAIN_TID, AUTOGRAD_TID = 4242, 4243
 T0 = 1_000_000_000_000  # CLOCK_MONOTONIC ns of the first step
 
@@ -608,7 +610,7 @@ def main() -> int:
                     if not r["stored_summary_used"]:
                         print("!! the page computed the summary: the stored one was stale (code edited meanwhile?)")
                 print(f"overview ({args.ops:,} ops, {label}): title {r['title_s']} s, metrics {r['metrics_s']} s, "
-                      f"findings {r['findings_s']} s, rendered {r['rendered_s']} s (target {TARGETS['overview_s']} s); "
+                      f"findings {r['findings_s']} s (target {TARGETS[key + '_s']} s), rendered {r['rendered_s']} s; "
                       f"second visit {r['second_visit_s']} s; server peak RSS {r['server_peak_rss_gb']} GB "
                       f"(target {TARGETS['rss_gb']} GB)", flush=True)
         if "report" in parts:
