@@ -260,3 +260,25 @@ def test_run_without_memory_shows_only_the_message(tmp_path, monkeypatch):
     assert [i.value for i in at.info] and at.info[0].value.startswith("This run has no memory data.")
     assert "`memory` collector is on by default" in at.info[0].value
     assert not at.dataframe and not at.metric and not at.get("plotly_chart") and not at.selectbox
+
+
+def test_an_always_on_run_shows_the_process_memory_of_every_step(tmp_path, monkeypatch):
+    """Always-on capture follows the CPU allocator in its sampled steps only: with no dump its run
+    has the process's resident memory at every step and no allocator figures, and the page shows
+    that memory (not "no memory data"), saying the tensors were not followed."""
+    import torch
+    model = torch.nn.Linear(16, 16)
+    with neuron_prof.profile(tmp_path / "run", mode="always-on", collectors=["eager", "memory"],
+                             hang_timeout_s=None) as prof:
+        for _ in range(6):
+            model(torch.randn(4, 16)).sum().backward()
+            prof.step()
+    run = neuron_prof.load(tmp_path / "run")
+    assert run.memory_steps.empty and run.memory_events.empty and len(run.process_memory) == 6
+    at = _page(monkeypatch, tmp_path / "run")
+    _ok(at)
+    assert not any(i.value.startswith("This run has no memory data.") for i in at.info)
+    assert at.selectbox(key="mem_device").options == ["cpu"]
+    assert _metric(at, "tracked tensors: growth per step") == "not followed"
+    rss = _values(_chart(at, "mem_process_chart")["data"][0]["y"])
+    assert rss.tolist() == run.process_memory.sort_values("step")["rss"].tolist()
