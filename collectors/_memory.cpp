@@ -31,6 +31,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -67,10 +68,27 @@ struct MemEvent {
   uint8_t pad_[3];
 };
 
+// Engine id -> the Recorder's id, learnt from Python once each. Engine string and stack ids are
+// small and dense (handed out in order), so a vector indexed by them: every event of every step
+// is mapped through six of these (a hash map's lookups were most of mem_pack's time).
+class IdMap {
+ public:
+  int32_t find(int32_t k) const { return k > 0 && (size_t)k < v_.size() ? v_[k] : -1; }  // -1: not learnt
+  void set(int32_t k, int32_t id) {
+    if (k <= 0) return;
+    if ((size_t)k >= v_.size()) v_.resize(std::max<size_t>((size_t)k + 1, v_.size() * 2), -1);
+    v_[k] = id;
+  }
+
+ private:
+  std::vector<int32_t> v_;
+};
+
 // The Recorder's id of each engine string and stack id and of each device (type << 8 | index
 // byte), learnt from Python once each (mem_unmapped, mem_pack); reset by mem_start. GIL held.
 struct RecorderIds {
-  std::unordered_map<int32_t, int32_t> strings, stacks, devices;
+  IdMap strings, stacks;
+  std::unordered_map<int32_t, int32_t> devices;
 };
 RecorderIds* g_ids = new RecorderIds();
 
@@ -550,11 +568,16 @@ static_assert(sizeof(MemRow) == 87, "MemRow must match the memory_events table's
 
 inline int32_t device_code(const MemEvent& e) { return (int32_t(e.device_type) << 8) | uint8_t(e.device_index); }
 
-std::vector<MemEvent> events_of(const py::bytes& data) {
+// Each native event of ``data`` (mem_drain's bytes), read in place, one copy of 88 bytes at a time.
+template <class F>
+void for_each_event(const py::bytes& data, F f) {
   std::string_view v(data);
-  std::vector<MemEvent> out(v.size() / sizeof(MemEvent));
-  if (!out.empty()) memcpy(out.data(), v.data(), out.size() * sizeof(MemEvent));
-  return out;
+  const size_t n = v.size() / sizeof(MemEvent);
+  MemEvent e;
+  for (size_t i = 0; i < n; ++i) {
+    memcpy(&e, v.data() + i * sizeof(MemEvent), sizeof(MemEvent));
+    f(i, e);
+  }
 }
 
 // The string ids, stack ids and devices (type, index) of native events ``data`` the Recorder
@@ -563,13 +586,13 @@ py::tuple mem_unmapped(const py::bytes& data) {
   std::vector<int32_t> strings, stacks;
   std::vector<std::pair<int, int>> devices;
   std::unordered_map<int32_t, bool> seen_s, seen_k, seen_d;
-  for (const MemEvent& e : events_of(data)) {
+  for_each_event(data, [&](size_t, const MemEvent& e) {
     for (int32_t id : {e.op, e.top_op, e.module, e.shape, e.dtype})
-      if (id > 0 && !g_ids->strings.count(id) && seen_s.emplace(id, true).second) strings.push_back(id);
-    if (e.stack > 0 && !g_ids->stacks.count(e.stack) && seen_k.emplace(e.stack, true).second) stacks.push_back(e.stack);
+      if (id > 0 && g_ids->strings.find(id) < 0 && seen_s.emplace(id, true).second) strings.push_back(id);
+    if (e.stack > 0 && g_ids->stacks.find(e.stack) < 0 && seen_k.emplace(e.stack, true).second) stacks.push_back(e.stack);
     const int32_t d = device_code(e);
     if (!g_ids->devices.count(d) && seen_d.emplace(d, true).second) devices.emplace_back(e.device_type, e.device_index);
-  }
+  });
   return py::make_tuple(strings, stacks, devices);
 }
 
@@ -578,20 +601,14 @@ py::tuple mem_unmapped(const py::bytes& data) {
 py::bytes mem_pack(const py::bytes& data, const std::vector<std::pair<int32_t, int32_t>>& strings,
                    const std::vector<std::pair<int32_t, int32_t>>& stacks,
                    const std::vector<std::pair<std::pair<int, int>, int32_t>>& devices) {
-  for (auto& p : strings) g_ids->strings[p.first] = p.second;
-  for (auto& p : stacks) g_ids->stacks[p.first] = p.second;
+  for (auto& p : strings) g_ids->strings.set(p.first, p.second);
+  for (auto& p : stacks) g_ids->stacks.set(p.first, p.second);
   for (auto& p : devices) g_ids->devices[(int32_t(int8_t(p.first.first)) << 8) | uint8_t(int8_t(p.first.second))] = p.second;
-  auto id = [](const std::unordered_map<int32_t, int32_t>& m, int32_t k) -> int32_t {
-    if (k <= 0) return 0;
-    auto it = m.find(k);
-    return it == m.end() ? 0 : it->second;
-  };
-  const std::vector<MemEvent> ev = events_of(data);
-  std::string out(ev.size() * sizeof(MemRow), '\0');
+  auto id = [](const IdMap& m, int32_t k) -> int32_t { return std::max(m.find(k), 0); };
+  std::string out(std::string_view(data).size() / sizeof(MemEvent) * sizeof(MemRow), '\0');
   MemRow* rows = reinterpret_cast<MemRow*>(&out[0]);
   int32_t last_code = INT32_MIN, last_device = 0;
-  for (size_t i = 0; i < ev.size(); ++i) {
-    const MemEvent& e = ev[i];
+  for_each_event(data, [&](size_t i, const MemEvent& e) {
     const int32_t code = device_code(e);
     if (code != last_code) {
       auto it = g_ids->devices.find(code);
@@ -617,7 +634,7 @@ py::bytes mem_pack(const py::bytes& data, const std::vector<std::pair<int32_t, i
     r.total_reserved = e.total_reserved;
     r.grad = e.grad;
     memcpy(rows + i, &r, sizeof(MemRow));
-  }
+  });
   return py::bytes(out);
 }
 
