@@ -5,8 +5,9 @@ A long job cannot afford to record every op of every step: even a RecordFunction
 does nothing costs 1.14-1.21x on a launch-bound step. In always-on mode the session writes the
 light tables (step times, compile events, per-step memory, collectives, losses, failures) for
 every step (per-step memory: each device's allocator at every step, the CPU's resident memory;
-the CPU allocator's blocks are followed in sampled steps only, unless ``follow_cpu_memory``), off the training thread about once a second (:class:`Background`), and captures full
-op, allocation and device detail one step in ``detail_every`` only (step 1, then every
+the CPU allocator's blocks are followed in sampled steps only, unless ``follow_cpu_memory``), off
+the training thread about once a second (:class:`Background`), and captures full op, allocation
+and device detail one step in ``detail_every`` only (step 1, then every
 ``detail_every`` steps): the collectors' window is off in between, the op observer detached, so
 those steps pay nothing for it. The detail of the last ``ring_steps`` sampled steps stays in a
 :class:`DetailRing`. A *dump* writes the ring, the step in flight and one ``dumps`` row per thread

@@ -60,6 +60,9 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                  samples_per_step: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+        if follow_cpu_memory and mode != "always-on":
+            raise ValueError("follow_cpu_memory is for mode=\"always-on\" (detail capture follows CPU memory at "
+                             "every step already); drop it or pass mode=\"always-on\"")
         always_on = (AlwaysOn(ring_steps=ring_steps, detail_every=detail_every, hang_timeout_s=hang_timeout_s,
                               follow_cpu_memory=follow_cpu_memory) if mode == "always-on" else None)
         self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,

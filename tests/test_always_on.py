@@ -206,6 +206,8 @@ def test_wrong_settings_say_what_to_do(tmp_path):
         neuron_prof.profile(tmp_path / "c", mode="always-on", ring_steps=0)
     with pytest.raises(ValueError, match="detail_every must be >= 1"):
         neuron_prof.profile(tmp_path / "c", mode="always-on", detail_every=0)
+    with pytest.raises(ValueError, match="follow_cpu_memory is for mode=\"always-on\""):
+        neuron_prof.profile(tmp_path / "c", follow_cpu_memory=True)
     with neuron_prof.profile(tmp_path / "d", collectors=["eager"]) as prof:
         with pytest.raises(NeuronProfError, match='mode=\\\\?"always-on'):
             prof.dump()
@@ -213,6 +215,9 @@ def test_wrong_settings_say_what_to_do(tmp_path):
     one_line_error(res, "--always-on", "--schedule")
     res = cli("record", "--always-on", "--ring-steps", "0", "-o", tmp_path / "f", "--", sys.executable, "-c", "0")
     assert res.returncode == 2 and "invalid count '0'" in res.stderr
+    res = cli("record", "--follow-cpu-memory", "-o", tmp_path / "g", "--", sys.executable, "-c", "0")
+    one_line_error(res, "--follow-cpu-memory", "--always-on")
+    assert not (tmp_path / "g").exists()  # refused before anything ran or was written
 
 
 def test_an_out_of_memory_error_dumps_with_what_was_live(tmp_path):

@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         raise NeuronProfError("record needs a command: neuron-prof record -o RUN -- python train.py")
     if args.always_on and args.schedule:
         raise NeuronProfError("--always-on samples its own detail steps and takes no --schedule; drop one")
+    if args.follow_cpu_memory and not args.always_on:
+        raise NeuronProfError("--follow-cpu-memory is for --always-on (detail capture follows CPU memory at every "
+                              "step already); drop it or add --always-on")
     run_dir = (args.output or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     from neuron_prof.collectors import REGISTRY
     collectors = [c for c in args.collectors.split(",") if c]
