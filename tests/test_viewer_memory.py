@@ -282,3 +282,29 @@ def test_an_always_on_run_shows_the_process_memory_of_every_step(tmp_path, monke
     assert _metric(at, "tracked tensors: growth per step") == "not followed"
     rss = _values(_chart(at, "mem_process_chart")["data"][0]["y"])
     assert rss.tolist() == run.process_memory.sort_values("step")["rss"].tolist()
+    assert _caption(at, "Bytes the allocator was asked for in the sampled steps")
+
+
+def test_an_always_on_dump_says_its_cpu_figures_are_the_sampled_steps(tmp_path, monkeypatch):
+    """A dump's CPU allocations are those of its sampled steps, counted from zero in each: the page
+    says so rather than "since capture began"; a detail run's page says "since capture began"."""
+    import torch
+    model = torch.nn.Linear(16, 16)
+    for mode in ("always-on", "detail"):
+        with neuron_prof.profile(tmp_path / mode, mode=mode, collectors=["eager", "memory"],
+                                 **({"detail_every": 2, "hang_timeout_s": None} if mode == "always-on" else {})) as prof:
+            kept = []
+            for _ in range(6):
+                kept.append(model(torch.randn(4, 16)).sum())  # live past its step: unfollowed at the window's end
+                kept[-1].backward()
+                prof.step()
+            if mode == "always-on":
+                prof.dump()
+        at = _page(monkeypatch, tmp_path / mode)
+        _ok(at)
+        captions = [c.value for c in at.caption]
+        sampled = any(c.startswith("Bytes the allocator was asked for in the sampled steps") for c in captions)
+        since = "Bytes the allocator was asked for since capture began, per device." in captions
+        assert (sampled, since) == ((True, False) if mode == "always-on" else (False, True)), (mode, captions)
+    ev = neuron_prof.load(tmp_path / "always-on").memory_events
+    assert (ev["kind"].astype(str) == "unfollowed").any()

@@ -57,6 +57,18 @@ def _devices(path: str, mtime: float) -> dict[int, list[str]]:
     return {int(r): sorted(set(g["device"])) for r, g in pairs.groupby("rank")}
 
 
+@st.cache_data(max_entries=8, show_spinner=False)
+def _sampled_only(path: str, mtime: float, rank: int, device: str) -> bool:
+    """Whether ``device``'s allocator was followed in sampled steps only (always-on capture's CPU):
+    it has no per-step rows, and its events are none (no dump) or end blocks ``unfollowed``."""
+    run = _run(path)
+    ev, ms = run.memory_events, run.memory_steps
+    if ((ms["rank"] == rank) & (ms["device"].astype(str) == device)).any():
+        return False
+    mine = ev[(ev["rank"] == rank) & (ev["device"].astype(str) == device)]
+    return mine.empty or (mine["kind"].astype(str) == "unfollowed").any()
+
+
 @st.cache_data(max_entries=16, show_spinner="computing the memory timeline ...")
 def _timeline(path: str, mtime: float, rank: int, device: str, step: int | None) -> pd.DataFrame:
     run = _run(path)
@@ -124,7 +136,13 @@ devices = _devices(key, mtime)
 left, right = st.columns(2)
 rank = left.selectbox("rank", sorted(devices), key="mem_rank")
 device = right.selectbox("device", devices[rank], key="mem_device")
-st.caption("Bytes the allocator was asked for since capture began, per device.")
+if _sampled_only(key, mtime, rank, device):
+    st.caption("Bytes the allocator was asked for in the sampled steps: always-on capture follows this device's "
+               "allocator inside them only (`follow_cpu_memory=True` follows it at every step), so live bytes "
+               "count what each sampled step allocated, from zero; the process's resident memory below is every "
+               "step's.")
+else:
+    st.caption("Bytes the allocator was asked for since capture began, per device.")
 
 # ------------------------------------------------------------------ timeline
 st.subheader("Live memory over time")
