@@ -6,8 +6,11 @@
 #include <c10/core/ScalarType.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace neuron_prof {
 
@@ -35,6 +38,25 @@ void set_alloc_meta(bool on);
 // Python stack (engine stack id; 0 when the observer is not started or no user frame is running).
 int32_t thread_module();
 int32_t user_stack();
+
+// Engine string or stack id -> the Recorder's id, learnt from Python once each. Engine ids are
+// small and dense (handed out in order), so a vector indexed by them: every row of every step is
+// mapped through several of these (a hash map's lookups cost most of a drain's packing).
+class IdMap {
+ public:
+  int32_t find(int32_t k) const { return k > 0 && (size_t)k < v_.size() ? v_[k] : -1; }  // -1: not learnt
+  int32_t mapped(int32_t k) const { return std::max(find(k), 0); }  // 0 (none) where not learnt
+  void set(const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+    for (auto& p : pairs) {
+      if (p.first <= 0) continue;
+      if ((size_t)p.first >= v_.size()) v_.resize(std::max<size_t>((size_t)p.first + 1, v_.size() * 2), -1);
+      v_[p.first] = p.second;
+    }
+  }
+
+ private:
+  std::vector<int32_t> v_;
+};
 
 // Registers the memory functions (mem_*), the collectives observer (comms_*) and the backend hook
 // API (device_*, _device.cpp) on the module.

@@ -68,26 +68,10 @@ struct MemEvent {
   uint8_t pad_[3];
 };
 
-// Engine id -> the Recorder's id, learnt from Python once each. Engine string and stack ids are
-// small and dense (handed out in order), so a vector indexed by them: every event of every step
-// is mapped through six of these (a hash map's lookups were most of mem_pack's time).
-class IdMap {
- public:
-  int32_t find(int32_t k) const { return k > 0 && (size_t)k < v_.size() ? v_[k] : -1; }  // -1: not learnt
-  void set(int32_t k, int32_t id) {
-    if (k <= 0) return;
-    if ((size_t)k >= v_.size()) v_.resize(std::max<size_t>((size_t)k + 1, v_.size() * 2), -1);
-    v_[k] = id;
-  }
-
- private:
-  std::vector<int32_t> v_;
-};
-
 // The Recorder's id of each engine string and stack id and of each device (type << 8 | index
 // byte), learnt from Python once each (mem_unmapped, mem_pack); reset by mem_start. GIL held.
 struct RecorderIds {
-  IdMap strings, stacks;
+  neuron_prof::IdMap strings, stacks;
   std::unordered_map<int32_t, int32_t> devices;
 };
 RecorderIds* g_ids = new RecorderIds();
@@ -601,10 +585,9 @@ py::tuple mem_unmapped(const py::bytes& data) {
 py::bytes mem_pack(const py::bytes& data, const std::vector<std::pair<int32_t, int32_t>>& strings,
                    const std::vector<std::pair<int32_t, int32_t>>& stacks,
                    const std::vector<std::pair<std::pair<int, int>, int32_t>>& devices) {
-  for (auto& p : strings) g_ids->strings.set(p.first, p.second);
-  for (auto& p : stacks) g_ids->stacks.set(p.first, p.second);
+  g_ids->strings.set(strings);
+  g_ids->stacks.set(stacks);
   for (auto& p : devices) g_ids->devices[(int32_t(int8_t(p.first.first)) << 8) | uint8_t(int8_t(p.first.second))] = p.second;
-  auto id = [](const IdMap& m, int32_t k) -> int32_t { return std::max(m.find(k), 0); };
   std::string out(std::string_view(data).size() / sizeof(MemEvent) * sizeof(MemRow), '\0');
   MemRow* rows = reinterpret_cast<MemRow*>(&out[0]);
   int32_t last_code = INT32_MIN, last_device = 0;
@@ -622,12 +605,12 @@ py::bytes mem_pack(const py::bytes& data, const std::vector<std::pair<int32_t, i
     r.bytes = e.bytes;
     r.device = last_device;
     r.tid = e.tid;
-    r.op = id(g_ids->strings, e.op);
-    r.top_op = id(g_ids->strings, e.top_op);
-    r.module = id(g_ids->strings, e.module);
-    r.stack = id(g_ids->stacks, e.stack);
-    r.shape = id(g_ids->strings, e.shape);
-    r.dtype = id(g_ids->strings, e.dtype);
+    r.op = g_ids->strings.mapped(e.op);
+    r.top_op = g_ids->strings.mapped(e.top_op);
+    r.module = g_ids->strings.mapped(e.module);
+    r.stack = g_ids->stacks.mapped(e.stack);
+    r.shape = g_ids->strings.mapped(e.shape);
+    r.dtype = g_ids->strings.mapped(e.dtype);
     r.bwd = e.bwd;
     r.kind = (int8_t)e.kind;
     r.total_allocated = e.total_allocated;

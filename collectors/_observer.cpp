@@ -76,8 +76,8 @@ std::mutex g_ctl_mu;  // start/stop/set_recording
 // Drained events not yet packed, and the Recorder's id of each engine string and stack id (set
 // by take_rows from what the drain reported new). GIL held for all three.
 std::vector<Event>* g_taken = new std::vector<Event>();
-std::vector<int32_t>* g_string_map = new std::vector<int32_t>(1, 0);
-std::vector<int32_t>* g_stack_map = new std::vector<int32_t>(1, 0);
+neuron_prof::IdMap* g_string_map = new neuron_prof::IdMap();
+neuron_prof::IdMap* g_stack_map = new neuron_prof::IdMap();
 
 // ------------------------------------------------------------------ per-thread state
 thread_local ThreadState* tls_state = nullptr;
@@ -340,8 +340,8 @@ void py_start(py::list skip_prefixes, int64_t max_buffered) {
   }
   g_stacks_drained = 1;
   g_taken->clear();
-  g_string_map->assign(1, 0);  // a new session's Recorder maps every id again
-  g_stack_map->assign(1, 0);
+  *g_string_map = neuron_prof::IdMap();  // a new session's Recorder maps every id again
+  *g_stack_map = neuron_prof::IdMap();
   // discard leftovers of a previous session
   {
     auto& r = registry();
@@ -482,24 +482,12 @@ py::tuple py_drain() {
   return py::make_tuple(n, strs, stacks, dropped, threads);
 }
 
-inline int32_t mapped(const std::vector<int32_t>& m, int32_t id) {
-  return id > 0 && (size_t)id < m.size() ? m[id] : 0;
-}
-
-void set_map(std::vector<int32_t>& m, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
-  for (auto& p : pairs) {
-    if (p.first <= 0) continue;
-    if ((size_t)p.first >= m.size()) m.resize(std::max<size_t>(p.first + 1, 2 * m.size()), 0);
-    m[p.first] = p.second;
-  }
-}
-
 // The drained events as packed ``ops`` journal rows (OpRow), engine ids replaced by the
 // Recorder's: ``strings``/``stacks`` give the Recorder's id of each id the drain reported new.
 py::bytes py_take_rows(const std::vector<std::pair<int32_t, int32_t>>& strings,
                        const std::vector<std::pair<int32_t, int32_t>>& stacks) {
-  set_map(*g_string_map, strings);
-  set_map(*g_stack_map, stacks);
+  g_string_map->set(strings);
+  g_stack_map->set(stacks);
   const auto& sm = *g_string_map;
   const auto& km = *g_stack_map;
   std::string out(g_taken->size() * sizeof(OpRow), '\0');
@@ -510,12 +498,12 @@ py::bytes py_take_rows(const std::vector<std::pair<int32_t, int32_t>>& strings,
     r.ts = e.ts;
     r.dur = e.dur;
     r.tid = e.tid;
-    r.name = mapped(sm, e.name);
-    r.module = mapped(sm, e.module);
-    r.stack = mapped(km, e.stack);
-    r.shapes = mapped(sm, e.shapes);
-    r.dtypes = mapped(sm, e.dtypes);
-    r.devices = mapped(sm, e.devices);
+    r.name = sm.mapped(e.name);
+    r.module = sm.mapped(e.module);
+    r.stack = km.mapped(e.stack);
+    r.shapes = sm.mapped(e.shapes);
+    r.dtypes = sm.mapped(e.dtypes);
+    r.devices = sm.mapped(e.devices);
     r.seq = e.seq;
     r.fwd_tid = e.fwd_tid;
     r.bwd = e.bwd;
