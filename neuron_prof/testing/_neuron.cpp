@@ -14,6 +14,7 @@
 //            drains and torch's CPU fallback copies the inputs to the host and the results back.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -863,6 +864,34 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron_dev::fused_sdp_cho
 namespace neuron_dev {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_kernel>()); }
+
+// ------------------------------------------------------------------ autocast
+// torch.autocast(device_type="neuron"): PyTorch's own op lists (the ones CUDA, XPU and MPS use:
+// matmuls and convolutions in the lower precision, losses, norms and exp/log in fp32, mixed
+// inputs promoted), registered for the PrivateUse1 autocast key as a backend registers them; every
+// other op falls through. The casts are ops of their own (aten::_to_copy), queued like any other.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+using at::Scalar;  // the op lists' signatures name these unqualified
+using at::IntArrayRef;
+using at::ScalarType;
+using at::Tensor;
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define NEURON_AUTOCAST_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define NEURON_AUTOCAST_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define NEURON_AUTOCAST_FP32_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define NEURON_AUTOCAST_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(NEURON_AUTOCAST_LOWER)
+  AT_FORALL_FP32(NEURON_AUTOCAST_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_AUTOCAST_FP32_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(NEURON_AUTOCAST_PROMOTE)
+#undef NEURON_AUTOCAST_LOWER
+#undef NEURON_AUTOCAST_FP32
+#undef NEURON_AUTOCAST_FP32_OPT_DTYPE
+#undef NEURON_AUTOCAST_PROMOTE
+}
 
 // ------------------------------------------------------------------ device guard and hooks
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {

@@ -26,6 +26,11 @@ work, and ops on neuron tensors behave as on an asynchronous device:
 - **CPU fallback**: ops in :data:`UNIMPLEMENTED`, and ops without a Meta kernel, run through
   PyTorch's boxed CPU fallback: flush, copy the inputs to the host, run the CPU kernel, copy the
   results back.
+- **Mixed precision**: ``torch.autocast(device_type="neuron", dtype=torch.bfloat16)`` (or
+  float16) casts by PyTorch's generic autocast lists, the ones CUDA uses, registered for the
+  PrivateUse1 autocast key (matmuls and convolutions in the lower precision; norms, softmax,
+  exp/log and losses in fp32; the CPU's own lists keep more in bf16). Its casts are queued ops.
+  ``torch.utils.checkpoint`` (reentrant or not) runs on the device as on the CPU.
 
 Not emulated: streams and events beyond one default stream per device, the device's own random
 number generator, real kernel speed (device time is the CPU's time plus the launch cost), pinned
@@ -82,6 +87,8 @@ def _device_module(ext) -> types.ModuleType:
     mod.manual_seed = lambda seed: None  # random numbers come from the CPU generator
     mod.manual_seed_all = lambda seed: None
     mod.set_launch_us = lambda us: ext.set_launch_ns(int(us * 1000))
+    # torch.autocast(device_type="neuron") and torch.utils.checkpoint ask this of a device module
+    mod.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     return mod
 
 
