@@ -26,6 +26,9 @@ work, and ops on neuron tensors behave as on an asynchronous device:
 - **CPU fallback**: ops in :data:`UNIMPLEMENTED`, and ops without a Meta kernel, run through
   PyTorch's boxed CPU fallback: flush, copy the inputs to the host, run the CPU kernel, copy the
   results back.
+- **Custom kernels**: :func:`custom_kernel` makes a function of ATen ops a custom op
+  (``torch.library``), as an NKI kernel registered for the device is: one kernel of its own on
+  the queue, forward and backward, also under ``torch.compile(backend="neuron")``.
 - **Mixed precision**: ``torch.autocast(device_type="neuron", dtype=torch.bfloat16)`` (or
   float16) casts by PyTorch's generic autocast lists, the ones CUDA uses, registered for the
   PrivateUse1 autocast key (matmuls and convolutions in the lower precision; norms, softmax,
@@ -41,11 +44,13 @@ from __future__ import annotations
 import sys
 import threading
 import types
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from neuron_prof.testing import neuron_compile
-from neuron_prof.testing.neuron_extension import extension
+from neuron_prof.testing.neuron_extension import CUSTOM_KERNELS, extension, kernel
 
 BACKEND = "neuron"
 DEVICE_THREADS = 1
@@ -111,3 +116,29 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
 
             ext.connect(backend_api())
         return sys.modules.get("torch.neuron") or torch.neuron
+
+
+def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = ()) -> Callable[[Callable], Any]:
+    """Decorator: ``fn`` (typed tensors in and out, written with ATen ops) becomes the custom op
+    ``name`` (``"lib::op"``), as a kernel written with NKI and registered with ``torch.library``
+    is on TorchNeuron. On the device it runs as one kernel of its own named ``name``: the ops it is
+    written with are queued into that kernel, never fused with their neighbours, and it pays one
+    launch; elsewhere (the CPU) the op is ``fn`` itself, the reference the kernel must match.
+    Under ``torch.compile(backend="neuron")`` it stays one opaque node of the graph and one
+    kernel. Its fake implementation (shapes for the compiler) is ``fn`` on fake tensors; a
+    backward is registered as on any custom op, ``op.register_autograd(...)`` (a backward that is
+    a custom kernel too is a kernel of its own). Returns the op (``torch.library.CustomOpDef``)."""
+    def register(fn: Callable) -> Any:
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+
+        def on_device(*args, **kwargs):
+            with kernel(name):
+                return fn(*args, **kwargs)
+
+        # PrivateUse1 by its own name: a kernel may be defined before enable() names it "neuron"
+        op.register_kernel("privateuseone")(on_device)
+        op.register_fake(fn)
+        CUSTOM_KERNELS.add(name)
+        return op
+
+    return register

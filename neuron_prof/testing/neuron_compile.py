@@ -8,12 +8,14 @@ cannot compile automatic dynamic shapes: compile with ``dynamic=False``, and a n
 then a recompile), ``neuron partitioning`` (the ops into fusion groups by the eager queue's own
 rule, the extension's ``fusion_groups``; ops that only make views join the group they are in) and
 ``neuron codegen`` (the plan that runs each group as one kernel on the device queue,
-``neuron_extension.kernel``). Compiled graphs are cached by the graph's code and its inputs' metadata
+``neuron_extension.kernel``). A custom kernel (``neuron.custom_kernel``) stays one opaque node, a
+group of its own that runs as the op's own kernel, named after the op. Compiled graphs are cached by the graph's code and its inputs' metadata
 (``compile_cache``: cache ``neuron_graph``, hit or miss) and every group is reported as a fusion
 (``fusions``: backend ``neuron``, the group's kernel name and its FX nodes).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 from collections.abc import Callable, Sequence
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from neuron_prof.testing.neuron_extension import extension, kernel
+from neuron_prof.testing.neuron_extension import CUSTOM_KERNELS, extension, kernel
 
 BACKEND = "neuron"
 CACHE = "neuron_graph"
@@ -49,7 +51,8 @@ class _Plan:
                 env[node] = next(placeholders)
         result = None
         for name, nodes in self.groups:
-            with kernel(name):
+            # a custom kernel's group is the op's own kernel: the op opens it itself
+            with contextlib.nullcontext() if name in CUSTOM_KERNELS else kernel(name):
                 for node in nodes:
                     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
                     if node.op == "output":
@@ -102,7 +105,10 @@ def _partition(gm: torch.fx.GraphModule, graph_name: str) -> list[tuple[str, lis
             current = g
             groups.append((f"{graph_name}_k{g}", []))
         groups[-1][1].append(node)
-    return groups
+    # a custom kernel is an op of no known kind, so its group holds no other queued op: the group
+    # is named after it (the kernel it opens itself)
+    return [(next((n.target._schema.name for n in members if n in numbers
+                   and n.target._schema.name in CUSTOM_KERNELS), name), members) for name, members in groups]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

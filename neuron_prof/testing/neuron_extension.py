@@ -11,11 +11,14 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["extension", "kernel"]
+__all__ = ["CUSTOM_KERNELS", "extension", "kernel"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = "_neuron.cpp"
 _ext = None
+CUSTOM_KERNELS: set[str] = set()
+"""Qualified names (``lib::op``) of the custom ops that run as kernels of their own on the device
+(``neuron.custom_kernel``): the compiler leaves each as one node and one kernel."""
 
 
 def _collectors_folder() -> str:
