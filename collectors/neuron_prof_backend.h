@@ -51,7 +51,10 @@ typedef struct neuron_prof_backend_api {
   uint64_t (*op_enqueued)(int32_t device, int32_t stream, const char* op, int32_t queue_depth);
   /* The calling (host) thread waited from start_ns to end_ns for `ops` queued ops to run. */
   void (*queue_flushed)(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns);
-  /* A kernel ran on the device (any thread may report it): the enqueued ops it ran, fused. */
+  /* A kernel ran on the device (any thread may report it): the enqueued ops it ran, fused. A
+   * custom kernel (an NKI kernel, a torch.library op the user registered for the device) is named
+   * by its op's qualified name, "lib::op": the analyses count it as one (outside the aten and prims
+   * namespaces), forward and backward apart, in custom-kernel coverage. */
   void (*kernel_executed)(int32_t device, int32_t stream, const char* name, int64_t start_ns,
                           int64_t end_ns, const uint64_t* enqueue_ids, int32_t n_ops);
   /* An op ran on the CPU instead (start_ns..end_ns on the calling thread, copies included):

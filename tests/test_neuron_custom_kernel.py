@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
-from conftest import line_of
+from conftest import cli, line_of, viewer_page
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
 
@@ -27,6 +27,7 @@ BACKWARD_OPS = FORWARD_OPS + ["aten::sum", "aten::mul", "aten::mul", "aten::mean
 
 @pytest.fixture(scope="module")
 def kernel_runs(tmp_path_factory) -> tuple[dict, neuron_prof.Run, neuron_prof.Run]:
+    """(facts, the eager run, the compiled run)."""
     root = tmp_path_factory.mktemp("custom_kernel")
     p = subprocess.run([sys.executable, str(SCRIPT), str(root / "eager"), str(root / "compiled")],
                        capture_output=True, text=True, timeout=600)
@@ -76,3 +77,29 @@ def test_the_capture_names_the_op_and_its_line_forward_and_backward(kernel_runs)
     for name in (FORWARD, BACKWARD):
         ids = [i for ids in k.loc[k["name"] == name, "enqueue_ids"] for i in ids]
         assert set(e.loc[ids, "user_source"]) == {line}  # the backward's too: the forward call's line
+
+
+def test_the_report_json_text_and_device_page_give_each_custom_kernel_its_passes_time_and_line(
+        kernel_runs, monkeypatch):
+    _, run, _ = kernel_runs
+    k = run.device_kernels
+    busy = k["dur"].sum()  # one device: its busy time over the run
+    line = f"examples/custom_kernel.py:{line_of(EXAMPLE, 'NORM-LINE')}"
+    res = cli("report", run.path, "--json", timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)["device"]["custom_kernels"]}
+    assert set(rows) == {FORWARD, BACKWARD}  # none of the fused or one-op kernels is taken for one
+    for name, forward in ((FORWARD, True), (BACKWARD, False)):
+        r, mine = rows[name], k.loc[k["name"] == name, "dur"]
+        assert (r["calls"], r["forward_calls"], r["backward_calls"]) == ((4, 4, 0) if forward else (4, 0, 4))
+        assert r["total_ms"] == pytest.approx(mine.sum() / 1e6)
+        assert r["forward_ms" if forward else "backward_ms"] == r["total_ms"]
+        assert r["pct"] == pytest.approx(100 * mine.sum() / busy) and r["user_sources"] == [line]
+    coverage = sum(r["pct"] for r in rows.values())
+    text = cli("report", run.path, timeout=300).stdout
+    assert f"custom-kernel coverage: the share of device busy time in them: rank 0 neuron:0 {coverage:.1f}%" in text
+    at = viewer_page(monkeypatch, run.path, "device", title="Device")
+    assert "Custom kernels" in [h.value for h in at.subheader]
+    table = next(d.value for d in at.dataframe if "forward calls" in d.value.columns)
+    shown_rows = zip(table["kernel"], table["forward calls"], table["backward calls"], table["called at"])
+    assert sorted(shown_rows) == sorted([(FORWARD, 4, 0, line), (BACKWARD, 0, 4, line)])

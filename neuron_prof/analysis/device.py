@@ -14,7 +14,10 @@ what the device backend reported through the backend hook API (``Run.device_enqu
 - **fusion**: ops per kernel, the share of device time that is at most launch cost, and runs of
   one-op kernels the queue did not fuse, with their lines;
 - **fallbacks**: ops the device left to the CPU, by op and line, with the bytes copied each way,
-  and the share of device ops that ran natively (coverage).
+  and the share of device ops that ran natively (coverage);
+- **custom kernels**: kernels a backend reports under a custom op's name (NKI kernels, a
+  ``torch.library`` op of the user's), forward and backward apart, with the lines that called
+  them and their share of the device's busy time (custom-kernel coverage).
 
 Pandas in, pandas out; no function reads a file. Times are the run's monotonic ns.
 """
@@ -552,3 +555,59 @@ def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
     out["fallback_op_kinds"] = [int(kinds.get((r, d), 0)) if kinds is not None else 0
                                 for r, d in zip(out["rank"], out["device"])]
     return out[COVERAGE_COLUMNS]
+
+
+# --------------------------------------------------------------------------- custom kernels
+
+
+CUSTOM_KERNEL_COLUMNS = ["rank", "device", "name", "calls", "forward_calls", "backward_calls", "total_ms", "forward_ms",
+                         "backward_ms", "mean_us", "per_step_ms", "pct", "user_sources"]
+BUILTIN_NAMESPACES = ("aten", "prims")
+"""Op namespaces that are PyTorch's own: a kernel named ``ns::op`` outside them is a custom kernel."""
+
+
+def is_custom_kernel(names: pd.Series) -> np.ndarray:
+    """Mask of kernel names that are a custom op's qualified name (``lib::op``, ``lib`` not one of
+    ``BUILTIN_NAMESPACES``): how a backend reports a custom kernel (collectors/neuron_prof_backend.h)."""
+    values = _str_values(names)
+    ns = np.array([v.split("::", 1)[0] if "::" in v else "" for v in values], dtype=object)
+    return (ns != "") & ~np.isin(ns, BUILTIN_NAMESPACES)
+
+
+def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device and custom kernel: its runs (``calls``), forward and backward apart (a run
+    is a backward one when the op that queued its first op ran in the backward pass), device time
+    in all, mean, per ``basis`` step (None when none ran in one), its share of the device's busy
+    time over the run (``pct``; their sum is the custom-kernel coverage) and the user's lines that
+    queued it (a backward run's: the forward call's line). Costliest first."""
+    if kernels.empty:
+        return pd.DataFrame(columns=CUSTOM_KERNEL_COLUMNS)
+    k = kernels.reset_index(drop=True)
+    busy = k.assign(device=_str_values(k["device"])).groupby(["rank", "device"])["dur"].sum()
+    mine = is_custom_kernel(k["name"])
+    if not mine.any():
+        return pd.DataFrame(columns=CUSTOM_KERNEL_COLUMNS)
+    n = steps_per_rank(basis)
+    hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
+    bwd = np.zeros(len(k), dtype=bool)
+    line = np.full(len(k), "", dtype=object)
+    if not corr.empty:  # each kernel's first queued op: its pass and the user's line
+        named, first_op, _ = _kernel_ops(kernels, corr)
+        named &= mine
+        bwd = named & corr["bwd"].to_numpy(bool)[np.where(named, first_op, 0)]
+        line = _strings_at(corr["user_source"], first_op, named)
+    k = k.assign(device=_str_values(k["device"]), name=_str_values(k["name"]), bwd=bwd, line=line,
+                 hit_dur=np.where(hit, k["dur"], 0))[mine]
+    rows = []
+    for (rank, device, name), g in k.groupby(["rank", "device", "name"], sort=False):
+        back = g["bwd"].to_numpy()
+        lines = {x for x in g["line"] if x}
+        rows.append({"rank": int(rank), "device": device, "name": name, "calls": len(g),
+                     "forward_calls": int((~back).sum()), "backward_calls": int(back.sum()),
+                     "total_ms": g["dur"].sum() / 1e6, "forward_ms": g.loc[~back, "dur"].sum() / 1e6,
+                     "backward_ms": g.loc[back, "dur"].sum() / 1e6, "mean_us": g["dur"].mean() / 1e3,
+                     "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n and g["hit_dur"].sum() > 0 else None,
+                     "pct": 100 * g["dur"].sum() / max(int(busy[(rank, device)]), 1),
+                     "user_sources": sorted(lines)})
+    return pd.DataFrame(rows, columns=CUSTOM_KERNEL_COLUMNS).sort_values("total_ms", ascending=False,
+                                                                         ignore_index=True)

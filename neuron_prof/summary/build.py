@@ -29,13 +29,14 @@ from neuron_prof.analysis.sync import sync_points, sync_summary
 from neuron_prof.run import Run
 from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
-    Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp, CollectivesNotCaptured,
-    CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime, Conflict, Coverage, DetailCut,
-    DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump, DumpCollective, DumpQueue, DumpThread, Fallback,
-    FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight, MemoryDevice, MemoryLeak, MemoryPeak,
-    MemorySection, MetricSummary, Mismatch, NoStragglerSite, NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite,
-    ProcessMemory, RankHealth, RunFacts, Stall, Startup, StepBreakdown, StepStats, Straggler, StragglerSite,
-    StragglerStep, Summary, SyncSection, SyncSite, TimeSplit, TopKernel, UnfusedRun, WarmupStep)
+    Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
+    CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime,
+    Conflict, Coverage, CustomKernel, DetailCut, DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump,
+    DumpCollective, DumpQueue, DumpThread, Fallback, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health,
+    InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
+    NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, ProcessMemory, RankHealth, RunFacts, Stall,
+    Startup, StepBreakdown, StepStats, Straggler, StragglerSite, StragglerStep, Summary, SyncSection, SyncSite,
+    TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
 __all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "run_op_stats", "command_exit"]
 
@@ -198,8 +199,9 @@ def _dump_queues(rows: pd.DataFrame, ts: int) -> list[DumpQueue]:
 
 
 def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top: int) -> DeviceSection:
-    """The Device section: per step what bounded it, the host's waits by line, fusion, fallbacks
-    and coverage (``analysis.device``); per-step figures over the steady captured steps."""
+    """The Device section: per step what bounded it, the host's waits by line, fusion, fallbacks,
+    coverage and custom kernels (``analysis.device``); per-step figures over the steady captured
+    steps."""
     analysis = analyze(run)
     kernels, corr = run.device_kernels, analysis.device_correlation
     verdicts = dev.step_verdicts(analysis.device_steps)
@@ -221,6 +223,7 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope, top)),
         fallbacks=_rows(Fallback, dev.fallback_summary(run.fallbacks, scope)),
         coverage=_rows(Coverage, dev.coverage(run.device_enqueues, run.fallbacks)),
+        custom_kernels=_rows(CustomKernel, dev.custom_kernels(kernels, corr, scope)),
     )
 
 

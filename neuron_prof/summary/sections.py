@@ -319,8 +319,28 @@ class Coverage:
 
 
 @row
+class CustomKernel:
+    """``analysis.device.custom_kernels``."""
+
+    rank: int
+    device: str
+    name: str
+    calls: int
+    forward_calls: int
+    backward_calls: int
+    total_ms: float
+    forward_ms: float
+    backward_ms: float
+    mean_us: float
+    per_step_ms: float | None
+    pct: float
+    user_sources: list[str]
+
+
+@row
 class DeviceSection:
-    """What bounded each step, the host's waits by line, kernels, fusion, fallbacks, coverage."""
+    """What bounded each step, the host's waits by line, kernels, fusion, fallbacks, coverage,
+    custom kernels."""
     captured: Literal[True] = True
     basis: str
     basis_steps: int
@@ -333,6 +353,7 @@ class DeviceSection:
     unfused: list[UnfusedRun]
     fallbacks: list[Fallback]
     coverage: list[Coverage]
+    custom_kernels: list[CustomKernel]
 
 
 @row

@@ -226,6 +226,20 @@ def _render_device(device: DeviceSection) -> list[str]:
                        ("kernels", "", lambda x: x.kernels), ("times", "d", lambda x: x.occurrences),
                        ("/step", ".1f", lambda x: x.per_step), ("kernels", "d", lambda x: x.total_kernels),
                        ("device ms", ".2f", lambda x: x.total_ms), ("launch ms (at most)", ".2f", lambda x: x.launch_ms)])
+    if device.custom_kernels:
+        shares = {}
+        for c in device.custom_kernels:
+            shares[(c.rank, c.device)] = shares.get((c.rank, c.device), 0.0) + c.pct
+        cov = ", ".join(f"rank {r} {d} {pct:.1f}%" for (r, d), pct in shares.items())
+        out.append(f"  Custom kernels (custom-kernel coverage: the share of device busy time in them: {cov})")
+        out += _table(device.custom_kernels,
+                      [("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device), ("kernel", "", lambda x: x.name),
+                       ("calls fwd/bwd", "", lambda x: f"{x.forward_calls}/{x.backward_calls}"),
+                       ("ms/step", ".3f", lambda x: x.per_step_ms), ("mean us", ".1f", lambda x: x.mean_us),
+                       ("fwd ms", ".2f", lambda x: x.forward_ms), ("bwd ms", ".2f", lambda x: x.backward_ms),
+                       ("% busy", ".1f", lambda x: x.pct),
+                       ("called at", "", lambda x: ", ".join(x.user_sources[:3])
+                        + (" ..." if len(x.user_sources) > 3 else ""))])
     cov = ", ".join(f"rank {c.rank} {c.device} {c.coverage_pct:.1f}% of {c.native_ops + c.fallback_ops}"
                     for c in device.coverage)
     out.append(f"  CPU fallbacks (coverage: the share of device ops run natively: {cov})")

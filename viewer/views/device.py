@@ -304,6 +304,19 @@ def _fusion(device: DeviceSection) -> None:
                 "total_ms": "device ms", "launch_ms": "launch ms (at most)", "first_step": "first step"})
 
 
+def _custom_kernels(device: DeviceSection) -> None:
+    kernels = device.custom_kernels
+    if not kernels:
+        return
+    st.subheader("Custom kernels")
+    _table(pd.DataFrame(kernels).assign(lines=[", ".join(x.user_sources) for x in kernels]),
+           {"rank": "rank", "device": "device", "name": "kernel", "forward_calls": "forward calls",
+            "backward_calls": "backward calls", "per_step_ms": "ms/step", "mean_us": "mean µs",
+            "forward_ms": "forward ms", "backward_ms": "backward ms", "pct": "% of busy", "lines": "called at"})
+    st.caption("kernels the backend reported under a custom op's name (lib::op): their share of the device's busy "
+               "time is the custom-kernel coverage")
+
+
 def _fallbacks(device: DeviceSection) -> None:
     st.subheader("CPU fallbacks")
     falls = device.fallbacks
@@ -390,4 +403,5 @@ if len(mine):
 _lanes(path, rank, {int(s): v for s, v in zip(mine["step"], mine["verdict"])} if len(mine) else {})
 _stalls(run, device)
 _fusion(device)
+_custom_kernels(device)
 _fallbacks(device)
