@@ -9,9 +9,10 @@ then a recompile), ``neuron partitioning`` (the ops into fusion groups by the ea
 rule, the extension's ``fusion_groups``; ops that only make views join the group they are in) and
 ``neuron codegen`` (the plan that runs each group as one kernel on the device queue,
 ``neuron_extension.kernel``). A custom kernel (``neuron.custom_kernel``) stays one opaque node, a
-group of its own that runs as the op's own kernel, named after the op. Compiled graphs are cached by the graph's code and its inputs' metadata
-(``compile_cache``: cache ``neuron_graph``, hit or miss) and every group is reported as a fusion
-(``fusions``: backend ``neuron``, the group's kernel name and its FX nodes).
+group of its own that runs as the op's own kernel, named after the op. Compiled graphs are cached
+by the graph's code and its inputs' metadata (``compile_cache``: cache ``neuron_graph``, hit or
+miss) and every group is reported as a fusion (``fusions``: backend ``neuron``, the group's kernel
+name and its FX nodes).
 """
 from __future__ import annotations
 
