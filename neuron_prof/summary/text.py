@@ -227,7 +227,7 @@ def _render_device(device: DeviceSection) -> list[str]:
                        ("/step", ".1f", lambda x: x.per_step), ("kernels", "d", lambda x: x.total_kernels),
                        ("device ms", ".2f", lambda x: x.total_ms), ("launch ms (at most)", ".2f", lambda x: x.launch_ms)])
     if device.custom_kernels:
-        shares = {}
+        shares: dict[tuple[int, str], float] = {}  # (rank, device) -> the custom kernels' share of its busy time
         for c in device.custom_kernels:
             shares[(c.rank, c.device)] = shares.get((c.rank, c.device), 0.0) + c.pct
         cov = ", ".join(f"rank {r} {d} {pct:.1f}%" for (r, d), pct in shares.items())
