@@ -566,11 +566,11 @@ BUILTIN_NAMESPACES = ("aten", "prims")
 """Op namespaces that are PyTorch's own: a kernel named ``ns::op`` outside them is a custom kernel."""
 
 
-def is_custom_kernel(names: pd.Series) -> np.ndarray:
-    """Mask of kernel names that are a custom op's qualified name (``lib::op``, ``lib`` not one of
-    ``BUILTIN_NAMESPACES``): how a backend reports a custom kernel (collectors/neuron_prof_backend.h)."""
-    values = _str_values(names)
-    ns = np.array([v.split("::", 1)[0] if "::" in v else "" for v in values], dtype=object)
+def is_custom_kernel(names: np.ndarray) -> np.ndarray:
+    """Mask of kernel names (strings) that are a custom op's qualified name (``lib::op``, ``lib``
+    not one of ``BUILTIN_NAMESPACES``): how a backend reports a custom kernel
+    (collectors/neuron_prof_backend.h)."""
+    ns = np.array([v.split("::", 1)[0] if "::" in v else "" for v in names], dtype=object)
     return (ns != "") & ~np.isin(ns, BUILTIN_NAMESPACES)
 
 
@@ -582,11 +582,12 @@ def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFram
     queued it (a backward run's: the forward call's line). Costliest first."""
     if kernels.empty:
         return pd.DataFrame(columns=CUSTOM_KERNEL_COLUMNS)
-    k = kernels.reset_index(drop=True)
-    busy = k.assign(device=_str_values(k["device"])).groupby(["rank", "device"])["dur"].sum()
-    mine = is_custom_kernel(k["name"])
+    names = _str_values(kernels["name"])
+    mine = is_custom_kernel(names)
     if not mine.any():
         return pd.DataFrame(columns=CUSTOM_KERNEL_COLUMNS)
+    k = kernels.reset_index(drop=True).assign(device=_str_values(kernels["device"]), name=names)
+    busy = k.groupby(["rank", "device"])["dur"].sum()
     n = steps_per_rank(basis)
     hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
     bwd = np.zeros(len(k), dtype=bool)
@@ -596,8 +597,7 @@ def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFram
         named &= mine
         bwd = named & corr["bwd"].to_numpy(bool)[np.where(named, first_op, 0)]
         line = _strings_at(corr["user_source"], first_op, named)
-    k = k.assign(device=_str_values(k["device"]), name=_str_values(k["name"]), bwd=bwd, line=line,
-                 hit_dur=np.where(hit, k["dur"], 0))[mine]
+    k = k.assign(bwd=bwd, line=line, hit_dur=np.where(hit, k["dur"], 0))[mine]
     rows = []
     for (rank, device, name), g in k.groupby(["rank", "device", "name"], sort=False):
         back = g["bwd"].to_numpy()
