@@ -385,7 +385,7 @@ def generate(run_dir: Path, steps: int, kernels_per_step: int, layers: int, seed
             "shapes": o["shapes"][order].astype(np.int32), "dtypes": np.full(n_ops, dtypes_, np.int32),
             "devices": np.full(n_ops, devices_, np.int32), "seq": o["seq"][order].astype(np.int64),
             "fwd_tid": o["fwd_tid"][order].astype(np.int64), "bwd": o["bwd"][order].astype(bool),
-            "depth": o["depth"][order].astype(np.int16)})
+            "depth": o["depth"][order].astype(np.int16), "recompute": np.zeros(n_ops, bool)})
         ne = len(enq["ts"])
         writer.append("device_enqueues", {
             "ts": np.asarray(enq["ts"], np.int64), "tid": np.asarray(enq["tid"], np.int64),

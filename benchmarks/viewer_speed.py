@@ -191,6 +191,7 @@ def _step_ops(rng, n: int, t: int, step: int, pools: dict) -> tuple[dict, int]:
     out["seq"] = np.where(out["bwd"], -1, np.arange(len(order))).astype(np.int64)
     out["fwd_tid"] = np.where(out["bwd"], MAIN_TID, 0).astype(np.int64)
     out["name"] = out["name"].astype(np.int32)
+    out["recompute"] = np.zeros(len(order), bool)
     end = int(ts[-1] + dur[-1]) + 50_000
     return out, end
 
@@ -343,7 +344,7 @@ def generate_memory_run(run_dir: Path, n_allocs: int, n_steps: int, seed: int = 
                               "shapes": np.zeros(k, np.int32), "dtypes": np.zeros(k, np.int32),
                               "devices": np.full(k, dev, np.int32), "seq": np.arange(k, dtype=np.int64),
                               "fwd_tid": np.zeros(k, np.int64), "bwd": np.zeros(k, bool),
-                              "depth": np.zeros(k, np.int16)})
+                              "depth": np.zeros(k, np.int16), "recompute": np.zeros(k, bool)})
         writer.append("steps", {"step": np.array([s], np.int32), "ts": np.array([starts[s]], np.int64),
                                 "dur": np.array([step_ns], np.int64), "active": np.array([True]),
                                 "complete": np.array([True])})

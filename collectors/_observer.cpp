@@ -59,9 +59,10 @@ struct OpRow {
   int64_t seq, fwd_tid;
   uint8_t bwd;
   int16_t depth;
+  uint8_t recompute;
 };
 #pragma pack(pop)
-static_assert(sizeof(OpRow) == 67, "OpRow must match the ops table's packed journal row");
+static_assert(sizeof(OpRow) == 68, "OpRow must match the ops table's packed journal row");
 
 // ------------------------------------------------------------------ globals
 std::atomic<bool> g_recording{false};
@@ -163,7 +164,7 @@ void emit(ThreadState* st, const OpenFrame& f, int64_t te) {
   e.devices = f.devices;
   e.depth = f.depth;
   e.bwd = f.bwd ? 1 : 0;
-  e.pad_ = 0;
+  e.recompute = f.recompute ? 1 : 0;
   std::lock_guard<SpinLock> g(st->lock);
   st->events.push_back(e);
 }
@@ -205,6 +206,13 @@ void foreign_end(uint64_t owner_logical, const void* rf, int64_t te) {
 
 std::atomic<bool> g_alloc_meta{false};  // set by the memory tracker while it records in detail
 
+// A forward op's attribution, for its backward node to find by (thread, seq).
+void remember_forward(const ThreadState* st, const OpenFrame& f) {
+  if (f.seq < 0) return;
+  std::lock_guard<SpinLock> g(g_fwd_lock);
+  g_fwd[fwd_index(st->logical_tid, f.seq)] = FwdSlot{st->logical_tid, f.seq, st->os_tid, f.module, f.stack};
+}
+
 void start_impl(const at::RecordFunction& rf) {
   ThreadState* st = get_state();
   if (!st) return;
@@ -225,6 +233,7 @@ void start_impl(const at::RecordFunction& rf) {
   f.depth = (int16_t)std::min<size_t>(st->open.size(), 32767);
   f.user_scope = scope == at::RecordScope::USER_SCOPE;
   f.unresolved = false;
+  f.recompute = false;
   OpenFrame* parent = st->open.empty() ? nullptr : &st->open.back();
   if (scope == at::RecordScope::BACKWARD_FUNCTION) {
     f.bwd = true;
@@ -250,6 +259,15 @@ void start_impl(const at::RecordFunction& rf) {
       it->fwd_tid = f.fwd_tid;
       it->unresolved = false;
     }
+  } else if (parent && parent->bwd && (parent->recompute || (f.seq >= 0 && scope == at::RecordScope::FUNCTION))) {
+    // re-run forward code: attributed as forward code is (the module running, the user's line)
+    f.bwd = true;
+    f.recompute = true;
+    f.module = st->module ? st->module : parent->module;
+    f.fwd_tid = st->os_tid;
+    f.stack = parent->recompute && !parent->user_scope ? parent->stack : walk_python(st);
+    if (f.stack == 0) f.stack = parent->stack;
+    remember_forward(st, f);  // its backward, later in this pass, is attributed to it
   } else if (parent && parent->bwd) {
     f.bwd = true;
     f.module = parent->module;
@@ -272,11 +290,7 @@ void start_impl(const at::RecordFunction& rf) {
       f.stack = walk_python(st);
       if (f.stack == 0 && parent) f.stack = parent->stack;
     }
-    if (f.seq >= 0) {
-      std::lock_guard<SpinLock> g(g_fwd_lock);
-      g_fwd[fwd_index(st->logical_tid, f.seq)] =
-          FwdSlot{st->logical_tid, f.seq, st->os_tid, f.module, f.stack};
-    }
+    remember_forward(st, f);
   }
   MetaIds mi{0, 0, 0};
   if (rf.needsInputs()) mi = meta_ids(st, rf);
@@ -508,6 +522,7 @@ py::bytes py_take_rows(const std::vector<std::pair<int32_t, int32_t>>& strings,
     r.fwd_tid = e.fwd_tid;
     r.bwd = e.bwd;
     r.depth = e.depth;
+    r.recompute = e.recompute;
     memcpy(rows + i, &r, sizeof(OpRow));
   }
   std::vector<Event>().swap(*g_taken);
@@ -531,6 +546,7 @@ py::dict py_layout() {
   add("fwd_tid", offsetof(OpRow, fwd_tid), "<i8");
   add("bwd", offsetof(OpRow, bwd), "u1");
   add("depth", offsetof(OpRow, depth), "<i2");
+  add("recompute", offsetof(OpRow, recompute), "u1");
   d["fields"] = fields;
   d["itemsize"] = sizeof(OpRow);
   return d;

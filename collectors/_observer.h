@@ -42,7 +42,7 @@ struct Event {
   int32_t devices;
   int16_t depth;
   uint8_t bwd;
-  uint8_t pad_;
+  uint8_t recompute;  // a forward op re-run in the backward pass (OpenFrame::recompute)
 };
 
 inline int64_t now_ns() {
@@ -98,6 +98,10 @@ struct OpenFrame {
   bool bwd;
   bool unresolved;  // backward wrapper whose forward attribution is not known yet
   bool user_scope;
+  // A forward op re-run inside the backward pass (activation checkpointing): an op under a backward
+  // op that records autograd history (seq >= 0; the engine runs backward nodes with grad mode off
+  // unless create_graph), and the ops under it.
+  bool recompute;
 };
 
 struct NameEntry {

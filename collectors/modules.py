@@ -2,7 +2,9 @@
 
 The outermost module on a thread is named by its class name (``TinyTransformer``); modules
 called inside it by their ``named_modules()`` path relative to it (``layers.0.self_attn``). A
-module that is not a submodule of the outermost one is named ``<parent path>.<ClassName>``.
+module that is not a submodule of the outermost one is named ``<parent path>.<ClassName>``. A
+module called with no module open that was named inside an outermost one before (a checkpointed
+block re-run by the backward pass) keeps that name, and so do the modules it calls.
 Each change of the current path is reported as an interned id through ``set_module``.
 
 The hooks cost every module call a few Python calls, so they are attached only while someone reads
@@ -74,6 +76,8 @@ class ModuleTracker:
         self._tls = threading.local()
         # id(root) -> (weakref(root), root path id, {id(child): (weakref(child), path, path id)})
         self._roots: dict[int, tuple[weakref.ref, str, dict[int, tuple[weakref.ref, str, int]]]] = {}
+        # each submodule named inside a root: (the submodule, that root's paths)
+        self._named_in: dict[int, tuple[weakref.ref, dict[int, tuple[weakref.ref, str, int]]]] = {}
         self._hooks: tuple[Callable, Callable] | None = None  # (pre, post) from install to uninstall
         self._handles: list = []  # while attached
         self._window = False
@@ -189,6 +193,7 @@ class ModuleTracker:
         self._unhide = []
         self._hooks = None
         self._roots.clear()
+        self._named_in.clear()
         if self._filter in warnings.filters:
             warnings.filters.remove(self._filter)
             getattr(warnings, "_filters_mutated", lambda: None)()  # invalidate cached lookups
@@ -202,6 +207,7 @@ class ModuleTracker:
             ent = (weakref.ref(root), path, {})
             if len(self._roots) > 4096:
                 self._roots = {k: v for k, v in self._roots.items() if v[0]() is not None}
+                self._named_in = {k: v for k, v in self._named_in.items() if v[0]() is not None}
             self._roots[id(root)] = ent
             ent[2][id(root)] = (ent[0], path, self._intern(path))
         return ent
@@ -220,7 +226,10 @@ class ModuleTracker:
             if id(m) not in paths or paths[id(m)][0]() is not m:
                 if not name:
                     name = ent[1]
-                paths[id(m)] = (weakref.ref(m), name, self._intern(name))
+                ref = weakref.ref(m)
+                paths[id(m)] = (ref, name, self._intern(name))
+                if m is not root:
+                    self._named_in[id(m)] = (ref, paths)
         hit = paths.get(id(child))
         if hit is not None and hit[0]() is child:
             return hit[1], hit[2]
@@ -248,9 +257,14 @@ class ModuleTracker:
             if self._on_first_call is not None:
                 first, self._on_first_call = self._on_first_call, None
                 first(time.monotonic_ns())
-            ent = self._root_entry(module)
-            paths = ent[2]
-            path, pid = ent[1], paths[id(module)][2]
+            named = self._named_in.get(id(module))
+            if named is not None and named[0]() is module:  # a submodule called on its own: re-run
+                paths = named[1]
+                path, pid = paths[id(module)][1], paths[id(module)][2]
+            else:
+                ent = self._root_entry(module)
+                paths = ent[2]
+                path, pid = ent[1], paths[id(module)][2]
         stack.append((module, path, pid, paths))
         self._set(pid)
 

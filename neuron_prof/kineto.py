@@ -121,7 +121,8 @@ class _Tables:
     def __init__(self) -> None:
         self.interner = Interner()
         self.ops: dict[str, list] = {k: [] for k in ("ts", "dur", "tid", "name", "module", "stack", "shapes",
-                                                     "dtypes", "devices", "seq", "fwd_tid", "bwd", "depth")}
+                                                     "dtypes", "devices", "seq", "fwd_tid", "bwd", "depth",
+                                                     "recompute")}
         self.memory: dict[str, list] = {k: [] for k in ("ts", "alloc_ts", "addr", "bytes", "device", "tid", "op",
                                                         "top_op", "module", "stack", "shape", "dtype", "bwd",
                                                         "kind", "total_allocated", "total_reserved", "grad")}
@@ -189,6 +190,7 @@ def _walk_thread(events: list[dict[str, Any]], t: _Tables, alloc_ts: dict[tuple[
         o["fwd_tid"].append(e["_tid"])
         o["bwd"].append(e["_bwd"])
         o["depth"].append(len(ops))
+        o["recompute"].append(False)  # a Kineto trace does not say which ops checkpointing re-ran
 
 
 def _tid(value: Any) -> int:

@@ -28,7 +28,7 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.safefile import cannot_read, open_regular, read_at, read_whole
 from neuron_prof.schema import (CONFLICT_GLOB, INFLIGHT, INFLIGHT_MAGIC, INFLIGHT_SLOT, INFLIGHT_STATES, JOURNAL_SUFFIX,
                                 LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
-                                RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype)
+                                RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype, schema_of)
 from neuron_prof.store import sign
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
@@ -52,13 +52,14 @@ class RankData:
 
     def table(self, name: str) -> pa.Table:
         """The table with today's columns; a column a run written by an earlier version lacks
-        reads as zeros (ids: the empty string)."""
+        reads as zeros (ids: the empty string; False)."""
         t = self.tables.get(name)
         if t is None:
             return TABLES[name].empty_table()
         for f in TABLES[name]:
             if f.name not in t.column_names:
-                t = t.append_column(f, pa.nulls(t.num_rows, f.type).fill_null(0))
+                t = t.append_column(f, pa.nulls(t.num_rows, f.type).fill_null(False if pa.types.is_boolean(f.type)
+                                                                               else 0))
         return t.select(TABLES[name].names)
 
     def take(self, name: str) -> pa.Table:
@@ -307,7 +308,8 @@ def read_rank(rank_dir: Path) -> RankData:
     if meta.get("rank", rank) != rank:
         raise NeuronProfError(f"{rank_dir / RANK_META}: says rank {meta['rank']}, but its folder is {rank_dir.name}; "
                               f"{_DAMAGED}")
-    signed = meta.get("schema_version", 1) >= 2
+    version = meta.get("schema_version", 1)
+    signed = version >= 2
     commit = _last_commit(rank_dir / MANIFEST, signed)
     crc = commit.get("crc", {}) if signed else {}
     journal_crc = commit.get("journal_crc", {}) if signed else {}
@@ -322,8 +324,12 @@ def read_rank(rank_dir: Path) -> RankData:
     for name, size in commit.get("journal", {}).items():
         if name not in TABLES:
             continue
-        rows, extra = _read_journal(rank_dir / f"{name}{JOURNAL_SUFFIX}", size, journal_crc.get(name), TABLES[name])
-        tables[name] = pa.concat_tables([tables[name], rows]) if name in tables else rows
+        rows, extra = _read_journal(rank_dir / f"{name}{JOURNAL_SUFFIX}", size, journal_crc.get(name),
+                                    schema_of(name, version))
+        if name not in tables:
+            tables[name] = rows
+        elif rows.num_rows:  # (an empty journal adds nothing, whatever layout it was read with)
+            tables[name] = pa.concat_tables([tables[name], rows])
         if extra:
             ignored[name] = ignored.get(name, 0) + extra
     for suffix in (TABLE_SUFFIX, JOURNAL_SUFFIX):  # written but never committed: killed in step 0

@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: manifest lines carry CRC-32s of the committed bytes and of themselves (``store.sign``);
 readers verify them for runs of version 2 and read version 1 runs without. 3: always-on capture
 samples its detail, and a dump names the steps it wrote whole in ``dumped_steps`` (version 2's
 always-on ranks kept every step's detail: a dump's first_step..last_step were those steps). Tables
 added since (``dump_collectives``, ``dump_queues``) need no new version: a reader that predates
-them skips them, and reads an older run as having none."""
+them skips them, and reads an older run as having none. 4: ``ops.recompute`` (:data:`ADDED_COLUMNS`)."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
 JOURNALED = ("ops", "steps", "marks", "metrics", "memory_events", "memory_steps", "process_memory", "collectives",
@@ -53,7 +53,7 @@ TABLES: dict[str, pa.Schema] = {
     "ops": pa.schema([
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("module", _i32),
         ("stack", _i32), ("shapes", _i32), ("dtypes", _i32), ("devices", _i32),
-        ("seq", _i64), ("fwd_tid", _i64), ("bwd", pa.bool_()), ("depth", _i16),
+        ("seq", _i64), ("fwd_tid", _i64), ("bwd", pa.bool_()), ("depth", _i16), ("recompute", pa.bool_()),
     ]),
     "steps": pa.schema([
         ("step", _i32), ("ts", _i64), ("dur", _i64), ("active", pa.bool_()), ("complete", pa.bool_()),
@@ -178,6 +178,21 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 
+ADDED_COLUMNS: dict[str, dict[str, int]] = {"ops": {"recompute": 4}}
+"""table -> column -> the schema version that appended it (columns are only ever appended, each with
+a default: False, 0): an older run's journal rows lack it (:func:`schema_of`), and a reader reads it
+as the default (``reader.RankData.table``)."""
+
+
+def schema_of(table: str, version: int) -> pa.Schema:
+    """``table``'s columns as a writer of schema ``version`` laid them out."""
+    schema = TABLES[table]
+    for column, since in ADDED_COLUMNS.get(table, {}).items():
+        if version < since:
+            schema = schema.remove(schema.get_field_index(column))
+    return schema
+
+
 _STRING_IDS = {
     "frames": ("file", "func"),
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
@@ -261,7 +276,8 @@ DESCRIPTIONS: dict[str, str] = {
     "dump_queues": "Always-on capture: each device queue at a dump, as the device collector last saw it: rank, ts "
                    "(the dump's), device, depth (queued ops) as of depth_ts, and the last flush: flush_ts (-1: none "
                    "seen), flush_dur, flush_reason (sync, size, fallback, synchronize, other), flush_ops, step.",
-    "ops": "One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., step.",
+    "ops": "One row per ATen op: rank, ts, dur, tid, thread, name, module, source, shapes, ..., recompute (a "
+           "forward op re-run inside the backward pass: activation checkpointing), step.",
     "spans": "Spans of the run that are not steps: ``start-up`` (under ``record``: the process from its start to "
              "its first module call). neuron_prof's own work at step boundaries is the gap between one step's "
              "end and the next one's start (``analysis.steps.own_work``).",

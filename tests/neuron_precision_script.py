@@ -2,9 +2,10 @@
 of its own by tests/test_neuron_precision.py (enabling the device renames PyTorch's PrivateUse1
 backend for the whole process). Prints one JSON object of facts the tests check.
 
-    python tests/neuron_precision_script.py RUN_DIR
+    python tests/neuron_precision_script.py RUN_DIR GPT2_RUN_DIR
 
-RUN_DIR receives a neuron_prof capture of the autocast training on the device.
+RUN_DIR receives a neuron_prof capture of the autocast training on the device, GPT2_RUN_DIR one of
+a tiny Hugging Face GPT-2 trained there under autocast bf16 with gradient checkpointing.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def train(model: MLP, device: str, autocast: bool, ckpt: bool | None = None, pro
         y = torch.randn(BATCH, WIDTH, generator=g).to(device)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=autocast):
             out = model(x)
-            loss = F.mse_loss(out, y)
+            loss = F.mse_loss(out, y)  # LOSS-LINE
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -84,6 +85,34 @@ def generic_lists() -> dict[str, str]:
                 "softmax": str(torch.softmax(h, -1).dtype), "exp": str(torch.exp(h).dtype)}
 
 
+def gpt2(checkpointing: bool, prof=None) -> list[float]:
+    """A tiny GPT-2 (Transformers, from a config; no dropout) trained on the device under autocast
+    bf16, with the model's own gradient checkpointing or without: losses, exactly."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train().to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    g = torch.Generator().manual_seed(2)
+    losses = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, 64, (4, 16), generator=g).to("neuron")
+        with torch.autocast(device_type="neuron", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss  # GPT2-LOSS-LINE
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if prof is not None:
+            prof.step()
+    return losses
+
+
 def main() -> None:
     neuron.enable()
     torch.manual_seed(0)
@@ -99,6 +128,10 @@ def main() -> None:
     facts["generic_lists"] = generic_lists()
     with neuron_prof.profile(sys.argv[1]) as prof:
         facts["captured"] = train(model, "neuron", autocast=True, ckpt=False, prof=prof)
+    facts["gpt2"] = gpt2(checkpointing=False)
+    facts["gpt2_checkpointing"] = gpt2(checkpointing=True)
+    with neuron_prof.profile(sys.argv[2]) as prof:
+        facts["gpt2_captured"] = gpt2(checkpointing=True, prof=prof)
     print(json.dumps(facts))
 
 

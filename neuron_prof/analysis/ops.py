@@ -60,7 +60,7 @@ def name_mask(ops: pd.DataFrame, pred, column: str = "name") -> np.ndarray:
     return np.array([bool(pred(str(c))) for c in cat.cat.categories] + [False], dtype=bool)[cat.cat.codes.to_numpy()]
 
 
-OP_PHASES = ("forward", "backward", "optimizer", "communication")
+OP_PHASES = ("forward", "backward", "recompute", "optimizer", "communication")
 OPTIMIZER_PREFIX = "Optimizer."  # torch.optim's record_function ranges: Optimizer.step#Adam.step, ...
 COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 
@@ -68,7 +68,8 @@ COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 def step_phases(ops: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
     """The phase of a training step each op's self time belongs to, as an index into ``OP_PHASES``:
     ``communication`` for collective ops (``c10d::``, NCCL/Gloo ranges) and what runs inside them;
-    ``backward`` for other ops autograd's backward pass ran; ``optimizer`` for the rest of
+    ``backward`` for other ops autograd's backward pass ran, but ``recompute`` for the forward ops
+    it re-ran (activation checkpointing: ``ops.recompute``); ``optimizer`` for the rest of
     torch.optim's ranges (``Optimizer.step``/``zero_grad`` and what runs inside them) outside any
     module; ``forward`` for everything else, a module's ops inside an optimizer range included:
     Lightning and closure optimizers (LBFGS) run forward and backward inside
@@ -82,6 +83,8 @@ def step_phases(ops: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
     in_opt = within(name_mask(ops, lambda n: n.startswith(OPTIMIZER_PREFIX)))
     phase[in_opt & ~name_mask(ops, bool, "module")] = OP_PHASES.index("optimizer")
     phase[ops["bwd"].to_numpy(bool)] = OP_PHASES.index("backward")
+    if "recompute" in ops.columns:  # a frame built without it (an imported trace) has no recompute
+        phase[ops["recompute"].to_numpy(bool)] = OP_PHASES.index("recompute")
     phase[within(name_mask(ops, lambda n: n.startswith(COMM_PREFIXES)))] = OP_PHASES.index("communication")
     return phase
 
@@ -153,14 +156,18 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
              self_ns: np.ndarray | None = None) -> pd.DataFrame:
     """Calls, total and self time per group, sorted by self time; ``self_pct`` of all self time.
     Self time: ``self_ns`` if given, else the ops' ``self_ns`` column (``run_time_ops``), else
-    ``self_time(ops)``."""
-    cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward"]
+    ``self_time(ops)``. Where ``ops`` has ``recompute``, recomputed ops (activation checkpointing)
+    are groups of their own, marked ``recompute``: the same op of the same module runs forward and
+    is re-run in the backward pass."""
+    recompute = "recompute" in ops.columns
+    cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward", *(["recompute"] if recompute else [])]
     if ops.empty:
         return pd.DataFrame(columns=cols)
     if self_ns is None:
         self_ns = ops["self_ns"].to_numpy() if "self_ns" in ops.columns else self_time(ops)
-    df = ops[list(by) + ["dur", "bwd"]].assign(self_ns=self_ns)
-    g = df.groupby(list(by), observed=True, sort=False)
+    keys = [*by, *(["recompute"] if recompute else [])]
+    df = ops[keys + ["dur", "bwd"]].assign(self_ns=self_ns)
+    g = df.groupby(keys, observed=True, sort=False)
     out = pd.DataFrame({
         "calls": g.size(),
         "total_ms": g["dur"].sum() / 1e6,

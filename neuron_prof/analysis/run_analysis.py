@@ -20,9 +20,10 @@ import pandas as pd
 from neuron_prof.analysis import clock, collective_match, comm_cost
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import memory as mem
+from neuron_prof.analysis import precision
 from neuron_prof.analysis.compile import compile_spans
-from neuron_prof.analysis.ops import (RUN_TIME_COLUMNS, compile_overlap, parent_index, run_time_ops, run_time_rows,
-                                     self_time)
+from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overlap, parent_index, run_time_ops,
+                                     run_time_rows, self_time, step_phases)
 from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
 
 if TYPE_CHECKING:
@@ -87,6 +88,49 @@ class RunAnalysis:
         (``analysis.ops.run_time_ops``): what the op table, the report and the Ops page rank."""
         return run_time_ops(self.run.ops, self.op_scope, self.op_compile.compile_ns, self.op_run_self_ns,
                             columns, top_level=top_level)
+
+    @functools.cached_property
+    def op_phase(self) -> np.ndarray:
+        """Each op's phase of the step, an index into ``analysis.ops.OP_PHASES``."""
+        return step_phases(self.run.ops, self.op_parent)
+
+    # ---- precision
+
+    @functools.cached_property
+    def _op_precision(self) -> np.ndarray:
+        """Each op's precision (``analysis.precision.op_precision``)."""
+        return precision.op_precision(self.run.ops)
+
+    @functools.cached_property
+    def precision_basis(self) -> str:
+        """What precision figures weigh each op by: "device" (the device time of the kernels that
+        ran its work) where a device backend reported kernels, else "host" (its run-time self time)."""
+        return "device" if len(self.run.device_kernels) else "host"
+
+    @functools.cached_property
+    def _precision_time(self) -> np.ndarray:
+        """Each op's weight in the precision figures (``precision_basis``), ns."""
+        if self.precision_basis == "device":
+            return precision.device_ns_per_op(len(self.run.ops), self.device_correlation)
+        return self.op_run_self_ns.astype(np.float64)
+
+    @functools.cached_property
+    def _precision_scope(self) -> np.ndarray:
+        """The ``op_scope`` ops of the forward and backward passes (recompute included): what
+        autocast decides the precision of."""
+        passes = np.isin(self.op_phase, [OP_PHASES.index(p) for p in ("forward", "backward", "recompute")])
+        return self.op_scope & passes
+
+    @functools.cached_property
+    def precision_mix(self) -> pd.DataFrame:
+        """Per rank: each precision's time per ``op_basis`` step and share (``analysis.precision``)."""
+        return precision.precision_mix(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
+                                       self.op_basis.per_rank)
+
+    def left_in_fp32(self, top: int = 10) -> pd.DataFrame:
+        """The forward ops autocast left in fp32 (``analysis.precision.left_in_fp32``)."""
+        return precision.left_in_fp32(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
+                                      self.op_phase == OP_PHASES.index("forward"), self.op_basis.per_rank, top)
 
     # ---- steps and compiling
 

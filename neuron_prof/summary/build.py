@@ -20,8 +20,9 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
 from neuron_prof.analysis.collective_match import in_flight
 from neuron_prof.analysis.comm_cost import bandwidth, group_bandwidth, overlap_by_rank
-from neuron_prof.analysis.ops import comm_ops, in_steps, op_stats, phase_time, step_phases
+from neuron_prof.analysis.ops import comm_ops, in_steps, op_stats, phase_time
 from neuron_prof.analysis.records import records
+from neuron_prof.analysis.recompute import recompute_by_module
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import step_breakdown, step_stats, steps_per_rank, time_split
 from neuron_prof.analysis.stragglers import SHARE, steady_steps, straggler_steps, stragglers
@@ -32,9 +33,10 @@ from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
     CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime,
     Conflict, Coverage, CustomKernel, DetailCut, DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump,
-    DumpCollective, DumpQueue, DumpThread, Fallback, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health,
+    DumpCollective, DumpQueue, DumpThread, Fallback, Fp32Op, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health,
     InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
-    NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, ProcessMemory, RankHealth, RunFacts, Stall,
+    NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
+    RankHealth, Recompute, RunFacts, Stall,
     Startup, StepBreakdown, StepStats, Straggler, StragglerSite, StragglerStep, Summary, SyncSection, SyncSite,
     TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
@@ -57,7 +59,7 @@ def run_op_stats(run: Run, by: tuple[str, ...] = ("name", "module")) -> pd.DataF
     """``op_stats`` over the op scope (``RunAnalysis.scoped_ops``: the run-time ops of the steady
     captured steps), with ``self_ms_per_step`` when there is such a step."""
     analysis = analyze(run)
-    stats = op_stats(analysis.scoped_ops(tuple(dict.fromkeys((*by, "bwd")))), by)
+    stats = op_stats(analysis.scoped_ops(tuple(dict.fromkeys((*by, "bwd", "recompute")))), by)
     if analysis.op_basis.per_rank:
         stats["self_ms_per_step"] = stats["self_ms"] / analysis.op_basis.per_rank
     return stats
@@ -75,7 +77,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     parent = analysis.op_parent
     stats = run_op_stats(run).head(top)
     top_level = analysis.scoped_ops(top_level=True)
-    phase_ns = phase_time(ops, step_phases(ops, parent), analysis.op_run_self_ns, keep)
+    phase_ns = phase_time(ops, analysis.op_phase, analysis.op_run_self_ns, keep)
     sync = sync_points(ops, parent, exclude=inside)
     flushes = run.queue_flushes
     measured = run.device_kernels.size or flushes.size or run.fallbacks.size
@@ -107,6 +109,10 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
                                                exposed, flushes if measured else None)),
         ops=OpsSection(captured_steps=n_scope, basis=basis, events=int(len(ops)), compile_events=int(inside.sum()),
                        top_by_self_time=_rows(OpRow, stats)),
+        precision=PrecisionSection(time=analysis.precision_basis, mix=_rows(PrecisionShare, analysis.precision_mix),
+                                   left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32(top))),
+        recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_run_self_ns, keep,
+                                                       analysis.op_basis.per_rank)),
         sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured),
                                 by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits))),
         device=_device(run, kinds, scope, basis, top) if measured else NotCaptured(),

@@ -95,16 +95,61 @@ class StepBreakdown:
     step_ms: float
     forward_ms: float
     backward_ms: float
+    recompute_ms: float
     optimizer_ms: float
     communication_ms: float
     compile_ms: float
     outside_ops_ms: float
     forward_pct: float | None
     backward_pct: float | None
+    recompute_pct: float | None
     optimizer_pct: float | None
     communication_pct: float | None
     compile_pct: float | None
     outside_ops_pct: float | None
+
+
+@row
+class Recompute:
+    """``analysis.recompute.recompute_by_module``: what activation checkpointing re-ran, per
+    checkpointed module."""
+    rank: int
+    module: str
+    reruns: int
+    ops: int
+    ms_per_step: float
+    pct_of_backward: float
+    user_sources: list[str]
+
+
+@row
+class PrecisionShare:
+    """``analysis.precision.precision_mix``: a precision's time per step and share."""
+    rank: int
+    precision: str
+    ms_per_step: float
+    pct: float
+
+
+@row
+class Fp32Op:
+    """``analysis.precision.left_in_fp32``: a forward op computed in fp32 in a run under autocast."""
+    rank: int
+    name: str
+    module: str
+    calls: int
+    ms_per_step: float
+    pct: float
+    user_sources: list[str]
+
+
+@row
+class PrecisionSection:
+    """Which precision the steps' time went to (``time``: "device" time or "host" self time), and
+    the ops autocast left in fp32 (empty without bf16/fp16 time)."""
+    time: str
+    mix: list[PrecisionShare]
+    left_in_fp32: list[Fp32Op]
 
 
 @row
@@ -132,6 +177,8 @@ class OpRow:
     self_pct: float | None
     mean_us: float
     backward: bool
+    recompute: bool
+    """Forward ops the backward pass re-ran (activation checkpointing)."""
     self_ms_per_step: float | Absent = ABSENT
     """Absent when no steady captured step: no per-step figure."""
 
@@ -867,6 +914,8 @@ class Summary:
     step_breakdown: list[StepBreakdown]
     time_split: list[TimeSplit]
     ops: OpsSection
+    precision: PrecisionSection
+    recompute: list[Recompute]
     sync_points: SyncSection
     device: DeviceSection | NotCaptured
     compile: CompileSection

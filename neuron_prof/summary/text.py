@@ -34,6 +34,33 @@ Column = tuple[str, str, Callable[[Any], Any]]
 """A table column: header, format (``""``: the value as text, left-aligned) and the row's cell."""
 
 
+def _render_precision(summary: Summary, basis: str) -> list[str]:
+    """Precision mix and the ops autocast left in fp32; activation checkpointing's re-runs."""
+    out: list[str] = []
+    p = summary.precision
+    if p.mix and any(m.precision in ("bf16", "fp16") for m in p.mix):
+        what = "device time" if p.time == "device" else "op self time"
+        out += ["", f"Precision ({what} per {basis} step, by the dtype each op computed in; "
+                    "cast: casts and copies)"]
+        out += _table(p.mix, [("rank", "d", lambda x: x.rank), ("precision", "", lambda x: x.precision),
+                              ("ms/step", ".3f", lambda x: x.ms_per_step), ("%", ".1f", lambda x: x.pct)])
+        if p.left_in_fp32:
+            out += ["", "  Forward ops autocast left in fp32 (costliest)"]
+            out += ["  " + line for line in _table(p.left_in_fp32, [
+                ("op", "", lambda x: x.name), ("module", "", lambda x: x.module or "-"),
+                ("calls", "d", lambda x: x.calls), ("ms/step", ".3f", lambda x: x.ms_per_step),
+                ("%", ".1f", lambda x: x.pct), ("called at", "", lambda x: ", ".join(x.user_sources[:2]))])]
+    if summary.recompute:
+        out += ["", f"Recomputed by activation checkpointing (forward ops re-run in the backward pass; "
+                    f"self time per {basis} step)"]
+        out += _table(summary.recompute, [
+            ("rank", "d", lambda x: x.rank), ("checkpointed module", "", lambda x: x.module or "-"),
+            ("re-runs", "d", lambda x: x.reruns), ("ops", "d", lambda x: x.ops),
+            ("ms/step", ".3f", lambda x: x.ms_per_step), ("% of backward", ".1f", lambda x: x.pct_of_backward),
+            ("called at", "", lambda x: ", ".join(x.user_sources[:2]))])
+    return out
+
+
 def _table(rows: Sequence[R], cols: list[Column]) -> list[str]:
     """Fixed-width text table: a missing number reads ``-``, missing text nothing."""
     cells = [[h for h, _, _ in cols]]
@@ -109,10 +136,11 @@ def render_text(summary: Summary) -> str:
                                  ("%", ".1f", lambda x: x.self_pct), ("total ms", ".2f", lambda x: x.total_ms)]
         if ops.top_by_self_time[0].self_ms_per_step is not ABSENT:
             op_cols.insert(4, ("ms/step", ".3f", lambda x: _given(x.self_ms_per_step)))
-        op_cols.append(("pass", "", lambda x: "bwd" if x.backward else ""))
+        op_cols.append(("pass", "", lambda x: "recompute" if x.recompute else "bwd" if x.backward else ""))
         out += _table(ops.top_by_self_time, op_cols)
     else:
         out.append("  no op events captured")
+    out += _render_precision(summary, basis)
     sync = summary.sync_points
     out += ["", f"Sync points ({sync.events} events: the host waits for the device here)"]
     if sync.by_source:

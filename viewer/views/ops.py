@@ -1,6 +1,7 @@
 """Ops: the op table of the steady captured steps, as the report scopes it (``analysis.ops.op_stats``
-over ``run_time_ops``), optionally split by input shapes, and self time along the module path as a
-treemap (``analysis.ops.module_tree``)."""
+over ``run_time_ops``), optionally split by input shapes, self time along the module path as a
+treemap (``analysis.ops.module_tree``), the precision mix with the ops autocast left in fp32, and
+what activation checkpointing re-ran (the report's sections)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +21,7 @@ MAX_ROWS = 2000  # op table rows sent to the browser (the table is sorted by sel
 def _scope(run) -> tuple[pd.DataFrame, int]:
     """The report's op scope (``RunAnalysis.scoped_ops``) and what "per step" divides by."""
     analysis = analyze(run)
-    return analysis.scoped_ops(("name", "module", "shapes", "bwd")), analysis.op_basis.per_rank
+    return analysis.scoped_ops(("name", "module", "shapes", "bwd", "recompute")), analysis.op_basis.per_rank
 
 
 @st.cache_data(max_entries=8, show_spinner="aggregating ops ...")
@@ -56,7 +57,8 @@ scope = f"{n_captured} steady captured steps" if n_captured else "no complete ca
 st.caption(f"{scope} (warm-up steps and ops run while compiling left out), {n_ops:,} op events, {len(stats):,} "
            "groups · self time = time not spent in nested ops · click a column header to sort")
 cols = ["name", "module", *(["shapes"] if shapes else []), "calls", "self_ms", "self_pct",
-        *(["self_ms_per_step", "total_ms_per_step"] if n_captured else []), "total_ms", "mean_us", "backward"]
+        *(["self_ms_per_step", "total_ms_per_step"] if n_captured else []), "total_ms", "mean_us", "backward",
+        "recompute"]
 table = stats[cols].head(MAX_ROWS)
 table = table.assign(module=table["module"].astype(str).replace("", "-"))  # as the report prints "no module"
 st.dataframe(table, hide_index=True, column_config={
@@ -66,7 +68,9 @@ st.dataframe(table, hide_index=True, column_config={
     "total_ms_per_step": st.column_config.NumberColumn("total ms/step", format="%.3f"),
     "total_ms": st.column_config.NumberColumn("total ms", format="%.3f"),
     "mean_us": st.column_config.NumberColumn("mean µs", format="%.1f"),
-    "backward": st.column_config.CheckboxColumn("backward")})
+    "backward": st.column_config.CheckboxColumn("backward"),
+    "recompute": st.column_config.CheckboxColumn("recompute", help="a forward op the backward pass re-ran "
+                                                                   "(activation checkpointing)")})
 if len(stats) > MAX_ROWS:
     st.caption(f"showing the top {MAX_ROWS:,} of {len(stats):,} groups by self time")
 
@@ -91,3 +95,28 @@ else:
                  column_config={"self_ms": st.column_config.NumberColumn("own self ms", format="%.3f"),
                                 "total_ms": st.column_config.NumberColumn("self ms incl. submodules", format="%.3f"),
                                 "calls": "own ops"})
+
+summary = data.summary(path)
+precision = summary.precision
+if any(m.precision in ("bf16", "fp16") for m in precision.mix):
+    st.subheader("Precision")
+    what = "device time" if precision.time == "device" else "op self time"
+    st.dataframe(pd.DataFrame(precision.mix), hide_index=True, column_config={
+        "ms_per_step": st.column_config.NumberColumn(f"{what} ms/step", format="%.3f"),
+        "pct": st.column_config.NumberColumn("%", format="%.1f")})
+    st.caption("each op's precision is the dtype it computed in (its floating inputs'); cast: casts and copies")
+    if precision.left_in_fp32:
+        st.markdown("**Forward ops autocast left in fp32**")
+        st.dataframe(pd.DataFrame(precision.left_in_fp32).assign(
+            user_sources=[", ".join(x.user_sources) for x in precision.left_in_fp32]), hide_index=True,
+            column_config={"name": "op", "ms_per_step": st.column_config.NumberColumn("ms/step", format="%.3f"),
+                           "pct": st.column_config.NumberColumn("%", format="%.1f"), "user_sources": "called at"})
+if summary.recompute:
+    st.subheader("Recomputed by activation checkpointing")
+    st.dataframe(pd.DataFrame(summary.recompute).assign(
+        user_sources=[", ".join(x.user_sources) for x in summary.recompute]), hide_index=True, column_config={
+        "module": "checkpointed module", "reruns": "re-runs",
+        "ms_per_step": st.column_config.NumberColumn("ms/step", format="%.3f"),
+        "pct_of_backward": st.column_config.NumberColumn("% of backward", format="%.1f"), "user_sources": "called at"})
+    st.caption("forward ops the backward pass ran again, self time per steady step, by the module all ops of a "
+               "re-run lie in")
