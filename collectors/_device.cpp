@@ -1,6 +1,6 @@
 // neuron_prof backend hook API (collectors/neuron_prof_backend.h): what a device backend reports
-// of its queue, its kernels and its CPU fallbacks, kept in per-kind buffers that the device
-// collector (collectors/device.py) drains at every flush.
+// of its queues, its kernels, its events and its CPU fallbacks, kept in per-kind buffers that the
+// device collector (collectors/device.py) drains at every flush.
 //
 // The API is one static struct, handed out as a PyCapsule (device_api_capsule). Its `capturing`
 // points at g_capturing, which the collector sets while it wants reports: while a capture window
@@ -18,7 +18,12 @@
 //
 // Each row takes the calling thread's OS tid, and enqueues, flushes and fallbacks also the host op
 // the observer has open on the calling thread (neuron_prof::current_op: op name, module path,
-// user stack, backward flag; module from the module hooks when no op is open). Enqueue ids come
+// user stack, backward flag; module from the module hooks when no op is open). Version 2's host
+// reports (event records and waits, queue_synchronized) come from Python calls outside any op as
+// often as not (Event.record(), Stream.synchronize()): with no op open, they take the thread's
+// user stack (neuron_prof::user_stack), so that they still name their line. A queue_synchronized
+// is a flush with its stream and event: it makes a queue_flushes row (what every analysis of host
+// waits reads) and a stream_syncs row beside it. Enqueue ids come
 // from one process-wide counter (unique, increasing, never 0); kernels get ids of their own, and
 // the enqueue ids a kernel ran are kept as (kernel id, enqueue id) pairs, in the order given: the
 // table kernel_enqueues. Strings (op and kernel names) are interned in the engine's string table.
@@ -67,6 +72,29 @@ struct LinkRow {
   int64_t kernel, enqueue;
 };
 
+// version 2: streams and events
+struct EventRow {  // a record or wait the host put on a stream
+  int64_t ts, tid, event;
+  int32_t device, stream, kind, host_op, module, stack;
+  uint8_t bwd, pad_[3];
+};
+
+struct CompletionRow {  // the device reached an event's record
+  int64_t ts, event;
+  int32_t device, stream;
+};
+
+struct StreamWaitRow {  // a stream stood idle waiting for an event
+  int64_t ts, dur, event;
+  int32_t device, stream;
+};
+
+struct SyncRow {  // a host wait, with its stream (-1: every stream) and event (0: none)
+  int64_t ts, dur, tid, event;
+  int32_t device, stream, reason, ops, host_op, module, stack;
+  uint8_t bwd, pad_[3];
+};
+
 volatile int32_t g_capturing = 0;  // the API's flag: g_window || g_live
 volatile int32_t g_window = 0;     // a capture window is open: reports become rows
 volatile int32_t g_live = 0;       // always-on capture: reports keep each queue's state
@@ -80,8 +108,16 @@ std::vector<FlushRow> g_flushes;
 std::vector<KernelRow> g_kernels;
 std::vector<FallbackRow> g_fallbacks;
 std::vector<LinkRow> g_links;
+std::vector<EventRow> g_events;
+std::vector<CompletionRow> g_completions;
+std::vector<StreamWaitRow> g_stream_waits;
+std::vector<SyncRow> g_syncs;
 size_t g_max = 2000000;  // rows per kind between drains; the rest are dropped and counted
-int64_t g_dropped[5] = {0, 0, 0, 0, 0};
+// the kinds, in the order of g_dropped's counts
+const char* const kKinds[] = {"enqueues", "flushes", "kernels", "fallbacks", "links",
+                              "events", "completions", "stream_waits", "syncs"};
+constexpr int kNKinds = sizeof(kKinds) / sizeof(kKinds[0]);
+int64_t g_dropped[kNKinds] = {};
 
 thread_local int64_t t_tid = 0;
 
@@ -213,6 +249,13 @@ void attribute(Row& r) {
   r.bwd = h.bwd;
 }
 
+// The same, and the thread's user stack when no op is open (a report from a Python call).
+template <class Row>
+void attribute_line(Row& r) {
+  attribute(r);
+  if (!r.stack) r.stack = neuron_prof::user_stack();
+}
+
 template <class T>
 bool push(std::vector<T>& v, const T& row, int kind) {  // g_mu held
   if (v.size() >= g_max) {
@@ -252,22 +295,35 @@ uint64_t api_op_enqueued(int32_t device, int32_t stream, const char* op, int32_t
   }
 }
 
+inline int32_t known_reason(int32_t reason) {
+  return reason < NEURON_PROF_FLUSH_SYNC || reason > NEURON_PROF_FLUSH_EVENT_SYNCHRONIZE ? NEURON_PROF_FLUSH_OTHER
+                                                                                          : reason;
+}
+
+void keep_flush(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns) {
+  keep(device, [&](LiveQueue& q) {
+    q.flush_reason.store(reason, std::memory_order_relaxed);
+    q.flush_ops.store(ops, std::memory_order_relaxed);
+    q.flush_dur.store(end_ns - start_ns, std::memory_order_relaxed);
+    q.flush_ts.store(start_ns, std::memory_order_relaxed);
+  });
+}
+
+FlushRow flush_row(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns) {
+  FlushRow r{};
+  span(r, device, start_ns, end_ns);
+  r.reason = reason;
+  r.ops = ops;
+  return r;
+}
+
 void api_queue_flushed(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns) {
   if (!g_capturing || neuron_prof::in_forked_child()) return;
-  if (reason < NEURON_PROF_FLUSH_SYNC || reason > NEURON_PROF_FLUSH_OTHER) reason = NEURON_PROF_FLUSH_OTHER;
-  if (g_live)
-    keep(device, [&](LiveQueue& q) {
-      q.flush_reason.store(reason, std::memory_order_relaxed);
-      q.flush_ops.store(ops, std::memory_order_relaxed);
-      q.flush_dur.store(end_ns - start_ns, std::memory_order_relaxed);
-      q.flush_ts.store(start_ns, std::memory_order_relaxed);
-    });
+  reason = known_reason(reason);
+  if (g_live) keep_flush(device, reason, ops, start_ns, end_ns);
   if (!g_window) return;
   try {
-    FlushRow r{};
-    span(r, device, start_ns, end_ns);
-    r.reason = reason;
-    r.ops = ops;
+    FlushRow r = flush_row(device, reason, ops, start_ns, end_ns);
     attribute(r);
     std::lock_guard<std::mutex> g(g_mu);
     push(g_flushes, r, 1);
@@ -313,6 +369,73 @@ void api_cpu_fallback(int32_t device, const char* op, int64_t bytes_to_host, int
   }
 }
 
+// ---- version 2
+void host_event(int32_t device, int32_t stream, uint64_t event, const char* kind) {
+  if (!on()) return;
+  try {
+    EventRow r{};
+    r.ts = neuron_prof::now_ns();
+    r.tid = tid();
+    r.event = (int64_t)event;
+    r.device = device;
+    r.stream = stream;
+    r.kind = intern_c(kind);
+    attribute_line(r);
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_events, r, 5);
+  } catch (...) {
+  }
+}
+
+void api_event_recorded(int32_t device, int32_t stream, uint64_t event) { host_event(device, stream, event, "record"); }
+void api_event_waited(int32_t device, int32_t stream, uint64_t event) { host_event(device, stream, event, "wait"); }
+
+void api_event_completed(int32_t device, int32_t stream, uint64_t event, int64_t ts_ns) {
+  if (!on()) return;
+  try {
+    CompletionRow r{ts_ns, (int64_t)event, device, stream};
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_completions, r, 6);
+  } catch (...) {
+  }
+}
+
+void api_stream_waited(int32_t device, int32_t stream, uint64_t event, int64_t start_ns, int64_t end_ns) {
+  if (!on()) return;
+  try {
+    StreamWaitRow r{start_ns, end_ns - start_ns, (int64_t)event, device, stream};
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_stream_waits, r, 7);
+  } catch (...) {
+  }
+}
+
+void api_queue_synchronized(int32_t device, int32_t stream, uint64_t event, int32_t reason, int32_t ops,
+                            int64_t start_ns, int64_t end_ns) {
+  if (!g_capturing || neuron_prof::in_forked_child()) return;
+  reason = known_reason(reason);
+  if (g_live) keep_flush(device, reason, ops, start_ns, end_ns);
+  if (!g_window) return;
+  try {
+    FlushRow f = flush_row(device, reason, ops, start_ns, end_ns);
+    attribute_line(f);
+    SyncRow r{};
+    span(r, device, start_ns, end_ns);
+    r.event = (int64_t)event;
+    r.stream = stream;
+    r.reason = reason;
+    r.ops = ops;
+    r.host_op = f.host_op;
+    r.module = f.module;
+    r.stack = f.stack;
+    r.bwd = f.bwd;
+    std::lock_guard<std::mutex> g(g_mu);
+    push(g_flushes, f, 1);
+    push(g_syncs, r, 8);
+  } catch (...) {
+  }
+}
+
 neuron_prof_backend_api g_api = {
     NEURON_PROF_BACKEND_API_VERSION,
     (uint32_t)sizeof(neuron_prof_backend_api),
@@ -322,6 +445,11 @@ neuron_prof_backend_api g_api = {
     &api_queue_flushed,
     &api_kernel_executed,
     &api_cpu_fallback,
+    &api_event_recorded,
+    &api_event_waited,
+    &api_event_completed,
+    &api_stream_waited,
+    &api_queue_synchronized,
 };
 
 py::object device_api_capsule() {
@@ -407,6 +535,19 @@ void py_fallback(int32_t device, const std::string& op, int64_t to_host, int64_t
                  int64_t end) {
   api_cpu_fallback(device, op.c_str(), to_host, from_host, start, end);
 }
+void py_event(int32_t device, int32_t stream, uint64_t event, bool wait) {
+  (wait ? api_event_waited : api_event_recorded)(device, stream, event);
+}
+void py_event_completed(int32_t device, int32_t stream, uint64_t event, int64_t ts) {
+  api_event_completed(device, stream, event, ts);
+}
+void py_stream_wait(int32_t device, int32_t stream, uint64_t event, int64_t start, int64_t end) {
+  api_stream_waited(device, stream, event, start, end);
+}
+void py_sync(int32_t device, int32_t stream, uint64_t event, int32_t reason, int32_t ops, int64_t start,
+             int64_t end) {
+  api_queue_synchronized(device, stream, event, reason, ops, start, end);
+}
 
 py::dict device_layout() {
   py::dict d;
@@ -451,6 +592,32 @@ py::dict device_layout() {
     F(LinkRow, kernel, "<i8"); F(LinkRow, enqueue, "<i8");
     table("links", fields, sizeof(LinkRow));
   }
+  {
+    py::list fields;
+    F(EventRow, ts, "<i8"); F(EventRow, tid, "<i8"); F(EventRow, event, "<i8"); F(EventRow, device, "<i4");
+    F(EventRow, stream, "<i4"); F(EventRow, kind, "<i4"); F(EventRow, host_op, "<i4"); F(EventRow, module, "<i4");
+    F(EventRow, stack, "<i4"); F(EventRow, bwd, "u1");
+    table("events", fields, sizeof(EventRow));
+  }
+  {
+    py::list fields;
+    F(CompletionRow, ts, "<i8"); F(CompletionRow, event, "<i8"); F(CompletionRow, device, "<i4");
+    F(CompletionRow, stream, "<i4");
+    table("completions", fields, sizeof(CompletionRow));
+  }
+  {
+    py::list fields;
+    F(StreamWaitRow, ts, "<i8"); F(StreamWaitRow, dur, "<i8"); F(StreamWaitRow, event, "<i8");
+    F(StreamWaitRow, device, "<i4"); F(StreamWaitRow, stream, "<i4");
+    table("stream_waits", fields, sizeof(StreamWaitRow));
+  }
+  {
+    py::list fields;
+    F(SyncRow, ts, "<i8"); F(SyncRow, dur, "<i8"); F(SyncRow, tid, "<i8"); F(SyncRow, event, "<i8");
+    F(SyncRow, device, "<i4"); F(SyncRow, stream, "<i4"); F(SyncRow, reason, "<i4"); F(SyncRow, ops, "<i4");
+    F(SyncRow, host_op, "<i4"); F(SyncRow, module, "<i4"); F(SyncRow, stack, "<i4"); F(SyncRow, bwd, "u1");
+    table("syncs", fields, sizeof(SyncRow));
+  }
 #undef F
   return d;
 }
@@ -468,7 +635,11 @@ py::tuple device_drain() {
   std::vector<KernelRow> k;
   std::vector<FallbackRow> fb;
   std::vector<LinkRow> l;
-  int64_t dropped[5];
+  std::vector<EventRow> ev;
+  std::vector<CompletionRow> c;
+  std::vector<StreamWaitRow> w;
+  std::vector<SyncRow> s;
+  int64_t dropped[kNKinds];
   {
     std::lock_guard<std::mutex> g(g_mu);
     e.swap(g_enqueues);
@@ -476,6 +647,10 @@ py::tuple device_drain() {
     k.swap(g_kernels);
     fb.swap(g_fallbacks);
     l.swap(g_links);
+    ev.swap(g_events);
+    c.swap(g_completions);
+    w.swap(g_stream_waits);
+    s.swap(g_syncs);
     std::memcpy(dropped, g_dropped, sizeof(dropped));
     std::memset(g_dropped, 0, sizeof(g_dropped));
   }
@@ -485,9 +660,12 @@ py::tuple device_drain() {
   rows["kernels"] = as_bytes(k);
   rows["fallbacks"] = as_bytes(fb);
   rows["links"] = as_bytes(l);
+  rows["events"] = as_bytes(ev);
+  rows["completions"] = as_bytes(c);
+  rows["stream_waits"] = as_bytes(w);
+  rows["syncs"] = as_bytes(s);
   py::dict drops;
-  const char* kinds[5] = {"enqueues", "flushes", "kernels", "fallbacks", "links"};
-  for (int i = 0; i < 5; ++i) drops[kinds[i]] = dropped[i];
+  for (int i = 0; i < kNKinds; ++i) drops[kKinds[i]] = dropped[i];
   return py::make_tuple(rows, drops);
 }
 
@@ -501,7 +679,7 @@ py::dict device_bench(int64_t n, bool capturing, bool live) {
   const int32_t saved_window = g_window, saved_live = g_live;
   const int64_t saved_since = g_live_since;
   size_t e0, f0, k0, l0;
-  int64_t d0[5];
+  int64_t d0[kNKinds];
   {
     std::lock_guard<std::mutex> g(g_mu);
     e0 = g_enqueues.size();
@@ -563,6 +741,10 @@ void register_device(py::module_& m) {
   m.def("device_flush", &py_flush);
   m.def("device_kernel", &py_kernel);
   m.def("device_fallback", &py_fallback);
+  m.def("device_event", &py_event);
+  m.def("device_event_completed", &py_event_completed);
+  m.def("device_stream_wait", &py_stream_wait);
+  m.def("device_sync", &py_sync);
   m.def("device_layout", &device_layout);
   m.def("device_drain", &device_drain);
   m.def("device_bench", &device_bench, py::arg("n"), py::arg("capturing"), py::arg("live") = false);

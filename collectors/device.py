@@ -1,11 +1,14 @@
-"""The device collector: what a device backend reports of its queue, kernels and CPU fallbacks.
+"""The device collector: what a device backend reports of its queues, kernels, events and CPU
+fallbacks.
 
-Only the backend knows when its queue flushes, which enqueued ops a kernel ran and when, and which
-ops fell back to the CPU. It reports them through the backend hook API
-(``collectors/neuron_prof_backend.h``): C function pointers in a struct it gets once from
-:func:`backend_api` (a PyCapsule named ``"neuron_prof.backend_api"``), or, for a backend written in
-Python, :func:`report_enqueue`, :func:`report_flush`, :func:`report_kernel` and
-:func:`report_fallback`. Both feed the same buffers in the native engine (``_device.cpp``), and
+Only the backend knows when its queue flushes, which enqueued ops a kernel ran and when, on which
+stream, when an event completed or a stream waited for one, and which ops fell back to the CPU. It
+reports them through the backend hook API (``collectors/neuron_prof_backend.h``, version 2; a
+backend written for version 1 reports no events and keeps working): C function pointers in a
+struct it gets once from :func:`backend_api` (a PyCapsule named ``"neuron_prof.backend_api"``),
+or, for a backend written in Python, :func:`report_enqueue`, :func:`report_flush`,
+:func:`report_kernel`, :func:`report_fallback` and version 2's :func:`report_event`,
+:func:`report_event_completed`, :func:`report_stream_wait` and :func:`report_sync`. Both feed the same buffers in the native engine (``_device.cpp``), and
 only while a capture window is open. The struct's ``*capturing`` is 1 then, and all through an
 always-on capture, whose dumps show each queue as it is (see :meth:`DeviceCollector.on_dump`),
 0 otherwise: one branch per report when nothing captures. The collector drains the buffers at
@@ -20,8 +23,9 @@ table                one row per
                      host_op, module, stack, bwd. ``(tid, ts)`` falls inside that op's row of
                      ``ops``.
 ``queue_flushes``    wait of a host thread for a queue to drain: ts, dur, tid, device, reason
-                     (``sync``, ``size``, ``fallback``, ``synchronize``, ``other``), ops (queued
-                     ops it waited for), host_op, module, stack, bwd
+                     (``sync``, ``size``, ``fallback``, ``synchronize``, ``other``,
+                     ``stream_synchronize``, ``event_synchronize``), ops (queued ops it waited
+                     for), host_op, module, stack, bwd
 ``device_kernels``   kernel that ran on the device: ts, dur, tid (the thread that reported it),
                      id, device, stream, name, n_ops (enqueued ops it ran)
 ``kernel_enqueues``  (kernel, enqueue): ``device_kernels.id`` and the ``device_enqueues.id`` of each
@@ -30,6 +34,19 @@ table                one row per
 ``fallbacks``        op that ran on the CPU instead: ts, dur, tid, device, op, bytes_to_host
                      (inputs copied off the device), bytes_from_host (outputs copied back),
                      host_op, module, stack, bwd
+``event_enqueues``   record of an event (kind ``record``, ``Event.record()``) or wait for one
+                     (kind ``wait``, ``Stream.wait_event()``) a host thread put on a stream: ts,
+                     tid, device, stream, event (the backend's id), kind, host_op, module, stack
+                     (the thread's user line when no op is open), bwd
+``event_completions`` the device reached an event's record: ts (the event's timestamp, what
+                     ``Event.elapsed_time`` reads), device, stream, event
+``stream_waits``     a stream stood idle at a wait for an event not yet complete: ts, dur,
+                     device, stream, event (its ``event_enqueues`` row of kind ``wait`` names the
+                     host line)
+``stream_syncs``     a version-2 host wait (``queue_synchronized``; it also makes the
+                     ``queue_flushes`` row of the same tid and ts): ts, dur, tid, device, stream
+                     (-1: every stream of the device), event (0: none), reason, ops, host_op,
+                     module, stack, bwd
 ===================  ============================================================================
 
 Timestamps are ns of ``CLOCK_MONOTONIC`` (the run clock; the API's ``now_ns``). A device index
@@ -52,18 +69,22 @@ from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
 
 __all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_flush", "report_kernel",
-           "report_fallback", "FLUSH_REASONS"]
+           "report_fallback", "report_event", "report_event_completed", "report_stream_wait", "report_sync",
+           "FLUSH_REASONS"]
 
-FLUSH_REASONS = ("sync", "size", "fallback", "synchronize", "other")
+FLUSH_REASONS = ("sync", "size", "fallback", "synchronize", "other", "stream_synchronize", "event_synchronize")
 """``queue_flushes.reason``: the names of ``enum neuron_prof_flush_reason``, in code order."""
 _REASON_CODES = {r: i for i, r in enumerate(FLUSH_REASONS)}
 
 _TABLES = {  # engine kind -> table
     "enqueues": "device_enqueues", "flushes": "queue_flushes", "kernels": "device_kernels",
-    "fallbacks": "fallbacks", "links": "kernel_enqueues",
+    "fallbacks": "fallbacks", "links": "kernel_enqueues", "events": "event_enqueues",
+    "completions": "event_completions", "stream_waits": "stream_waits", "syncs": "stream_syncs",
 }
 _STRINGS = {"enqueues": ("op", "host_op", "module"), "flushes": ("host_op", "module"),
-            "kernels": ("name",), "fallbacks": ("op", "host_op", "module"), "links": ()}
+            "kernels": ("name",), "fallbacks": ("op", "host_op", "module"), "links": (),
+            "events": ("kind", "host_op", "module"), "completions": (), "stream_waits": (),
+            "syncs": ("host_op", "module")}
 
 _ext = None       # the engine extension once loaded (backend_api or a collector's install)
 _CAPTURING = False  # mirrors the API's flag (window or queue state), for the Python report functions' fast exit
@@ -153,6 +174,52 @@ def report_fallback(device, op: str, bytes_to_host: int, bytes_from_host: int, s
         _lost("fallbacks", exc)
 
 
+def report_event(device, stream: int, event: int, wait: bool = False) -> None:
+    """The calling (host) thread put a record of ``event`` (the backend's id, nonzero) on
+    ``stream`` (``wait``: a wait for it). The host op open on this thread, or its user line, is
+    recorded with it. Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_event(_index(device), int(stream), int(event), bool(wait))
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("event_enqueues", exc)
+
+
+def report_event_completed(device, stream: int, event: int, ts_ns: int) -> None:
+    """The device reached the record of ``event`` on ``stream`` at ``ts_ns``. Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_event_completed(_index(device), int(stream), int(event), int(ts_ns))
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("event_completions", exc)
+
+
+def report_stream_wait(device, stream: int, event: int, start_ns: int, end_ns: int) -> None:
+    """``stream`` stood idle from ``start_ns`` to ``end_ns`` waiting for ``event``. Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_stream_wait(_index(device), int(stream), int(event), int(start_ns), int(end_ns))
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("stream_waits", exc)
+
+
+def report_sync(device, stream: int, event: int, reason: str, ops: int, start_ns: int, end_ns: int) -> None:
+    """The calling (host) thread waited from ``start_ns`` to ``end_ns`` for ``ops`` queued ops of
+    ``stream`` (-1: every stream of the device), for ``event`` (0: none): :func:`report_flush`
+    with the stream and event (it makes the ``queue_flushes`` row too; report one or the other).
+    Never raises."""
+    if not _CAPTURING:
+        return
+    try:
+        _ext.device_sync(_index(device), int(stream), int(event), _REASON_CODES.get(reason, 4), int(ops),
+                         int(start_ns), int(end_ns))
+    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
+        _lost("stream_syncs", exc)
+
+
 def _lost(table: str, exc: BaseException) -> None:
     """A report the capture could not take (a value it cannot convert, an engine error): counted
     as one dropped event of ``table``, the first with its message (``collectors/_hookguard``).
@@ -179,7 +246,8 @@ def _set_capturing(window: bool, live: bool = False) -> None:
 
 class DeviceCollector:
     """Collector (neuron_prof.recording) of ``device_enqueues``, ``queue_flushes``,
-    ``device_kernels``, ``kernel_enqueues`` and ``fallbacks``."""
+    ``device_kernels``, ``kernel_enqueues``, ``fallbacks``, ``event_enqueues``,
+    ``event_completions``, ``stream_waits`` and ``stream_syncs``."""
 
     name = "device"
 
@@ -239,7 +307,7 @@ class DeviceCollector:
                 cols["bwd"] = cols["bwd"].astype(bool)
             if "device" in cols:
                 cols["device"] = self._device_ids(rec, cols["device"])
-            if kind == "flushes":
+            if "reason" in cols:
                 codes = np.clip(cols["reason"], 0, len(FLUSH_REASONS) - 1)
                 lut = np.array([rec.intern(r) for r in FLUSH_REASONS], np.int32)
                 cols["reason"] = lut[codes]

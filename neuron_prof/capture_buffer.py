@@ -32,7 +32,8 @@ as they are (a run killed with kill -9 is read from them), so only the close nee
 the default ``max_bytes`` a capture moves its journals once, at close (about a second for 256 MB),
 and this bound keeps an unbudgeted one's pauses as rare."""
 EVENT_TABLES = ("ops", "marks")
-DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
+DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks", "event_enqueues",
+                 "event_completions", "stream_waits", "stream_syncs")
 DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
 """Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
 and compiles go on)."""

@@ -378,6 +378,8 @@ _FINISHED: dict[str, Callable[[Run, pd.DataFrame], pd.DataFrame]] = {
     "collectives": _collectives,
     "groups": lambda run, df: df.drop_duplicates(["rank", "group"], keep="last", ignore_index=True),
     "device_enqueues": _by_rank_ts, "queue_flushes": _by_rank_ts, "fallbacks": _by_rank_ts,
+    "event_enqueues": _by_rank_ts, "event_completions": _by_rank_ts, "stream_waits": _by_rank_ts,
+    "stream_syncs": _by_rank_ts,
     "device_kernels": _device_kernels,
 }
 

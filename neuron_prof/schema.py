@@ -21,7 +21,8 @@ them skips them, and reads an older run as having none. 4: ``ops.recompute`` (:d
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
 JOURNALED = ("ops", "steps", "marks", "metrics", "memory_events", "memory_steps", "process_memory", "collectives",
-             "device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks")
+             "device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks", "event_enqueues",
+             "event_completions", "stream_waits", "stream_syncs")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""
@@ -130,7 +131,8 @@ TABLES: dict[str, pa.Schema] = {
     # backend hook API (collector "device"; collectors/device.py). device: "neuron:0"-style
     # (PrivateUse1 backend name and index); tid: the reporting OS thread; host_op/module/stack/bwd:
     # the host op open on that thread (for an enqueue, the op that enqueued: its ops row holds ts on
-    # tid). id: unique, increasing per process. reason: sync, size, fallback, synchronize, other
+    # tid). id: unique, increasing per process. reason: sync, size, fallback, synchronize, other,
+    # stream_synchronize, event_synchronize
     "device_enqueues": pa.schema([
         ("ts", _i64), ("tid", _i64), ("id", _i64), ("device", _i32), ("stream", _i32), ("op", _i32),
         ("queue_depth", _i32), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
@@ -148,6 +150,23 @@ TABLES: dict[str, pa.Schema] = {
     "fallbacks": pa.schema([
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("op", _i32), ("bytes_to_host", _i64),
         ("bytes_from_host", _i64), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
+    # streams and events (hook API version 2). event: the backend's id of an event; stream: its
+    # stream id on the device (0: default), -1 in stream_syncs: every stream of the device.
+    # event_enqueues: a record (kind "record") or wait ("wait") a host thread put on a stream, with
+    # the host op open on it (or the thread's user line: stack); event_completions: the device
+    # reached a record (ts: the event's timestamp); stream_waits: a stream stood idle at a wait for
+    # an event not yet complete; stream_syncs: host waits with their stream and event (each also a
+    # queue_flushes row of the same tid and ts; reason as there)
+    "event_enqueues": pa.schema([
+        ("ts", _i64), ("tid", _i64), ("device", _i32), ("stream", _i32), ("event", _i64), ("kind", _i32),
+        ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
+    ]),
+    "event_completions": pa.schema([("ts", _i64), ("device", _i32), ("stream", _i32), ("event", _i64)]),
+    "stream_waits": pa.schema([("ts", _i64), ("dur", _i64), ("device", _i32), ("stream", _i32), ("event", _i64)]),
+    "stream_syncs": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("stream", _i32), ("event", _i64),
+        ("reason", _i32), ("ops", _i32), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
     ]),
     # always-on capture's dumps (neuron_prof/alwayson.py): one row per thread named by a dump;
     # first_step..last_step: the steps whose detail it wrote (last_step: the one in flight)
@@ -217,6 +236,10 @@ _STRING_IDS = {
     "queue_flushes": ("device", "reason", "host_op", "module"),
     "device_kernels": ("device", "name"),
     "fallbacks": ("device", "op", "host_op", "module"),
+    "event_enqueues": ("device", "kind", "host_op", "module"),
+    "event_completions": ("device",),
+    "stream_waits": ("device",),
+    "stream_syncs": ("device", "reason", "host_op", "module"),
     "dumps": ("reason",),
     "dump_collectives": ("op", "group"),
     "dump_queues": ("device", "flush_reason"),
@@ -314,7 +337,7 @@ DESCRIPTIONS: dict[str, str] = {
                        "thread (host_op, module, source, ..., bwd), step. The enqueuing op is the ``ops`` row of "
                        "the same rank and tid whose span holds ts.",
     "queue_flushes": "Waits of a host thread for a device queue to drain: rank, ts, dur, tid, device, reason (sync, "
-                     "size, fallback, synchronize, other), ops (queued ops waited for), host_op, module, source, "
+                     "size, fallback, synchronize, other, stream_synchronize, event_synchronize), ops (queued ops waited for), host_op, module, source, "
                      "..., bwd, step.",
     "device_kernels": "Kernels a device backend ran: rank, ts, dur, tid (the reporting thread), id, device, stream, "
                       "name, n_ops, enqueue_ids (the ``device_enqueues.id`` of the ops it ran, a list), step.",
@@ -322,6 +345,19 @@ DESCRIPTIONS: dict[str, str] = {
                        "(``device_enqueues.id``), in the backend's order.",
     "fallbacks": "Ops a device backend ran on the CPU instead: rank, ts, dur, tid, device, op, bytes_to_host, "
                  "bytes_from_host, host_op, module, source, ..., bwd, step.",
+    "event_enqueues": "Event records (kind ``record``) and waits (kind ``wait``) a host thread put on a device "
+                      "stream (hook API version 2): rank, ts, tid, device, stream, event (the backend's id), kind, "
+                      "the host op open on the thread (host_op, module) and source (the thread's user line when "
+                      "no op was open), ..., bwd, step.",
+    "event_completions": "Events the device completed (it reached their record): rank, ts (the event's timestamp, "
+                         "what ``Event.elapsed_time`` reads), device, stream, event, step.",
+    "stream_waits": "Waits of a device stream for an event not yet complete (the stream stood idle): rank, ts, "
+                    "dur, device, stream, event (its ``event_enqueues`` row of kind ``wait`` has the host line), "
+                    "step.",
+    "stream_syncs": "Host waits with their stream and event (hook API version 2; each is also a ``queue_flushes`` "
+                    "row of the same rank, tid and ts): rank, ts, dur, tid, device, stream (-1: every stream of "
+                    "the device), event (0: none), reason (as in ``queue_flushes``, and stream_synchronize, "
+                    "event_synchronize), ops, host_op, module, source, ..., bwd, step.",
     "clock_sync": "Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's time = "
                   "ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that applies "
                   "is 0). ``analysis.clock.clock_offsets`` turns it into the offsets used.",

@@ -40,13 +40,26 @@ class BackendAPI(ctypes.Structure):
     ]
 
 
-def c_api() -> BackendAPI:
+class BackendAPIV2(ctypes.Structure):
+    """Version 2: version 1's fields, then streams' and events' (appended)."""
+    _fields_ = BackendAPI._fields_ + [
+        ("event_recorded", ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64)),
+        ("event_waited", ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64)),
+        ("event_completed", ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int64)),
+        ("stream_waited", ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int64,
+                                           ctypes.c_int64)),
+        ("queue_synchronized", ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32,
+                                                ctypes.c_int32, ctypes.c_int64, ctypes.c_int64)),
+    ]
+
+
+def c_api(struct=BackendAPI):
     capsule = dev.backend_api()
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     ptr = get(capsule, b"neuron_prof.backend_api")
     assert ptr
-    return BackendAPI.from_address(ptr)
+    return struct.from_address(ptr)
 
 
 # ---------------------------------------------------------------- two fake backends
@@ -112,6 +125,32 @@ class CBackend(PyBackend):
         t0 = api.now_ns()
         if api.capturing[0]:
             api.cpu_fallback(0, b"aten::nonzero", x.numel() * 4, 8, t0, t0 + 500)
+
+
+class CBackendV2(CBackend):
+    """The same through version 2: each size flush is a record of an event on stream 1 that stream
+    0 waits for (the host's reports from inside devq::add), the device's completion of it and
+    stream 0's wait, and the host's wait as queue_synchronized with stream 1 and the event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.api = c_api(BackendAPIV2)
+        self.events = 0
+
+    def drain(self, reason: str) -> None:
+        api = self.api
+        t0 = api.now_ns()
+        ids, self.queue = self.queue, []
+        t1 = api.now_ns() + 1000
+        if api.capturing[0]:
+            self.events += 1
+            api.event_recorded(0, 1, self.events)
+            api.event_waited(0, 0, self.events)
+            arr = (ctypes.c_uint64 * len(ids))(*ids)
+            api.kernel_executed(0, 1, f"fused_{len(ids)}".encode(), t0, t1, arr, len(ids))
+            api.event_completed(0, 1, self.events, t1)
+            api.stream_waited(0, 0, self.events, t0, t1)
+            api.queue_synchronized(0, 1, self.events, dev.FLUSH_REASONS.index(reason), len(ids), t0, t1 + 10)
 
 
 BACKEND: list[PyBackend] = []
@@ -232,8 +271,8 @@ def test_python_backend_reports(tmp_path):
 
 
 def test_c_abi_reports_and_flag(tmp_path):
-    b = CBackend()
-    assert b.api.version == 1 and b.api.size == ctypes.sizeof(BackendAPI)
+    b = CBackend()  # written for version 1: its rule is version >= 1 and size >= its struct's
+    assert b.api.version >= 1 and b.api.size >= ctypes.sizeof(BackendAPI)
     assert b.api.capturing[0] == 0
     flags: list[int] = []
     run = train(b, tmp_path / "run", flags=flags)
@@ -246,6 +285,29 @@ def test_c_abi_reports_and_flag(tmp_path):
     before = time.monotonic_ns()
     now = b.api.now_ns()
     assert before <= now <= time.monotonic_ns()
+
+
+def test_c_abi_version_2_reports_streams_and_events(tmp_path):
+    b = CBackendV2()
+    assert b.api.version == 2 and b.api.size == ctypes.sizeof(BackendAPIV2)
+    run = train(b, tmp_path / "run")
+    check_run(run, b)  # queue_synchronized makes the queue_flushes rows version 1's flush made
+    tid = threading.get_native_id()
+    line = f"tests/test_device_hooks.py:{line_of(Path(__file__), 'return devq_add(x)  # the enqueuing line')}"
+    events = run.event_enqueues
+    assert events["kind"].astype(str).tolist() == ["record", "wait"] * 2
+    assert events["stream"].tolist() == [1, 0] * 2 and events["event"].tolist() == [2, 2, 3, 3]  # 1: warmup step 1's (dropped)
+    assert set(events["user_source"].astype(str)) == {line} and set(events["tid"]) == {tid}
+    assert all("devq" in str(h) for h in events["host_op"])
+    done, waits, syncs, kernels = run.event_completions, run.stream_waits, run.stream_syncs, run.device_kernels
+    assert done["event"].tolist() == [2, 3] and (done["stream"] == 1).all()
+    assert done["ts"].tolist() == (kernels["ts"] + kernels["dur"]).tolist()
+    assert waits["event"].tolist() == [2, 3] and (waits["stream"] == 0).all()
+    assert waits["ts"].tolist() == kernels["ts"].tolist() and waits["dur"].tolist() == kernels["dur"].tolist()
+    assert syncs["event"].tolist() == [2, 3] and (syncs["stream"] == 1).all() and syncs["ops"].tolist() == [3, 3]
+    assert syncs["reason"].astype(str).tolist() == ["size"] * 2 and set(syncs["user_source"].astype(str)) == {line}
+    flushes = run.queue_flushes
+    assert syncs["ts"].tolist() == flushes["ts"].tolist() and syncs["dur"].tolist() == flushes["dur"].tolist()
 
 
 def test_kernels_from_worker_thread_and_no_events_outside_windows(tmp_path):

@@ -1,8 +1,9 @@
 // An emulated `neuron` device: a real PrivateUse1 backend whose memory lives in host RAM and whose
-// ops go through an asynchronous, fusing queue (TorchNeuron's "Adaptive Eager" execution model).
-// See neuron_prof/testing/neuron.py for what it emulates and what it does not. It reports its
-// queue, kernels and CPU fallbacks through neuron_prof's backend hook API
-// (collectors/neuron_prof_backend.h), as any backend would: it is a client of that API.
+// ops go through asynchronous, fusing queues (TorchNeuron's "Adaptive Eager" execution model), one
+// per stream, with events between them. See neuron_prof/testing/neuron.py for what it emulates and
+// what it does not. It reports its queues, kernels, events and CPU fallbacks through neuron_prof's
+// backend hook API (collectors/neuron_prof_backend.h), as any backend would: it is a client of
+// that API (version 2, falling back to version 1's calls when neuron_prof is older).
 //
 // Every op on neuron tensors takes one of three paths (op_path):
 //   queued   output metadata from the op's Meta kernel on the host, outputs allocated, the work
@@ -41,6 +42,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +64,9 @@ using torch::jit::Stack;
 
 constexpr DeviceType kNeuron = DeviceType::PrivateUse1;
 constexpr int kMaxDevices = 8;
+// Streams per device: 0 is the default stream, 1.. a pool that new streams cycle through (as CUDA's
+// stream pool does); each has its own queue and worker thread.
+constexpr int kStreams = 8;
 
 int64_t now_ns() {
   timespec t;
@@ -79,6 +84,7 @@ struct Settings {
 };
 Settings g_settings;
 const neuron_prof_backend_api* g_api = nullptr;
+bool g_api_v2 = false;  // g_api has version 2's fields (streams and events); else only version 1's
 
 inline bool capturing() { return g_api != nullptr && *g_api->capturing; }
 
@@ -140,7 +146,45 @@ struct NeuronAllocator final : c10::Allocator {
 NeuronAllocator g_allocator;
 REGISTER_ALLOCATOR(kNeuron, &g_allocator);
 
-// ------------------------------------------------------------------ the queue
+// Pinned host memory (pin_memory()): host memory a non_blocking copy to the device reads in place,
+// without staging a copy and without a host wait. Its blocks are kept by address so that
+// isPinnedPtr answers for any pointer into one (a view's data).
+std::mutex g_pinned_mu;
+std::map<uintptr_t, size_t> g_pinned_blocks;  // start -> bytes
+
+void free_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned_blocks.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+bool is_pinned_ptr(const void* p) {
+  auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  auto it = g_pinned_blocks.upper_bound(at);
+  if (it == g_pinned_blocks.begin()) return false;
+  --it;
+  return at < it->first + std::max<size_t>(it->second, 1);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = n ? std::aligned_alloc(64, (n + 63) / 64 * 64) : nullptr;
+    TORCH_CHECK(n == 0 || p != nullptr, "neuron: pinned host allocation of ", n, " bytes failed");
+    if (p) {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned_blocks[reinterpret_cast<uintptr_t>(p)] = n;
+    }
+    return {p, p, &free_pinned, Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+PinnedAllocator g_pinned_allocator;
+
+// ------------------------------------------------------------------ the queues
 enum class Kind { Pointwise, Reduction, Matmul, Copy, Other };
 
 struct Task {
@@ -150,12 +194,39 @@ struct Task {
   Kind kind;
 };
 
+// An event (what c10::Event's handle points at: a new'd EventHandle). Its records are numbered:
+// record() queues version n+1, and a wait waits for the version recorded when the wait was queued
+// (CUDA's semantics: recording the event again later does not change what an earlier wait waits for).
+struct EventState {
+  uint64_t id = 0;      // the hook API's event id (process-wide, from 1)
+  bool timing = false;  // enable_timing
+  DeviceIndex device = -1;
+  int stream = 0;       // where its latest record was queued
+  uint64_t recorded = 0, completed = 0;  // versions queued and reached (g_events_mu)
+  int64_t completed_ns = -1;             // when the device reached the latest one
+};
+using EventHandle = std::shared_ptr<EventState>;  // shared with the markers still queued
+std::mutex g_events_mu;
+std::condition_variable g_events_cv;  // an event was completed
+std::atomic<uint64_t> g_event_serial{0};
+// The live handles (g_events_mu): what Python may name by Event.event_id (see elapsed_time_of).
+std::unordered_set<const void*> g_event_handles;
+
+EventHandle event_of(void* handle) { return *static_cast<EventHandle*>(handle); }
+
+// What a queue entry is: a kernel, or a marker of an event (a record, or a wait for one). Markers
+// cost no launch, are not kernels, and nothing fuses across them.
+enum class Marker { None, Record, Wait };
+
 struct Kernel {
   std::vector<Task> tasks;
   bool started = false;
   uint64_t group = 0;   // a compiled group's kernel (begin_kernel): runs only once sealed
   bool sealed = true;
   std::string name;     // a group's name; else the fused ops' names
+  Marker marker = Marker::None;
+  EventHandle event;    // a marker's event and the version it records or waits for
+  uint64_t version = 0;
 };
 
 // The compiled group the calling thread is enqueuing (neuron.kernel(name): every op enqueued
@@ -173,7 +244,7 @@ std::atomic<uint64_t> g_group_serial{0};
 // not started and holds only pointwise ops, one matmul or one reduction followed by pointwise ops
 // (an epilogue), up to max_fused ops. Every other op starts a kernel of its own.
 bool fusable(const Kernel& k, Kind next) {
-  if (k.group != 0) return false;
+  if (k.group != 0 || k.marker != Marker::None) return false;
   if (k.started || (next != Kind::Pointwise && next != Kind::Copy)) return false;
   if (int(k.tasks.size()) >= g_settings.max_fused) return false;
   Kind head = k.tasks.front().kind;
@@ -183,21 +254,30 @@ bool fusable(const Kernel& k, Kind next) {
   return true;
 }
 
+// One stream: its queue, run in order by a worker thread of its own, so that the streams of a
+// device run at the same time (a compute and a copy engine, and more).
 struct Queue {
   DeviceIndex device = 0;
+  int stream = 0;
   std::mutex mu;
   std::condition_variable work_cv, idle_cv;
   std::deque<std::unique_ptr<Kernel>> pending;  // not started, or running at the front
   std::vector<std::unique_ptr<Kernel>> done;    // run; destroyed on a host thread (frees there)
+  std::atomic<bool> reapable{false};            // done holds something
   int64_t in_flight = 0;                        // ops enqueued and not yet run
   std::string error;                            // the first error of an op on the device
   std::thread worker;
   bool stop = false;
 
   void run_worker();
+  void run_kernel(Kernel& k);
+  void reach_record(Kernel& k);
+  void reach_wait(Kernel& k);
 };
 
-Queue* g_queues[kMaxDevices] = {};
+Queue* g_queues[kMaxDevices][kStreams] = {};
+std::atomic<int> g_pool_next[kMaxDevices];     // the pool stream a new stream gets next
+thread_local int tl_stream[kMaxDevices] = {};  // each thread's current stream, per device
 
 void Queue::run_worker() {
   at::RecordFunctionGuard no_ops(false);  // the device's work is not the host's ops
@@ -217,52 +297,102 @@ void Queue::run_worker() {
       k = pending.front().get();
       k->started = true;
     }
-    int64_t start = now_ns();
-    // The launch cost of one kernel: the device is busy, the host's cores are not (a sleep, with
-    // the thread's timer slack at 1 ns so that tens of microseconds are tens of microseconds).
-    if (g_settings.launch_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(g_settings.launch_ns));
-    for (auto& t : k->tasks) {
-      try {
-        t.run();
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (error.empty()) error = t.name + ": " + e.what();
-      }
-    }
-    int64_t end = now_ns();
-    if (capturing()) {
-      std::vector<uint64_t> ids;
-      std::string name = k->name;
-      for (auto& t : k->tasks) {
-        ids.push_back(t.enqueue_id);
-        if (k->group != 0) continue;
-        if (!name.empty()) name += "+";
-        name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
-      }
-      g_api->kernel_executed(device, 0, name.c_str(), start, end, ids.data(), int32_t(ids.size()));
+    switch (k->marker) {
+      case Marker::None: run_kernel(*k); break;
+      case Marker::Record: reach_record(*k); break;
+      case Marker::Wait: reach_wait(*k); break;
     }
     std::lock_guard<std::mutex> lock(mu);
     in_flight -= int64_t(k->tasks.size());
     done.push_back(std::move(pending.front()));
     pending.pop_front();
-    if (in_flight == 0) idle_cv.notify_all();
+    reapable = true;
+    if (pending.empty()) idle_cv.notify_all();
   }
 }
 
-Queue& queue(DeviceIndex d) {
+void Queue::run_kernel(Kernel& k) {
+  int64_t start = now_ns();
+  // The launch cost of one kernel: the device is busy, the host's cores are not (a sleep, with
+  // the thread's timer slack at 1 ns so that tens of microseconds are tens of microseconds).
+  if (g_settings.launch_ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(g_settings.launch_ns));
+  for (auto& t : k.tasks) {
+    try {
+      t.run();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) error = t.name + ": " + e.what();
+    }
+  }
+  int64_t end = now_ns();
+  if (!capturing()) return;
+  std::vector<uint64_t> ids;
+  std::string name = k.name;
+  for (auto& t : k.tasks) {
+    ids.push_back(t.enqueue_id);
+    if (k.group != 0) continue;
+    if (!name.empty()) name += "+";
+    name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
+  }
+  g_api->kernel_executed(device, stream, name.c_str(), start, end, ids.data(), int32_t(ids.size()));
+}
+
+// The stream reached an event's record: the event completes now (its timestamp is the device's).
+void Queue::reach_record(Kernel& k) {
+  int64_t ts = now_ns();
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    if (k.version >= k.event->completed) {
+      k.event->completed = k.version;
+      k.event->completed_ns = ts;
+    }
+  }
+  g_events_cv.notify_all();
+  if (capturing() && g_api_v2) g_api->event_completed(device, stream, k.event->id, ts);
+}
+
+// The stream reached a wait: it stands idle until the event's awaited record completes.
+void Queue::reach_wait(Kernel& k) {
+  int64_t start = now_ns();
+  bool waited = false;
+  {
+    std::unique_lock<std::mutex> lock(g_events_mu);
+    EventState& e = *k.event;
+    if (e.completed < k.version) {
+      waited = true;
+      g_events_cv.wait(lock, [&] { return e.completed >= k.version; });
+    }
+  }
+  if (waited && capturing() && g_api_v2) g_api->stream_waited(device, stream, k.event->id, start, now_ns());
+}
+
+void check_device(DeviceIndex d) {
   TORCH_CHECK(d >= 0 && d < g_settings.devices, "neuron: no device neuron:", int(d), " (",
               g_settings.devices, " enabled)");
-  return *g_queues[d];
 }
+
+Queue& queue(DeviceIndex d, int64_t stream) {
+  check_device(d);
+  TORCH_CHECK(stream >= 0 && stream < kStreams, "neuron: no stream ", stream, " on neuron:", int(d));
+  return *g_queues[d][stream];
+}
+
+// The calling thread's current stream of device d: where its ops go.
+Queue& current_queue(DeviceIndex d) { return queue(d, d >= 0 && d < kMaxDevices ? tl_stream[d] : 0); }
 
 // Kernels already run, destroyed here (on a host thread): the tensors they held are freed where
 // the memory profiler of the host thread sees the frees, as a real backend frees at the host.
 void reap(Queue& q) {
+  if (!q.reapable.exchange(false)) return;
   std::vector<std::unique_ptr<Kernel>> done;
   {
     std::lock_guard<std::mutex> lock(q.mu);
     done.swap(q.done);
   }
+}
+
+void reap_device(DeviceIndex d) {
+  for (int s = 0; s < kStreams; ++s) reap(*g_queues[d][s]);
 }
 
 void raise_device_error(Queue& q) {
@@ -276,37 +406,71 @@ void raise_device_error(Queue& q) {
 
 void end_group();
 
-void flush(DeviceIndex d, int reason) {
-  Queue& q = queue(d);
-  if (tl_group.serial != 0) {  // a group that must wait ends its kernel here; its rest is another
-    std::string name = tl_group.name;
-    end_group();
-    tl_group = Group{++g_group_serial, name, -1};
+// A host wait ends the calling thread's open group kernel (it would wait for itself); the rest of
+// the group is another kernel of the same name.
+void end_group_before_wait() {
+  if (tl_group.serial == 0) return;
+  std::string name = tl_group.name;
+  end_group();
+  tl_group = Group{++g_group_serial, name, -1};
+}
+
+// Reports a host wait that began at start: version 2's queue_synchronized (with the stream, -1
+// for every stream of the device, and the event), or version 1's queue_flushed.
+void report_wait(DeviceIndex d, int stream, uint64_t event, int reason, int64_t ops, int64_t start) {
+  if (!capturing()) return;
+  if (g_api_v2) {
+    g_api->queue_synchronized(d, stream, event, reason, int32_t(ops), start, now_ns());
+  } else {
+    int v1_reason = reason > NEURON_PROF_FLUSH_OTHER ? NEURON_PROF_FLUSH_SYNCHRONIZE : reason;
+    g_api->queue_flushed(d, v1_reason, int32_t(ops), start, now_ns());
   }
+}
+
+// Waits until the queues have run everything queued on them; reports the wait if it waited for
+// anything (ops or markers) and raises the first device error of any of them.
+void drain(const std::vector<Queue*>& queues, int stream, int reason) {
+  end_group_before_wait();
   int64_t start = now_ns();
-  int64_t ops;
-  {
-    std::unique_lock<std::mutex> lock(q.mu);
-    ops = q.in_flight;
-    q.idle_cv.wait(lock, [&] { return q.in_flight == 0; });
+  int64_t ops = 0;
+  bool any = false;
+  for (Queue* q : queues) {
+    std::lock_guard<std::mutex> lock(q->mu);
+    ops += q->in_flight;
+    any |= !q->pending.empty();
   }
-  if (ops > 0 && capturing()) g_api->queue_flushed(d, reason, int32_t(ops), start, now_ns());
-  reap(q);
-  raise_device_error(q);
+  for (Queue* q : queues) {
+    std::unique_lock<std::mutex> lock(q->mu);
+    q->idle_cv.wait(lock, [&] { return q->pending.empty(); });
+  }
+  if (any) report_wait(queues.front()->device, stream, 0, reason, ops, start);
+  for (Queue* q : queues) reap(*q);
+  for (Queue* q : queues) raise_device_error(*q);
+}
+
+// The host waits for every stream of device d. Host syncs that need a value (.item(), .cpu(),
+// data-dependent ops, fallbacks) take this path too: simplest and safe (the value may come from
+// any stream), at the cost of waiting for streams it does not need.
+void flush(DeviceIndex d, int reason) {
+  check_device(d);
+  drain(std::vector<Queue*>(g_queues[d], g_queues[d] + kStreams), -1, reason);
 }
 
 void flush_all(int reason) {
   for (int d = 0; d < g_settings.devices; ++d) flush(DeviceIndex(d), reason);
 }
 
+// The host waits for one stream only (Stream.synchronize(), a full queue).
+void flush_stream(Queue& q, int reason) { drain({&q}, q.stream, reason); }
+
 void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
-  Queue& q = queue(d);
-  reap(q);
+  Queue& q = current_queue(d);
+  reap_device(d);
   bool full;
   {
     std::lock_guard<std::mutex> lock(q.mu);
     int32_t depth = int32_t(q.in_flight + 1);
-    uint64_t id = capturing() ? g_api->op_enqueued(d, 0, name.c_str(), depth) : 0;
+    uint64_t id = capturing() ? g_api->op_enqueued(d, q.stream, name.c_str(), depth) : 0;
     Task t{std::move(run), id, name, kind};
     uint64_t group = tl_group.serial;
     Kernel* back = q.pending.empty() ? nullptr : q.pending.back().get();
@@ -326,7 +490,136 @@ void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<vo
     full = ++q.in_flight >= g_settings.max_queue;
   }
   q.work_cv.notify_one();
-  if (full) flush(d, NEURON_PROF_FLUSH_SIZE);
+  if (full) flush_stream(q, NEURON_PROF_FLUSH_SIZE);
+}
+
+void enqueue_marker(Queue& q, Marker marker, const EventHandle& event, uint64_t version) {
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    auto k = std::make_unique<Kernel>();
+    k->marker = marker;
+    k->event = event;
+    k->version = version;
+    q.pending.push_back(std::move(k));
+  }
+  q.work_cv.notify_one();
+}
+
+// Event.record(stream): a record marker on the stream's queue; the event completes when the
+// stream's worker reaches it.
+void record_event(void** handle, const c10::Stream& s, DeviceIndex event_device, c10::EventFlag flag) {
+  TORCH_CHECK(event_device == -1 || event_device == s.device_index(), "neuron: an event of neuron:",
+              int(event_device), " cannot be recorded on a stream of neuron:", int(s.device_index()));
+  Queue& q = queue(s.device_index(), s.id());
+  if (*handle == nullptr) {
+    auto e = std::make_shared<EventState>();
+    e->id = ++g_event_serial;
+    e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    *handle = new EventHandle(std::move(e));
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    g_event_handles.insert(*handle);
+  }
+  EventHandle e = event_of(*handle);
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    version = ++e->recorded;
+    e->device = q.device;
+    e->stream = q.stream;
+  }
+  enqueue_marker(q, Marker::Record, e, version);
+  if (capturing() && g_api_v2) g_api->event_recorded(q.device, q.stream, e->id);
+}
+
+// Stream.wait_event(event): a wait marker on the stream's queue, for the event's latest record;
+// an event never recorded has nothing to wait for (as on CUDA).
+void wait_event(void* handle, const c10::Stream& s) {
+  if (handle == nullptr) return;
+  Queue& q = queue(s.device_index(), s.id());
+  EventHandle e = event_of(handle);
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    version = e->recorded;
+  }
+  if (version == 0) return;
+  enqueue_marker(q, Marker::Wait, e, version);
+  if (capturing() && g_api_v2) g_api->event_waited(q.device, q.stream, e->id);
+}
+
+bool event_done(void* handle) {
+  if (handle == nullptr) return true;
+  EventHandle e = event_of(handle);
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  return e->completed >= e->recorded;
+}
+
+// Ops queued on q ahead of the event's record (what a host wait for the event waits for).
+int64_t ops_before(Queue& q, const EventHandle& e, uint64_t version) {
+  std::lock_guard<std::mutex> lock(q.mu);
+  int64_t ops = 0;
+  for (const auto& k : q.pending) {
+    if (k->marker == Marker::Record && k->event == e && k->version == version) break;
+    ops += int64_t(k->tasks.size());
+  }
+  return ops;
+}
+
+// Event.synchronize(): the host waits for the event's latest record only (not for the rest of its
+// stream, nor for other streams).
+void synchronize_event(void* handle) {
+  if (handle == nullptr) return;
+  EventHandle e = event_of(handle);
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    version = e->recorded;
+    if (e->completed >= version) return;
+  }
+  end_group_before_wait();
+  Queue& q = queue(e->device, e->stream);
+  int64_t ops = ops_before(q, e, version);
+  int64_t start = now_ns();
+  {
+    std::unique_lock<std::mutex> lock(g_events_mu);
+    g_events_cv.wait(lock, [&] { return e->completed >= version; });
+  }
+  report_wait(q.device, q.stream, e->id, NEURON_PROF_FLUSH_EVENT_SYNCHRONIZE, ops, start);
+  reap(q);
+  raise_device_error(q);
+}
+
+// Event.elapsed_time: milliseconds between the device's timestamps of the two events' records.
+double elapsed_ms(void* from, void* to) {
+  TORCH_CHECK(from != nullptr && to != nullptr, "neuron: both events must be recorded before elapsed_time");
+  EventHandle a = event_of(from), b = event_of(to);
+  TORCH_CHECK(a->timing && b->timing, "neuron: both events must be created with enable_timing=True");
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  TORCH_CHECK(a->recorded > 0 && b->recorded > 0, "neuron: both events must be recorded before elapsed_time");
+  TORCH_CHECK(a->completed >= a->recorded && b->completed >= b->recorded,
+              "neuron: both events must be completed before elapsed_time");
+  return double(b->completed_ns - a->completed_ns) / 1e6;
+}
+
+void destroy_event(void* handle) {
+  if (handle == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    g_event_handles.erase(handle);
+  }
+  delete static_cast<EventHandle*>(handle);
+}
+
+// Event.elapsed_time between two events Python names by their event_id (torch.Event's own
+// elapsed_time takes only an exact torch.Event as the other, not torch.neuron.Event): ids of live
+// events only, so a wrong id raises instead of reading freed memory.
+double elapsed_time_of(uintptr_t from, uintptr_t to) {
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    TORCH_CHECK(g_event_handles.count(reinterpret_cast<void*>(from)) && g_event_handles.count(reinterpret_cast<void*>(to)),
+                "neuron: both events must be recorded neuron events before elapsed_time");
+  }
+  return elapsed_ms(reinterpret_cast<void*>(from), reinterpret_cast<void*>(to));
 }
 
 Kind kind_of(const std::string& name);
@@ -354,18 +647,21 @@ void begin_group(const std::string& name) {
   tl_group = Group{++g_group_serial, name, -1};
 }
 
-// Seals the open group's kernel: the device may run it now.
+// Seals the open group's kernel (on whichever stream of its device it was put): the device may
+// run it now.
 void end_group() {
   Group g = tl_group;
   tl_group = Group{};
   if (g.serial == 0 || g.device < 0) return;
-  Queue& q = queue(DeviceIndex(g.device));
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    for (auto& k : q.pending)
-      if (k->group == g.serial) k->sealed = true;
+  for (int s = 0; s < kStreams; ++s) {
+    Queue& q = *g_queues[g.device][s];
+    {
+      std::lock_guard<std::mutex> lock(q.mu);
+      for (auto& k : q.pending)
+        if (k->group == g.serial) k->sealed = true;
+    }
+    q.work_cv.notify_one();
   }
-  q.work_cv.notify_one();
 }
 
 // ------------------------------------------------------------------ tensors
@@ -752,7 +1048,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout>, std::optional<c10::Device> device,
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   DeviceIndex d = device && device->has_index() ? device->index() : tl_device;
-  queue(d);  // checks the index
+  check_device(d);
   OnDevice on(d);
   return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -761,16 +1057,19 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
   DeviceIndex d = device && device->has_index() ? device->index() : tl_device;
-  queue(d);
+  check_device(d);
   return empty_neuron(size, stride, c10::dtype_or_default(dtype), d);
 }
 
-// copy_ between devices ends here. neuron -> neuron: queued; cpu -> neuron: the source is staged
+// copy_ between devices ends here, on the current stream. neuron -> neuron: queued; cpu -> neuron:
+// a non_blocking copy from pinned memory is queued reading the source in place (the kernel holds
+// it; as on CUDA, the host must not change it before the copy ran), any other source is staged
 // (copied now: the host may change it) and the copy queued; neuron -> cpu: the host waits.
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   at::RecordFunctionGuard no_ops(false);
   if (is_neuron(dst)) {
-    at::Tensor src = is_neuron(self) ? self : self.clone();
+    bool in_place = is_neuron(self) || (non_blocking && self.is_cpu() && is_pinned_ptr(self.storage().data()));
+    at::Tensor src = in_place ? self : self.clone();
     enqueue(dst.device().index(), "aten::copy_", Kind::Copy,
             [src, dst, to = host_alias(dst), from = to_host_view(src)]() { to.copy_(from); });
   } else {
@@ -843,8 +1142,16 @@ bool shallow_copy_compatible(const at::Tensor& self, const at::Tensor& from) {
   return dense(self) && dense(from);
 }
 
+// Tensor.record_stream(s): checks the stream, and needs nothing more (see the guard's
+// recordDataPtrOnStream: a kernel's closure keeps the memory it uses alive).
+void record_stream(at::Tensor& self, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == kNeuron, "neuron: record_stream of a neuron tensor on a ", s.device_type(), " stream");
+  queue(s.device_index(), s.id());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(shallow_copy_compatible));
+  m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("_copy_from", TORCH_FN(copy_from));
@@ -908,16 +1215,51 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(Device d) const noexcept override {
     if (d.has_index()) tl_device = d.index();
   }
-  c10::Stream getStream(Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  // Streams: the current one is per thread and device (tl_stream); new ones come from the pool.
+  c10::Stream getStream(Device d) const override { return stream_on(index_of(d), tl_stream[index_of(d)]); }
+  c10::Stream getDefaultStream(Device d) const override { return stream_on(index_of(d), 0); }
+  c10::Stream getStreamFromGlobalPool(Device d, bool) const override { return pool_stream(index_of(d)); }
+  c10::Stream getNewStream(Device d, int) const override { return pool_stream(index_of(d)); }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    Queue& q = queue(s.device_index(), s.id());  // checks it
+    int old = tl_stream[q.device];
+    tl_stream[q.device] = q.stream;
+    return stream_on(q.device, old);
+  }
   DeviceIndex deviceCount() const noexcept override { return DeviceIndex(g_settings.devices); }
   void synchronizeDevice(DeviceIndex d) const override { flush(d, NEURON_PROF_FLUSH_SYNCHRONIZE); }
-  void synchronizeStream(const c10::Stream& s) const override { flush(s.device_index(), NEURON_PROF_FLUSH_SYNCHRONIZE); }
-  bool queryStream(const c10::Stream& s) const override {
-    Queue& q = queue(s.device_index());
-    std::lock_guard<std::mutex> lock(q.mu);
-    return q.in_flight == 0;
+  void synchronizeStream(const c10::Stream& s) const override {
+    flush_stream(queue(s.device_index(), s.id()), NEURON_PROF_FLUSH_STREAM_SYNCHRONIZE);
   }
+  bool queryStream(const c10::Stream& s) const override {
+    Queue& q = queue(s.device_index(), s.id());
+    std::lock_guard<std::mutex> lock(q.mu);
+    return q.pending.empty();
+  }
+  // Events (see record_event and wait_event).
+  void record(void** event, const c10::Stream& s, DeviceIndex d, const c10::EventFlag flag) const override {
+    record_event(event, s, d, flag);
+  }
+  void block(void* event, const c10::Stream& s) const override { wait_event(event, s); }
+  bool queryEvent(void* event) const override { return event_done(event); }
+  void synchronizeEvent(void* event) const override { synchronize_event(event); }
+  double elapsedTime(void* from, void* to, DeviceIndex) const override { return elapsed_ms(from, to); }
+  void destroyEvent(void* event, DeviceIndex) const noexcept override { destroy_event(event); }
+  // Tensor.record_stream: nothing to do. A queued kernel's closure holds the tensors it uses, so
+  // their memory is freed (on the host, at reap) only after every kernel using them ran, on
+  // whichever stream: no block is reused while a stream may still read or write it.
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+
+ private:
+  static DeviceIndex index_of(Device d) {
+    DeviceIndex i = d.has_index() ? d.index() : tl_device;
+    check_device(i);
+    return i;
+  }
+  static c10::Stream stream_on(DeviceIndex d, int id) {
+    return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
+  }
+  static c10::Stream pool_stream(DeviceIndex d) { return stream_on(d, 1 + g_pool_next[d]++ % (kStreams - 1)); }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
@@ -930,6 +1272,9 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   bool hasPrimaryContext(DeviceIndex d) const override { return d >= 0 && d < g_settings.devices; }
   DeviceIndex deviceCount() const override { return DeviceIndex(g_settings.devices); }
   DeviceIndex getCurrentDevice() const override { return tl_device; }
+  // pin_memory(): the pinned allocator (see PinnedAllocator).
+  bool isPinnedPtr(const void* p) const override { return is_pinned_ptr(p); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   void setCurrentDevice(DeviceIndex d) const override { tl_device = d; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     auto dev = storage.device().index();
@@ -949,7 +1294,7 @@ void claim_cpu_kernels() {
   lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   static const std::unordered_set<std::string> own = {
       "empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "resize_", "_local_scalar_dense",
-      "view", "as_strided", "_reshape_alias", "unfold", "_has_compatible_shallow_copy_type"};
+      "view", "as_strided", "_reshape_alias", "unfold", "_has_compatible_shallow_copy_type", "record_stream"};
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
@@ -978,11 +1323,14 @@ void init(int devices, int64_t launch_ns, int64_t capacity, int max_queue, int m
   g_settings.max_fused = std::max(1, max_fused);
   if (g_settings.devices == 0) {
     for (int d = 0; d < devices; ++d) {
-      auto* q = new Queue();  // lives as long as the process, like a device
-      q->device = DeviceIndex(d);
-      q->worker = std::thread([q] { q->run_worker(); });
-      q->worker.detach();
-      g_queues[d] = q;
+      for (int s = 0; s < kStreams; ++s) {
+        auto* q = new Queue();  // lives as long as the process, like a device
+        q->device = DeviceIndex(d);
+        q->stream = s;
+        q->worker = std::thread([q] { q->run_worker(); });
+        q->worker.detach();
+        g_queues[d][s] = q;
+      }
     }
     static Hooks hooks;
     at::RegisterPrivateUse1HooksInterface(&hooks);
@@ -995,13 +1343,17 @@ void connect(py::capsule capsule) {
   auto* api = static_cast<const neuron_prof_backend_api*>(
       PyCapsule_GetPointer(capsule.ptr(), NEURON_PROF_BACKEND_API_CAPSULE));
   if (api == nullptr) throw py::error_already_set();
-  TORCH_CHECK(api->version >= 1 && api->size >= sizeof(neuron_prof_backend_api),
+  // Version 1's fields are all it needs; version 2's (streams and events) are used when present.
+  constexpr size_t v1_size = offsetof(neuron_prof_backend_api, cpu_fallback) + sizeof(api->cpu_fallback);
+  TORCH_CHECK(api->version >= 1 && api->size >= v1_size,
               "neuron: neuron_prof's backend API is too old (version ", api->version, ")");
+  g_api_v2 = api->version >= 2 && api->size >= offsetof(neuron_prof_backend_api, queue_synchronized) +
+                                                  sizeof(api->queue_synchronized);
   g_api = api;
 }
 
 py::dict memory_stats(int d) {
-  queue(DeviceIndex(d));
+  check_device(DeviceIndex(d));
   py::dict out;
   out["allocated_bytes"] = g_allocated[d].load();
   out["peak_bytes"] = g_peak[d].load();
@@ -1020,7 +1372,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("current_device", []() { return int(neuron_dev::tl_device); });
   m.def("set_device", [](int d) {
-    neuron_dev::queue(c10::DeviceIndex(d));
+    neuron_dev::check_device(c10::DeviceIndex(d));
     neuron_dev::tl_device = c10::DeviceIndex(d);
   });
   m.def("device_count", []() { return neuron_dev::g_settings.devices; });
@@ -1028,5 +1380,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fusion_groups", &neuron_dev::fusion_groups);
   m.def("begin_kernel", &neuron_dev::begin_group);
   m.def("end_kernel", &neuron_dev::end_group);
+  m.def("elapsed_time", &neuron_dev::elapsed_time_of);
   m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });
 }

@@ -11,17 +11,35 @@ work, and ops on neuron tensors behave as on an asynchronous device:
   with a capacity (``capacity_bytes``): beyond it, allocation raises ``torch.OutOfMemoryError``
   naming the requested size.
 - **The eager queue**: an op computes its outputs' shapes on the host (the op's Meta kernel),
-  allocates them, enqueues the work and returns; one device thread per device runs the queue in
-  order, each op by the op's CPU kernel over the device's memory with ``DEVICE_THREADS``
-  intra-op threads, so results are bitwise those of the CPU with as many. Consecutive queued ops are fused into one kernel by a rule on op kinds in queue order:
+  allocates them, enqueues the work on the current stream and returns; one device thread per
+  stream runs the stream's queue in order, each op by the op's CPU kernel over the device's memory
+  with ``DEVICE_THREADS`` intra-op threads, so results are bitwise those of the CPU with as many.
+  Consecutive queued ops of one stream are fused into one kernel by a rule on op kinds in queue
+  order:
   pointwise ops (and copies) join a kernel that has not started and holds pointwise ops, or one
   matmul or reduction followed by pointwise ops (an epilogue), up to ``max_fused`` ops. Each
   kernel pays ``launch_us`` of launch cost (a spin on the device thread), so fusing pays, and
   the device thread frees nothing: the tensors a kernel held are released on the host thread.
   Fusion is adaptive, as on the real device: ops fuse only while they wait in the queue.
-- **Flushes**: the host waits for the queue when it needs a value (``.item()``, ``.cpu()``,
-  printing, ``nonzero`` and other data-dependent ops), when ``max_queue`` ops are queued, before a
-  CPU fallback, and on ``synchronize()``. Random ops draw from the CPU generator on the host, in
+- **Streams and events**, through PyTorch's device-generic interfaces (``torch.Stream("neuron")``,
+  ``torch.Event("neuron")``, ``torch.accelerator``, the autograd engine's stream handling) and
+  as ``torch.neuron.Stream``, ``torch.neuron.Event(enable_timing=...)``,
+  ``torch.neuron.stream(s)``, ``current_stream()``, ``default_stream()``, ``set_stream(s)``:
+  stream 0 is each device's default stream, new streams come from a pool of 7 per device. Each
+  stream has its own queue and device thread, so kernels of different streams run at the same
+  time, and the current stream is per host thread and device. ``Event.record()`` puts a marker on
+  the stream's queue that completes the event when the stream reaches it (the event's timestamp,
+  what ``elapsed_time`` reads); ``Stream.wait_event(e)`` puts one where the stream stops until
+  ``e``'s latest record completed. ``Tensor.record_stream`` needs nothing more: a kernel holds the
+  tensors it uses, so memory is freed only once all work using it ran, on every stream.
+- **Pinned memory**: ``pin_memory()`` allocates host memory the device knows, and
+  ``t.to("neuron", non_blocking=True)`` from it queues the copy on the current stream reading it
+  in place (no staging copy, no host wait); from pageable memory, or blocking, the source is
+  copied on the host first, then the copy queued.
+- **Flushes**: the host waits for every stream of the device when it needs a value (``.item()``,
+  ``.cpu()``, printing, ``nonzero`` and other data-dependent ops), before a CPU fallback, and on
+  ``synchronize()``; for one stream on ``Stream.synchronize()`` and when ``max_queue`` ops are
+  queued on it; for one event's record on ``Event.synchronize()``. Random ops draw from the CPU generator on the host, in
   program order (the same numbers as on the CPU), after a flush.
 - **CPU fallback**: ops in :data:`UNIMPLEMENTED`, and ops without a Meta kernel, run through
   PyTorch's boxed CPU fallback: flush, copy the inputs to the host, run the CPU kernel, copy the
@@ -35,16 +53,17 @@ work, and ops on neuron tensors behave as on an asynchronous device:
   exp/log and losses in fp32; the CPU's own lists keep more in bf16). Its casts are queued ops.
   ``torch.utils.checkpoint`` (reentrant or not) runs on the device as on the CPU.
 
-Not emulated: streams and events beyond one default stream per device, the device's own random
-number generator, real kernel speed (device time is the CPU's time plus the launch cost), pinned
-memory, and out= tensors that must be resized by the op.
+Not emulated: stream priorities, interprocess events, the device's own random number generator,
+real kernel speed (device time is the CPU's time plus the launch cost; the streams share the host's
+cores), and out= tensors that must be resized by the op.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -62,6 +81,98 @@ UNIMPLEMENTED = ("aten::embedding_dense_backward", "aten::cumsum", "aten::sort",
 """Ops left out of the device on purpose (as in ``_neuron.cpp``): they fall back to the CPU."""
 
 _lock = threading.Lock()
+
+
+def _index(device) -> int:
+    """A device index from ``None`` (the current device), an int, a string or a ``torch.device``."""
+    if device is None:
+        return torch.accelerator.current_device_index()
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.accelerator.current_device_index() if index is None else index
+
+
+class Stream(torch.Stream):
+    """A stream of the neuron device (``torch.Stream`` with torch.cuda.Stream's methods): a new one
+    from the device's pool, or an existing one by ``stream_id``, ``device_index`` and
+    ``device_type``."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, priority=priority, **kwargs)
+        return super().__new__(cls, torch.device(BACKEND, _index(device)), priority=priority)
+
+    def wait_event(self, event: torch.Event) -> None:
+        """Work queued on this stream from now on waits until ``event`` completed."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Work queued on this stream from now on waits for the work queued on ``stream`` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
+        """Records ``event`` (a new one if None) on this stream and returns it."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+
+class Event(torch.Event):
+    """An event of the neuron device (``torch.Event``; timing off by default, as torch.cuda.Event):
+    ``record(stream)``, ``wait(stream)`` (default: the current stream), ``query()``,
+    ``synchronize()`` and ``elapsed_time(end)`` in milliseconds between the device's timestamps."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, BACKEND, enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        super().record(current_stream() if stream is None else stream)
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event's completion to ``end_event``'s (both recorded, completed
+        and timing). torch.Event's own takes only an exact ``torch.Event`` as ``end_event``."""
+        return extension().elapsed_time(self.event_id, end_event.event_id)
+
+
+def _as_neuron_stream(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def current_stream(device=None) -> Stream:
+    """The calling thread's current stream of ``device`` (default: the current device)."""
+    return _as_neuron_stream(torch.accelerator.current_stream(_index(device)))
+
+
+def default_stream(device=None) -> Stream:
+    """The default stream (id 0) of ``device``."""
+    s = torch.accelerator.current_stream(_index(device))
+    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes ``stream`` the calling thread's current stream of its device (and that device current)."""
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s: torch.Stream | None) -> Iterator[None]:
+    """Ops inside go to stream ``s`` (None: no change); the previous stream and device come back
+    after."""
+    if s is None:
+        yield
+        return
+    device, before = torch.accelerator.current_device_index(), torch.accelerator.current_stream(s.device_index)
+    set_stream(s)
+    try:
+        yield
+    finally:
+        set_stream(before)
+        torch.accelerator.set_device_index(device)
 
 
 def _device_module(ext) -> types.ModuleType:
@@ -94,6 +205,8 @@ def _device_module(ext) -> types.ModuleType:
     mod.set_launch_us = lambda us: ext.set_launch_ns(int(us * 1000))
     # torch.autocast(device_type="neuron") and torch.utils.checkpoint ask this of a device module
     mod.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
+    mod.Stream, mod.Event, mod.stream = Stream, Event, stream
+    mod.current_stream, mod.default_stream, mod.set_stream = current_stream, default_stream, set_stream
     return mod
 
 
