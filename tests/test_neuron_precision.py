@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
+from conftest import line_of, viewer_page
 from neuron_prof.summary.build import run_op_stats, summarize
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
@@ -29,13 +30,6 @@ def precision_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
     facts["gpt2_run"] = root / "gpt2"
     return facts, neuron_prof.load(root / "run")
 
-
-def _line(marker: str) -> str:
-    """``file:line`` of the script's line that carries ``marker``."""
-    for i, text in enumerate(SCRIPT.read_text().splitlines(), 1):
-        if marker in text:
-            return f"{SCRIPT.name}:{i}"
-    raise AssertionError(marker)
 
 
 def test_autocast_on_the_device_is_bitwise_cpu_autocast(precision_run):
@@ -126,7 +120,7 @@ def test_the_precision_mix_and_the_fp32_ops_autocast_left_at_their_line(precisio
     assert abs(sum(m.pct for m in p.mix) - 100) < 1e-6
     # the loss: autocast's fp32 list casts its input up and computes it in fp32, at the loss line
     mse = [o for o in p.left_in_fp32 if o.name == "aten::mse_loss"]
-    assert len(mse) == 1 and mse[0].calls == 3 and any(s.endswith(_line("LOSS-LINE")) for s in mse[0].user_sources)
+    assert len(mse) == 1 and mse[0].calls == 3 and any(s.endswith(f"{SCRIPT.name}:{line_of(SCRIPT, 'LOSS-LINE')}") for s in mse[0].user_sources)
     # the linears ran in bf16: never among the ops left in fp32
     assert not [o for o in p.left_in_fp32 if o.name in ("aten::linear", "aten::addmm")]
 
@@ -161,3 +155,18 @@ def test_gpt2_under_autocast_with_gradient_checkpointing_on_the_device(precision
     assert text.returncode == 0, text.stderr[-2000:]
     assert "Recomputed by activation checkpointing" in text.stdout and "transformer.h.1" in text.stdout
     assert "Forward ops autocast left in fp32" in text.stdout and "recompute" in text.stdout
+
+
+def test_the_ops_page_shows_precision_and_recompute(precision_run, monkeypatch):
+    facts, _ = precision_run
+    run = neuron_prof.load(facts["gpt2_run"])
+    at = viewer_page(monkeypatch, run.path, "ops", title="Ops")
+    heads = [h.value for h in at.subheader]
+    assert "Precision" in heads and "Recomputed by activation checkpointing" in heads
+    summary = summarize(run)
+    mix = next(d.value for d in at.dataframe if "precision" in d.value.columns)
+    assert mix["precision"].tolist() == [m.precision for m in summary.precision.mix]
+    again = next(d.value for d in at.dataframe if "reruns" in d.value.columns)
+    assert sorted(again["module"]) == ["transformer.h.0", "transformer.h.1"]
+    table = next(d.value for d in at.dataframe if "recompute" in d.value.columns and "self_ms" in d.value.columns)
+    assert table["recompute"].any() and not table.loc[table["recompute"], "backward"].eq(False).any()

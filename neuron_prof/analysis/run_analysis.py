@@ -20,7 +20,7 @@ import pandas as pd
 from neuron_prof.analysis import clock, collective_match, comm_cost
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis import precision
+from neuron_prof.analysis import precision, streams
 from neuron_prof.analysis.compile import compile_spans
 from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overlap, parent_index, run_time_ops,
                                      run_time_rows, self_time, step_phases)
@@ -224,6 +224,13 @@ class RunAnalysis:
         """Per rank, device and complete step: device busy and idle time, the host's waits for it
         (``analysis.device.device_steps``)."""
         return dev.device_steps(self.run.device_kernels, self.run.queue_flushes, self.step_kinds)
+
+
+    @functools.cached_property
+    def device_streams(self) -> pd.DataFrame:
+        """Per rank, device, complete step and stream: kernels, busy and waiting time
+        (``analysis.streams.stream_steps``)."""
+        return streams.stream_steps(self.run.device_kernels, self.run.stream_waits, self.step_kinds)
 
 
 _ANALYSES: "weakref.WeakKeyDictionary[Run, RunAnalysis]" = weakref.WeakKeyDictionary()

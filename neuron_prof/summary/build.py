@@ -18,6 +18,7 @@ from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
+from neuron_prof.analysis import streams
 from neuron_prof.analysis.collective_match import in_flight
 from neuron_prof.analysis.comm_cost import bandwidth, group_bandwidth, overlap_by_rank
 from neuron_prof.analysis.ops import comm_ops, in_steps, op_stats, phase_time
@@ -37,7 +38,8 @@ from neuron_prof.summary.sections import (
     InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
     NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
     RankHealth, Recompute, RunFacts, Stall,
-    Startup, StepBreakdown, StepStats, Straggler, StragglerSite, StragglerStep, Summary, SyncSection, SyncSite,
+    Startup, StepBreakdown, StepStats, StreamOverlap, StreamUse, StreamWaitSite, Straggler, StragglerSite,
+    StragglerStep, Summary, SyncSection, SyncSite,
     TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
 __all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "run_op_stats", "command_exit"]
@@ -230,7 +232,28 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         fallbacks=_rows(Fallback, dev.fallback_summary(run.fallbacks, scope)),
         coverage=_rows(Coverage, dev.coverage(run.device_enqueues, run.fallbacks)),
         custom_kernels=_rows(CustomKernel, dev.custom_kernels(kernels, corr, scope)),
+        streams=_rows(StreamUse, streams.stream_summary(analysis.device_streams, scope)),
+        stream_overlap=_stream_overlap(analysis.device_streams, streams.stream_overlap(
+            kernels, analysis.device_streams, kinds), scope),
+        stream_waits=_rows(StreamWaitSite, streams.wait_sites(run.stream_waits, run.event_enqueues, scope)),
     )
+
+
+def _stream_overlap(per_stream: pd.DataFrame, per_step: pd.DataFrame, scope: pd.DataFrame) -> list[StreamOverlap]:
+    """Per rank and device that ran kernels on more than one stream in the basis steps: busy and
+    overlap ms per basis step."""
+    rows = per_step[in_steps(per_step, scope)] if len(per_step) and len(scope) else per_step.iloc[0:0]
+    used = per_stream[in_steps(per_stream, scope) & (per_stream["busy_ns"].to_numpy() > 0)] if len(per_stream) \
+        and len(scope) else per_stream.iloc[0:0]
+    several = used.groupby(["rank", "device"])["stream"].nunique()
+    out = []
+    for (rank, device), g in rows.groupby(["rank", "device"]):
+        if several.get((rank, device), 0) < 2:
+            continue  # one stream: nothing ran at once
+        busy, overlap = g["busy_ns"].mean() / 1e6, g["overlap_ns"].mean() / 1e6
+        out.append(StreamOverlap(rank=int(rank), device=str(device), busy_ms=float(busy), overlap_ms=float(overlap),
+                                 overlap_pct=float(100 * overlap / busy) if busy else 0.0))
+    return out
 
 
 def _detail_cuts(run: Run) -> list[DetailCut]:

@@ -23,7 +23,8 @@ from neuron_prof.summary.codec import ABSENT, FLATTEN, Absent, from_json, to_jso
 __all__ = [
     "RunFacts", "Startup", "StepStats", "WarmupStep", "StepBreakdown", "TimeSplit", "OpRow", "OpsSection",
     "SyncSite", "SyncSection", "DeviceThresholds", "DeviceVerdict", "DeviceStep", "Stall", "TopKernel", "Fusion",
-    "UnfusedRun", "Fallback", "Coverage", "DeviceSection", "NotCaptured", "BreakSite", "FrameRecompiles",
+    "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamOverlap", "StreamWaitSite",
+    "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite", "FrameRecompiles",
     "CompileTime", "CacheStats", "FusedKernel", "GraphRun", "CompileSection", "MemoryPeak", "CategoryBytes",
     "PeakSite", "MemoryDevice", "ProcessMemory", "MemoryLeak", "OutOfMemory", "MemorySection", "CollectiveGroup",
     "CollectiveOp", "StragglerSite", "NoStragglerSite", "Straggler", "StragglerStep", "Mismatch", "InFlight",
@@ -385,9 +386,50 @@ class CustomKernel:
 
 
 @row
+class StreamUse:
+    """``analysis.streams.stream_summary``: a stream's kernels, busy and waiting time per step."""
+    rank: int
+    device: str
+    stream: int
+    steps: int
+    kernels_per_step: float
+    busy_ms: float
+    waiting_ms: float
+    busy_pct: float
+
+
+@row
+class StreamOverlap:
+    """Per rank and device, mean per basis step: the device's busy time and the part of it streams
+    ran kernels at once (``analysis.streams.stream_overlap``)."""
+    rank: int
+    device: str
+    busy_ms: float
+    overlap_ms: float
+    overlap_pct: float
+
+
+@row
+class StreamWaitSite:
+    """``analysis.streams.wait_sites``: where a stream stood idle waiting for another's event."""
+    rank: int
+    device: str
+    stream: int
+    waited_for: int
+    user_source: str
+    source: str
+    count: int
+    in_steps: int
+    per_step_ms: float | None
+    total_ms: float
+    mean_ms: float
+    max_ms: float
+
+
+@row
 class DeviceSection:
     """What bounded each step, the host's waits by line, kernels, fusion, fallbacks, coverage,
-    custom kernels."""
+    custom kernels, streams (their use, overlap and waits for each other)."""
     captured: Literal[True] = True
     basis: str
     basis_steps: int
@@ -401,6 +443,9 @@ class DeviceSection:
     fallbacks: list[Fallback]
     coverage: list[Coverage]
     custom_kernels: list[CustomKernel]
+    streams: list[StreamUse]
+    stream_overlap: list[StreamOverlap]
+    stream_waits: list[StreamWaitSite]
 
 
 @row

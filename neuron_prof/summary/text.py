@@ -194,6 +194,31 @@ def _render_steps(summary: Summary) -> list[str]:
     return out
 
 
+def _render_streams(device: DeviceSection) -> list[str]:
+    """Streams of a device that ran more than one, or waited: use, overlap, waits by line."""
+    if len({(s.rank, s.device, s.stream) for s in device.streams}) < 2 and not device.stream_waits:
+        return []
+    out = [f"  Streams (mean per {device.basis} step)"]
+    out += _table(device.streams, [("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device),
+                                   ("stream", "d", lambda x: x.stream),
+                                   ("kernels", ".1f", lambda x: x.kernels_per_step),
+                                   ("busy ms", ".3f", lambda x: x.busy_ms), ("busy %", ".1f", lambda x: x.busy_pct),
+                                   ("idle waiting on another stream ms", ".3f", lambda x: x.waiting_ms)])
+    for o in device.stream_overlap:
+        out.append(f"  rank {o.rank} {o.device}: streams ran kernels at once {o.overlap_ms:.3f} ms a step "
+                   f"({o.overlap_pct:.1f}% of its {o.busy_ms:.3f} ms busy)")
+    if device.stream_waits:
+        out.append("  Stream waits: a stream idle on the device until another stream's event, by the line that "
+                   "queued the wait")
+        out += _table(_most(device.stream_waits, lambda x: x.total_ms), [
+            ("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device),
+            ("stream", "d", lambda x: x.stream), ("waited for", "", lambda x: x.waited_for if x.waited_for >= 0 else "?"),
+            ("wait queued at", "", lambda x: x.user_source or x.source or "?"), ("waits", "d", lambda x: x.count),
+            ("idle ms/step", ".3f", lambda x: x.per_step_ms), ("total ms", ".3f", lambda x: x.total_ms),
+            ("longest ms", ".3f", lambda x: x.max_ms)])
+    return out
+
+
 def _render_device(device: DeviceSection) -> list[str]:
     """The Device section (a run on a device that reports its queue)."""
     over = f"{device.basis_steps} {_basis_name(device.basis)} captured steps"
@@ -230,7 +255,8 @@ def _render_device(device: DeviceSection) -> list[str]:
                              ("max ms", ".3f", lambda x: x.max_ms), ("total ms", ".3f", lambda x: x.total_ms),
                              ("ops waited for", "d", lambda x: x.ops)])
         out.append("  (why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback "
-                   "needs the inputs; synchronize = torch.<device>.synchronize()" + _more(device.stalls) + ")")
+                   "needs the inputs; synchronize = torch.<device>.synchronize(); stream_/event_synchronize = "
+                   "Stream./Event.synchronize()" + _more(device.stalls) + ")")
     else:
         out.append("  none: the host never waited for a queued op")
     if device.top_kernels:
@@ -268,6 +294,7 @@ def _render_device(device: DeviceSection) -> list[str]:
                        ("% busy", ".1f", lambda x: x.pct),
                        ("called at", "", lambda x: ", ".join(x.user_sources[:3])
                         + (" ..." if len(x.user_sources) > 3 else ""))])
+    out += _render_streams(device)
     cov = ", ".join(f"rank {c.rank} {c.device} {c.coverage_pct:.1f}% of {c.native_ops + c.fallback_ops}"
                     for c in device.coverage)
     out.append(f"  CPU fallbacks (coverage: the share of device ops run natively: {cov})")

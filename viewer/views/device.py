@@ -278,7 +278,8 @@ def _stalls(run, device: DeviceSection) -> None:
             "device": "device", "count": "waits", "per_step_ms": "ms/step", "mean_ms": "mean ms", "max_ms": "max ms",
             "total_ms": "total ms", "ops": "ops waited for"})
     st.caption("why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback needs the "
-               "inputs; synchronize = torch.<device>.synchronize(); ms/step over the steady captured steps")
+               "inputs; synchronize = torch.<device>.synchronize(); stream_/event_synchronize = Stream./Event.synchronize(); "
+               "ms/step over the steady captured steps")
     i = st.selectbox("source of the wait", range(len(stalls)), key="dev_stall",
                      format_func=lambda i: f"{stalls[i].source or '(outside any op)'} · {stalls[i].reason} · "
                                            f"{stalls[i].total_ms:.2f} ms in all")
@@ -315,6 +316,25 @@ def _custom_kernels(device: DeviceSection) -> None:
             "forward_ms": "forward ms", "backward_ms": "backward ms", "pct": "% of busy", "lines": "called at"})
     st.caption("kernels the backend reported under a custom op's name (lib::op): their share of the device's busy "
                "time is the custom-kernel coverage")
+
+
+def _streams(device: DeviceSection) -> None:
+    if len({(s.rank, s.device, s.stream) for s in device.streams}) < 2 and not device.stream_waits:
+        return
+    st.subheader("Streams")
+    _table(device.streams, {"rank": "rank", "device": "device", "stream": "stream",
+                            "kernels_per_step": "kernels/step", "busy_ms": "busy ms/step", "busy_pct": "busy %",
+                            "waiting_ms": "idle waiting on another stream ms/step"})
+    for o in device.stream_overlap:
+        st.caption(f"rank {o.rank} {o.device}: streams ran kernels at once {o.overlap_ms:.3f} ms a step "
+                   f"({o.overlap_pct:.1f}% of its {o.busy_ms:.3f} ms busy): copies or compute hidden under others")
+    if device.stream_waits:
+        st.markdown("**Stream waits**: a stream idle on the device until another stream's event, by the line "
+                    "that queued the wait (`wait_event`, `wait_stream`)")
+        _table([{**vars(w), "line": w.user_source or w.source} for w in device.stream_waits],
+               {"rank": "rank", "device": "device", "stream": "stream", "waited_for": "waited for stream",
+                "line": "wait queued at", "count": "waits", "per_step_ms": "idle ms/step", "total_ms": "total ms",
+                "max_ms": "longest ms"})
 
 
 def _fallbacks(device: DeviceSection) -> None:
@@ -404,4 +424,5 @@ _lanes(path, rank, {int(s): v for s, v in zip(mine["step"], mine["verdict"])} if
 _stalls(run, device)
 _fusion(device)
 _custom_kernels(device)
+_streams(device)
 _fallbacks(device)

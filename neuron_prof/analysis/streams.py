@@ -1,0 +1,134 @@
+"""Streams of a device: per step, how long each stream ran kernels and stood idle at a wait for
+another stream's event, how much of the device's busy time streams ran at once (a copy hidden
+under compute), and where the waits come from: the host line of the ``wait_event`` /
+``wait_stream`` that queued each, the stream whose event it waited for.
+
+From the backend's hook API version 2 reports (``Run.stream_waits``, ``Run.event_enqueues``) and
+its kernels' stream ids; a backend of version 1 reports every kernel on one stream and no waits,
+and these read as one stream that never waited."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from neuron_prof.analysis.intervals import covered
+from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.steps import captured_steps, steps_per_rank
+
+STREAM_STEP_COLUMNS = ["rank", "device", "step", "stream", "kernels", "busy_ns", "waiting_ns"]
+OVERLAP_COLUMNS = ["rank", "device", "step", "busy_ns", "streams_busy_ns", "overlap_ns"]
+STREAM_COLUMNS = ["rank", "device", "stream", "steps", "kernels_per_step", "busy_ms", "waiting_ms", "busy_pct"]
+WAIT_SITE_COLUMNS = ["rank", "device", "stream", "waited_for", "user_source", "source", "count", "in_steps",
+                     "per_step_ms", "total_ms", "mean_ms", "max_ms"]
+
+
+def _windows(steps: pd.DataFrame, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s = steps[steps["rank"] == rank]
+    w0 = s["ts"].to_numpy(np.int64)
+    return s["step"].to_numpy(), w0, w0 + s["dur"].to_numpy(np.int64)
+
+
+def stream_steps(kernels: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device, complete captured step and stream that ran a kernel or waited in it: the
+    kernels it started, ``busy_ns`` (time within the step some kernel of it ran) and
+    ``waiting_ns`` (time within the step it stood idle at a wait for an event of another stream)."""
+    done = captured_steps(steps, complete_only=True)
+    if kernels.empty or done.empty:
+        return pd.DataFrame(columns=STREAM_STEP_COLUMNS)
+    rows = []
+    kk = kernels.assign(device=kernels["device"].astype(str))
+    ww = waits.assign(device=waits["device"].astype(str)) if len(waits) else waits
+    streams = pd.concat([kk[["rank", "device", "stream"]], ww[["rank", "device", "stream"]] if len(ww) else None])
+    for (rank, device, stream), _ in streams.groupby(["rank", "device", "stream"]):
+        step, w0, w1 = _windows(done, rank)
+        if not len(step):
+            continue
+        k = kk[(kk["rank"] == rank) & (kk["device"] == device) & (kk["stream"] == stream)]
+        kts = np.sort(k["ts"].to_numpy(np.int64))
+        busy = covered(k["ts"].to_numpy(np.int64), (k["ts"] + k["dur"]).to_numpy(np.int64), w0, w1)
+        w = ww[(ww["rank"] == rank) & (ww["device"] == device) & (ww["stream"] == stream)] if len(ww) else ww
+        waiting = (covered(w["ts"].to_numpy(np.int64), (w["ts"] + w["dur"]).to_numpy(np.int64), w0, w1) if len(w)
+                   else np.zeros(len(step), np.int64))
+        started = np.searchsorted(kts, w1, side="left") - np.searchsorted(kts, w0, side="left")
+        rows.append(pd.DataFrame({"rank": rank, "device": device, "step": step, "stream": int(stream),
+                                  "kernels": started, "busy_ns": busy, "waiting_ns": waiting}))
+    if not rows:
+        return pd.DataFrame(columns=STREAM_STEP_COLUMNS)
+    return pd.concat(rows, ignore_index=True)[STREAM_STEP_COLUMNS].sort_values(
+        ["rank", "device", "step", "stream"], ignore_index=True)
+
+
+def stream_overlap(kernels: pd.DataFrame, per_stream: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device and complete captured step: ``busy_ns`` (time some kernel of the device
+    ran), ``streams_busy_ns`` (its streams' busy time added up, ``stream_steps``) and
+    ``overlap_ns``, their difference: the time streams ran kernels at once (two streams: the time
+    both ran; each stream beyond the second counts again)."""
+    done = captured_steps(steps, complete_only=True)
+    if per_stream.empty:
+        return pd.DataFrame(columns=OVERLAP_COLUMNS)
+    rows = []
+    kk = kernels.assign(device=kernels["device"].astype(str))
+    for (rank, device), k in kk.groupby(["rank", "device"]):
+        step, w0, w1 = _windows(done, rank)
+        if not len(step):
+            continue
+        busy = covered(k["ts"].to_numpy(np.int64), (k["ts"] + k["dur"]).to_numpy(np.int64), w0, w1)
+        mine = per_stream[(per_stream["rank"] == rank) & (per_stream["device"] == device)]
+        total = mine.groupby("step")["busy_ns"].sum().reindex(step, fill_value=0).to_numpy(np.int64)
+        rows.append(pd.DataFrame({"rank": rank, "device": device, "step": step, "busy_ns": busy,
+                                  "streams_busy_ns": total, "overlap_ns": np.maximum(total - busy, 0)}))
+    return pd.concat(rows, ignore_index=True)[OVERLAP_COLUMNS] if rows else pd.DataFrame(columns=OVERLAP_COLUMNS)
+
+
+def stream_summary(per_stream: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device and stream that ran or waited in the ``basis`` steps (the steady steps),
+    mean per step: kernels started, busy and waiting ms, and busy as a share of the step."""
+    rows = per_stream[in_steps(per_stream, basis)] if len(per_stream) and len(basis) else per_stream.iloc[0:0]
+    if rows.empty:
+        return pd.DataFrame(columns=STREAM_COLUMNS)
+    dur = basis.set_index(["rank", "step"])["dur"]
+    rows = rows.assign(step_ns=dur.reindex(pd.MultiIndex.from_arrays([rows["rank"], rows["step"]])).to_numpy())
+    n = steps_per_rank(basis)
+    g = rows.groupby(["rank", "device", "stream"])
+    out = pd.DataFrame({"steps": g.size(), "kernels_per_step": g["kernels"].sum() / n,
+                        "busy_ms": g["busy_ns"].sum() / n / 1e6, "waiting_ms": g["waiting_ns"].sum() / n / 1e6,
+                        "busy_pct": 100 * g["busy_ns"].sum() / g["step_ns"].sum()}).reset_index()
+    return out[(out["busy_ms"] > 0) | (out["waiting_ms"] > 0)].reset_index(drop=True)[STREAM_COLUMNS]
+
+
+def wait_sites(waits: pd.DataFrame, enqueues: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Where streams stood idle waiting for another stream, by the wait's host line: per rank,
+    device, waiting stream, the stream the event was recorded on (``waited_for``; -1: not seen) and
+    the user's line (and innermost line) of the ``wait_event``/``wait_stream`` that queued the
+    wait (the latest wait for that event on that stream queued before the device's wait ended):
+    waits, those in ``basis`` steps and their idle ms per step (None without one), total, mean and
+    longest. Longest idle in all first."""
+    if waits.empty:
+        return pd.DataFrame(columns=WAIT_SITE_COLUMNS)
+    w = waits.reset_index(drop=True).assign(device=waits["device"].astype(str))
+    e = enqueues.assign(device=enqueues["device"].astype(str), kind=enqueues["kind"].astype(str))
+    queued = e[e["kind"] == "wait"].sort_values("ts")
+    recorded = e[e["kind"] == "record"].drop_duplicates(["rank", "device", "event"], keep="last")
+    keys = ["rank", "device", "stream", "event"]
+    # the host reports a wait once it is queued: the device may reach it first, so the match is the
+    # latest wait queued before the device's wait ended
+    ended = w.assign(end=w["ts"] + w["dur"]).sort_values("end").reset_index()
+    line = pd.merge_asof(ended, queued[[*keys, "ts", "user_source", "source"]]
+                         .rename(columns={"ts": "end"})
+                         .assign(user_source=lambda d: d["user_source"].astype(str),
+                                 source=lambda d: d["source"].astype(str)),
+                         on="end", by=keys, direction="backward").set_index("index").sort_index()
+    origin = w.merge(recorded[["rank", "device", "event", "stream"]].rename(columns={"stream": "waited_for"}),
+                     on=["rank", "device", "event"], how="left")
+    n = steps_per_rank(basis)
+    hit = in_steps(w, basis) if n else np.zeros(len(w), dtype=bool)
+    w = w.assign(waited_for=origin["waited_for"].fillna(-1).astype(int).to_numpy(),
+                 user_source=line["user_source"].fillna("").to_numpy(), source=line["source"].fillna("").to_numpy(),
+                 hit=hit, hit_dur=np.where(hit, w["dur"], 0))
+    g = w.groupby(["rank", "device", "stream", "waited_for", "user_source", "source"])
+    out = pd.DataFrame({"count": g.size(), "in_steps": g["hit"].sum(), "total_ms": g["dur"].sum() / 1e6,
+                        "hit_ms": g["hit_dur"].sum() / 1e6, "mean_ms": g["dur"].mean() / 1e6,
+                        "max_ms": g["dur"].max() / 1e6}).reset_index()
+    out["per_step_ms"] = pd.Series([h / n if n and k else None for h, k in zip(out["hit_ms"], out["in_steps"])],
+                                   dtype=object)
+    return out.sort_values("total_ms", ascending=False, ignore_index=True)[WAIT_SITE_COLUMNS]
