@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
+from neuron_prof.summary.build import summarize
 from conftest import cli, line_of, viewer_page
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
@@ -103,3 +104,14 @@ def test_the_report_json_text_and_device_page_give_each_custom_kernel_its_passes
     table = next(d.value for d in at.dataframe if "forward calls" in d.value.columns)
     shown_rows = zip(table["kernel"], table["forward calls"], table["backward calls"], table["called at"])
     assert sorted(shown_rows) == sorted([(FORWARD, 4, 0, line), (BACKWARD, 0, 4, line)])
+
+
+def test_the_report_names_the_compiled_graphs_holding_each_custom_kernel(kernel_runs):
+    _, eager, compiled = kernel_runs
+    assert all(k.graphs == [] for k in summarize(eager).device.custom_kernels)  # eager: no graph holds them
+    rows = {k.name: k for k in summarize(compiled).device.custom_kernels}
+    # the one frame compiled (before the capture: its graph's region ranges say which): the
+    # forward kernel in its forward graph, the backward kernel in the backward graph compiled with it
+    regions = compiled.ops[compiled.ops["name"].astype(str).str.startswith("Torch-Compiled Region: ")]
+    (cid,) = {n.split(": ", 1)[1] for n in regions["name"].astype(str)}
+    assert rows[FORWARD].graphs == [cid] and rows[BACKWARD].graphs == [f"{cid} backward"]

@@ -120,7 +120,8 @@ def test_the_precision_mix_and_the_fp32_ops_autocast_left_at_their_line(precisio
     assert abs(sum(m.pct for m in p.mix) - 100) < 1e-6
     # the loss: autocast's fp32 list casts its input up and computes it in fp32, at the loss line
     mse = [o for o in p.left_in_fp32 if o.name == "aten::mse_loss"]
-    assert len(mse) == 1 and mse[0].calls == 3 and any(s.endswith(f"{SCRIPT.name}:{line_of(SCRIPT, 'LOSS-LINE')}") for s in mse[0].user_sources)
+    loss_line = f"{SCRIPT.name}:{line_of(SCRIPT, 'LOSS-LINE')}"
+    assert len(mse) == 1 and mse[0].calls == 3 and any(s.endswith(loss_line) for s in mse[0].user_sources)
     # the linears ran in bf16: never among the ops left in fp32
     assert not [o for o in p.left_in_fp32 if o.name in ("aten::linear", "aten::addmm")]
 

@@ -16,6 +16,8 @@ import pytest
 
 import neuron_prof
 from conftest import check_trace, line_of
+from neuron_prof.export.run_export import export_run
+from neuron_prof.tracecheck import TraceReport
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]  # a training in a process of its own
 
@@ -140,10 +142,102 @@ def test_elapsed_time_is_the_difference_of_the_recorded_completions(streams_run)
     assert recorded_ns >= 5 * 2_000_000
 
 
-def test_a_run_with_streams_exports(streams_run):
-    from neuron_prof.export.run_export import export_run
-
-    _, _, root = streams_run
+@pytest.fixture(scope="module")
+def streams_trace(streams_run) -> tuple[neuron_prof.Run, TraceReport, dict, list[dict]]:
+    """(the run, the strict reader's report of its Perfetto trace, export's counts, the events of
+    its Chrome JSON export: the reader keeps no args)."""
+    _, run, root = streams_run
     out, counts = export_run(root / "run", root / "t.perfetto-trace")
-    check_trace(out)
-    assert counts["device_kernels"] > 0
+    chrome, _ = export_run(root / "run", root / "t.json", fmt="chrome")
+    return run, check_trace(out), counts, json.loads(chrome.read_text())["traceEvents"]
+
+
+def on_trace_clock(run, ts: int) -> int:
+    """A one-rank run's time in its trace: its own plus rank 0's wall-clock offset."""
+    return int(ts) + int(run.rank_data[0].meta.get("clock_offset_ns", 0))
+
+
+def track_names(report) -> dict[int, str]:
+    return {u: t["name"] for u, t in report.tracks.items()}
+
+
+def chrome_slice(events, name: str, source_marker: str | None = None) -> dict:
+    """The one complete event of ``name`` (of the script's line holding ``source_marker``)."""
+    line = f"neuron_streams_script.py:{line_of(SCRIPT, source_marker)}" if source_marker else ""
+    (e,) = [e for e in events if e["ph"] == "X" and e["name"] == name
+            and e.get("args", {}).get("source", "").endswith(line)]
+    return e
+
+
+def ordering_wait(run):
+    """The WAIT-LINE call (its ``event_enqueues`` row) and the device's wait for its event."""
+    (call,) = at_line(run.event_enqueues, "WAIT-LINE").itertuples()
+    waits = run.stream_waits
+    (waited,) = waits[waits["event"] == call.event].itertuples()
+    return call, waited
+
+
+def test_a_run_with_streams_exports(streams_trace):
+    run, report, counts, _ = streams_trace
+    assert counts["device_kernels"] == len(run.device_kernels) > 0
+    assert counts["stream_waits"] == len(run.stream_waits) > 0
+    assert counts["event_completions"] == len(run.event_completions) > 0
+    # each wait ended by a completion of the capture: one arrow each, from the completion
+    assert counts["event_flows"] == len(run.stream_waits)
+    assert counts["device_flows"] + counts["event_flows"] == len(report.flows)
+
+
+def test_kernels_are_drawn_as_recorded_beside_the_waits(streams_trace):
+    """A wait shares its stream's lanes with the kernels: had one overlapped a kernel, the writer
+    would have cut a slice short."""
+    run, report, _, _ = streams_trace
+    names, k = track_names(report), run.device_kernels
+    drawn = sorted((s.ts, s.dur) for s in report.slices
+                   if names[s.track].startswith("Device ") and not s.name.startswith(("wait for", "event", "released")))
+    assert drawn == sorted((on_trace_clock(run, t), int(d)) for t, d in zip(k["ts"], k["dur"]))
+
+
+def test_the_waiting_stream_shows_its_wait_for_the_event_with_the_wait_line(streams_run, streams_trace):
+    facts = streams_run[0]
+    run, report, _, events = streams_trace
+    call, waited = ordering_wait(run)
+    (s,) = [s for s in report.slices if s.name == f"wait for event {call.event}"]
+    # on stream 0's track, between its kernels (the stream stood idle), as the device recorded it
+    assert track_names(report)[s.track].startswith("Device neuron:0 (stream 0)") and s.depth == 0
+    assert (s.ts, s.dur) == (on_trace_clock(run, waited.ts), waited.dur)
+    args = chrome_slice(events, f"wait for event {call.event}", "WAIT-LINE")["args"]
+    assert args["event"] == call.event and args["recorded_on"] == facts["side"]
+    (record,) = run.event_enqueues[(run.event_enqueues["event"] == call.event)
+                                   & (run.event_enqueues["kind"] == "record")].itertuples()
+    assert args["record_source"] == record.source_full
+
+
+def test_a_flow_joins_the_events_completion_to_the_end_of_the_wait_it_ended(streams_run, streams_trace):
+    facts = streams_run[0]
+    run, report, _, events = streams_trace
+    names = track_names(report)
+    call, waited = ordering_wait(run)
+    (f,) = [f for f in report.flows if f.src.name == f"event {call.event}"]
+    assert names[f.src.track] == f"Device neuron:0 (stream {facts['side']})"
+    assert f.src.ts == on_trace_clock(run, completion(run, call.event))
+    assert names[f.dst.track].startswith("Device neuron:0 (stream 0)")
+    assert (f.dst.name, f.dst.ts) == (f"released by event {call.event}", on_trace_clock(run, waited.ts + waited.dur))
+    # the completion names the line that recorded the event
+    (done,) = [e for e in events if e["ph"] == "i" and e["name"] == f"event {call.event}"]
+    assert done["args"]["source"] == chrome_slice(events, f"wait for event {call.event}")["args"]["record_source"]
+
+
+def test_the_host_waits_on_a_stream_or_an_event_name_it(streams_run, streams_trace):
+    facts = streams_run[0]
+    run, report, _, events = streams_trace
+    side = chrome_slice(events, "wait for neuron:0 (stream_synchronize)", "SIDE-SYNC-LINE")["args"]
+    assert (side["stream"], side["event"]) == (facts["side"], 0)
+    (record,) = at_line(run.event_enqueues, "EVENT-RECORD-LINE").itertuples()
+    event = chrome_slice(events, "wait for neuron:0 (event_synchronize)", "EVENT-SYNC-LINE")["args"]
+    assert (event["stream"], event["event"]) == (facts["side"], record.event)
+    # a wait for every stream names none (as a run without streams draws it)
+    for e in events:
+        if e["ph"] == "X" and e["name"] == "wait for neuron:0 (synchronize)":
+            assert "stream" not in e["args"] and "event" not in e["args"]
+    syncs = run.stream_syncs
+    assert report.names["wait for neuron:0 (stream_synchronize)"] == (syncs["reason"] == "stream_synchronize").sum()

@@ -61,6 +61,56 @@ def _region_compile_ids(names: pd.Series) -> pd.Series:
     return names.astype(str).str[len(REGION_PREFIX):].map(normalize_compile_id)
 
 
+COMPILED_FORWARD, COMPILED_BACKWARD = "CompiledFunction", "CompiledFunctionBackward"
+"""AOTAutograd's autograd function around a compiled forward graph, and its node that runs the
+compiled backward graph (the same sequence number, on the forward's thread)."""
+
+
+def _first_ancestor(parent: np.ndarray, flagged: np.ndarray, rows: np.ndarray, max_depth: int) -> np.ndarray:
+    """Per row of ``rows``: the nearest of itself and its enclosing ops that is ``flagged`` (-1: none)."""
+    found = np.full(len(rows), -1, np.int64)
+    cur = rows.astype(np.int64)
+    for _ in range(max_depth + 1):
+        live = (cur >= 0) & (found < 0)
+        if not live.any():
+            break
+        hit = live & flagged[np.maximum(cur, 0)]
+        found[hit] = cur[hit]
+        cur = np.where(live & ~hit, parent[np.maximum(cur, 0)], -1)
+    return found
+
+
+def compiled_graph_of(ops: pd.DataFrame, parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per op of ``rows`` (positions in ``ops``): the compiled graph it ran in, as its region's
+    compile id (``"0/0"``) inside a ``Torch-Compiled Region`` range, ``"0/0 backward"`` inside the
+    backward graph compiled with it (run by a ``CompiledFunctionBackward`` node, paired with its
+    forward's ``CompiledFunction`` by thread and sequence number), ``""`` in eager code."""
+    out = np.full(len(rows), "", dtype=object)
+    if not len(rows) or ops.empty:
+        return out
+    depth = int(ops["depth"].to_numpy().max(initial=0))
+    region = _first_ancestor(parent, _region_mask(ops), rows, depth)
+    ids = np.full(len(ops), "", dtype=object)
+    hit = region >= 0
+    ids[region[hit]] = _region_compile_ids(ops["name"].iloc[region[hit]]).to_numpy()
+    out[hit] = ids[region[hit]]
+    names = ops["name"].astype(str)
+    node = _first_ancestor(parent, (names == COMPILED_BACKWARD).to_numpy(), rows, depth)
+    back = (node >= 0) & ~hit
+    if back.any():
+        fwd = ops[(names == COMPILED_FORWARD).to_numpy()]
+        by_key = {(int(r), int(t), int(q)): i for i, r, t, q in
+                  zip(np.flatnonzero((names == COMPILED_FORWARD).to_numpy()), fwd["rank"], fwd["tid"], fwd["seq"])}
+        nodes = ops.iloc[node[back]]
+        forward = np.array([by_key.get((int(r), int(t), int(q)), -1)
+                            for r, t, q in zip(nodes["rank"], nodes["fwd_tid"], nodes["seq"])], np.int64)
+        outer = _first_ancestor(parent, _region_mask(ops), forward, depth)
+        labels = _region_compile_ids(ops["name"].iloc[outer[outer >= 0]]).to_numpy()
+        back_rows = np.flatnonzero(back)
+        out[back_rows[outer >= 0]] = [f"{c} backward" for c in labels]
+    return out
+
+
 def first_region_runs(ops: pd.DataFrame) -> pd.Series:
     """Per compiled graph (index: compile id), the row position in ``ops`` of its first run (the
     earliest region range; on a tie, the first row): where the graph a compile produced first

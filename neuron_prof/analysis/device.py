@@ -23,6 +23,8 @@ Pandas in, pandas out; no function reads a file. Times are the run's monotonic n
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -561,7 +563,7 @@ def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
 
 
 CUSTOM_KERNEL_COLUMNS = ["rank", "device", "name", "calls", "forward_calls", "backward_calls", "total_ms", "forward_ms",
-                         "backward_ms", "mean_us", "per_step_ms", "pct", "user_sources"]
+                         "backward_ms", "mean_us", "per_step_ms", "pct", "user_sources", "graphs"]
 BUILTIN_NAMESPACES = ("aten", "prims")
 """Op namespaces that are PyTorch's own: a kernel named ``ns::op`` outside them is a custom kernel."""
 
@@ -574,12 +576,15 @@ def is_custom_kernel(names: np.ndarray) -> np.ndarray:
     return (ns != "") & ~np.isin(ns, BUILTIN_NAMESPACES)
 
 
-def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame,
+                   graph_of: Callable[[np.ndarray], np.ndarray] | None = None) -> pd.DataFrame:
     """Per rank, device and custom kernel: its runs (``calls``), forward and backward apart (a run
     is a backward one when the op that queued its first op ran in the backward pass), device time
     in all, mean, per ``basis`` step (None when none ran in one), its share of the device's busy
-    time over the run (``pct``; their sum is the custom-kernel coverage) and the user's lines that
-    queued it (a backward run's: the forward call's line). Costliest first."""
+    time over the run (``pct``; their sum is the custom-kernel coverage), the user's lines that
+    queued it (a backward run's: the forward call's line) and the compiled graphs it ran in
+    (``graph_of``: the graph of each host op row, ``analysis.compile.compiled_graph_of``: the
+    graph of the op that queued its first op). Costliest first."""
     if kernels.empty:
         return pd.DataFrame(columns=CUSTOM_KERNEL_COLUMNS)
     names = _str_values(kernels["name"])
@@ -592,12 +597,16 @@ def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFram
     hit = in_steps(k, basis) if n else np.zeros(len(k), dtype=bool)
     bwd = np.zeros(len(k), dtype=bool)
     line = np.full(len(k), "", dtype=object)
-    if not corr.empty:  # each kernel's first queued op: its pass and the user's line
+    graph = np.full(len(k), "", dtype=object)
+    if not corr.empty:  # each kernel's first queued op: its pass, the user's line, its graph
         named, first_op, _ = _kernel_ops(kernels, corr)
         named &= mine
         bwd = named & corr["bwd"].to_numpy(bool)[np.where(named, first_op, 0)]
         line = _strings_at(corr["user_source"], first_op, named)
-    k = k.assign(bwd=bwd, line=line, hit_dur=np.where(hit, k["dur"], 0))[mine]
+        if graph_of is not None:
+            host = corr["op_index"].to_numpy(np.int64)[first_op[named]]
+            graph[np.flatnonzero(named)[host >= 0]] = graph_of(host[host >= 0])
+    k = k.assign(bwd=bwd, line=line, graph=graph, hit_dur=np.where(hit, k["dur"], 0))[mine]
     rows = []
     for (rank, device, name), g in k.groupby(["rank", "device", "name"], sort=False):
         back = g["bwd"].to_numpy()
@@ -608,6 +617,6 @@ def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFram
                      "backward_ms": g.loc[back, "dur"].sum() / 1e6, "mean_us": g["dur"].mean() / 1e3,
                      "per_step_ms": g["hit_dur"].sum() / 1e6 / n if n and g["hit_dur"].sum() > 0 else None,
                      "pct": 100 * g["dur"].sum() / max(int(busy[(rank, device)]), 1),
-                     "user_sources": sorted(lines)})
+                     "user_sources": sorted(lines), "graphs": sorted({x for x in g["graph"] if x})})
     return pd.DataFrame(rows, columns=CUSTOM_KERNEL_COLUMNS).sort_values("total_ms", ascending=False,
                                                                          ignore_index=True)

@@ -160,7 +160,8 @@ def op_stats(ops: pd.DataFrame, by: tuple[str, ...] = ("name", "module"),
     are groups of their own, marked ``recompute``: the same op of the same module runs forward and
     is re-run in the backward pass."""
     recompute = "recompute" in ops.columns
-    cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward", *(["recompute"] if recompute else [])]
+    cols = [*by, "calls", "total_ms", "self_ms", "self_pct", "mean_us", "backward",
+            *(["recompute"] if recompute else [])]
     if ops.empty:
         return pd.DataFrame(columns=cols)
     if self_ns is None:

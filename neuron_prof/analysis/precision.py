@@ -4,10 +4,10 @@ the ops autocast left in fp32.
 An op's precision is read off its recorded input dtypes (``ops.dtypes``, with ``ops.shapes``): the
 floating dtype its tensor inputs share, or the widest of them where they differ (what the op
 computes in after type promotion), 0-dim inputs left out where others are not (a Python number
-is a 0-dim float64 tensor by then, and does not promote a tensor's dtype); casts and copies (``aten::_to_copy``, ``aten::copy_``: autocast's own casts among
-them) are ``cast``; ops with no floating input are ``other``. The time is the device's where a
-device backend reported kernels (a kernel's time split evenly among the ops it ran), else the
-host ops' self time."""
+is a 0-dim float64 tensor by then, and does not promote a tensor's dtype); casts and copies
+(``aten::_to_copy``, ``aten::copy_``: autocast's own casts among them) are ``cast``; ops with no
+floating input are ``other``. The time is the device's where a device backend reported kernels (a
+kernel's time split evenly among the ops it ran), else the host ops' self time."""
 from __future__ import annotations
 
 import re

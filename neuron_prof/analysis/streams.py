@@ -96,34 +96,61 @@ def stream_summary(per_stream: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFram
     return out[(out["busy_ms"] > 0) | (out["waiting_ms"] > 0)].reset_index(drop=True)[STREAM_COLUMNS]
 
 
+def match_last(rows: pd.DataFrame, t, table: pd.DataFrame, by: tuple[str, ...], forward: bool = False) -> np.ndarray:
+    """Per row of ``rows``, the position in ``table`` of the row with the same ``by`` columns whose
+    ``ts`` is the last at or before ``t`` (``forward``: the first at or after it); -1 where none."""
+    def keyed(df: pd.DataFrame, ts, row: str) -> pd.DataFrame:
+        cols = {k: df[k].astype(str).to_numpy(object) if isinstance(df[k].dtype, pd.CategoricalDtype)
+                else df[k].to_numpy(np.int64) for k in by}
+        return pd.DataFrame({**cols, "t": np.asarray(ts, np.int64),
+                             row: np.arange(len(df), dtype=np.int64)}).sort_values("t", kind="stable")
+
+    out = np.full(len(rows), -1, np.int64)
+    if len(rows) and len(table):
+        m = pd.merge_asof(keyed(rows, t, "q"), keyed(table, table["ts"], "row"), on="t", by=list(by),
+                          direction="forward" if forward else "backward")
+        out[m["q"].to_numpy()] = m["row"].fillna(-1).to_numpy(np.int64)
+    return out
+
+
+def pick(values: np.ndarray, rows: np.ndarray, missing) -> np.ndarray:
+    """``values[rows]``, ``missing`` where a row is -1 (``match_last``/``host_call`` found none)."""
+    if not len(values):
+        return np.full(len(rows), missing, dtype=values.dtype)
+    return np.where(rows >= 0, values[np.maximum(rows, 0)], missing)
+
+
+def host_call(rows: pd.DataFrame, t, calls: pd.DataFrame) -> np.ndarray:
+    """Per device-side row (an event completion, a stream wait; at ``t``), the position in
+    ``calls`` (``Run.event_enqueues`` rows of one kind) of the host call it ran: same rank, device,
+    stream and event, the latest at or before ``t``, else the first after it. The host reports a
+    call once it is queued, so an idle stream may reach it a few microseconds before the report.
+    An event recorded again before the device reached its first record reads as the later call."""
+    on_stream = ("rank", "device", "stream", "event")
+    before = match_last(rows, t, calls, on_stream)
+    return np.where(before >= 0, before, match_last(rows, t, calls, on_stream, forward=True))
+
+
 def wait_sites(waits: pd.DataFrame, enqueues: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     """Where streams stood idle waiting for another stream, by the wait's host line: per rank,
     device, waiting stream, the stream the event was recorded on (``waited_for``; -1: not seen) and
     the user's line (and innermost line) of the ``wait_event``/``wait_stream`` that queued the
-    wait (the latest wait for that event on that stream queued before the device's wait ended):
+    wait (``host_call``):
     waits, those in ``basis`` steps and their idle ms per step (None without one), total, mean and
     longest. Longest idle in all first."""
     if waits.empty:
         return pd.DataFrame(columns=WAIT_SITE_COLUMNS)
-    w = waits.reset_index(drop=True).assign(device=waits["device"].astype(str))
-    e = enqueues.assign(device=enqueues["device"].astype(str), kind=enqueues["kind"].astype(str))
-    queued = e[e["kind"] == "wait"].sort_values("ts")
-    recorded = e[e["kind"] == "record"].drop_duplicates(["rank", "device", "event"], keep="last")
-    keys = ["rank", "device", "stream", "event"]
-    # the host reports a wait once it is queued: the device may reach it first, so the match is the
-    # latest wait queued before the device's wait ended
-    ended = w.assign(end=w["ts"] + w["dur"]).sort_values("end").reset_index()
-    line = pd.merge_asof(ended, queued[[*keys, "ts", "user_source", "source"]]
-                         .rename(columns={"ts": "end"})
-                         .assign(user_source=lambda d: d["user_source"].astype(str),
-                                 source=lambda d: d["source"].astype(str)),
-                         on="end", by=keys, direction="backward").set_index("index").sort_index()
-    origin = w.merge(recorded[["rank", "device", "event", "stream"]].rename(columns={"stream": "waited_for"}),
-                     on=["rank", "device", "event"], how="left")
+    w = waits.reset_index(drop=True)
+    kind = enqueues["kind"].astype(str).to_numpy()
+    queued, recorded = enqueues[kind == "wait"], enqueues[kind == "record"]
+    call = host_call(w, w["ts"], queued)
+    origin = match_last(w, w["ts"] + w["dur"], recorded, ("rank", "device", "event"))  # the record it waited on
+
     n = steps_per_rank(basis)
     hit = in_steps(w, basis) if n else np.zeros(len(w), dtype=bool)
-    w = w.assign(waited_for=origin["waited_for"].fillna(-1).astype(int).to_numpy(),
-                 user_source=line["user_source"].fillna("").to_numpy(), source=line["source"].fillna("").to_numpy(),
+    w = w.assign(device=w["device"].astype(str), waited_for=pick(recorded["stream"].to_numpy(np.int64), origin, -1),
+                 user_source=pick(queued["user_source"].astype(str).to_numpy(object), call, ""),
+                 source=pick(queued["source"].astype(str).to_numpy(object), call, ""),
                  hit=hit, hit_dur=np.where(hit, w["dur"], 0))
     g = w.groupby(["rank", "device", "stream", "waited_for", "user_source", "source"])
     out = pd.DataFrame({"count": g.size(), "in_steps": g["hit"].sum(), "total_ms": g["dur"].sum() / 1e6,

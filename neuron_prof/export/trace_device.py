@@ -12,12 +12,23 @@ Per rank:
   goes to a "... #2" lane (slices on one track must nest);
 - a flow from each host op slice that queued work to each kernel that ran some of it, one per
   (op slice, kernel) pair, as a CUDA launch is joined to its kernel;
+- streams and events (hook API version 2), drawn as the device ran them: on the waiting stream's
+  track a "wait for event <n>" slice per ``stream_waits`` row (the stream stood idle; args
+  ``event``, ``recorded_on`` (the stream that recorded it, -1 where its completion was not
+  captured), ``source`` (the ``wait_event`` line) and ``record_source``), sharing the stream's
+  lanes with its kernels; on the recording stream's track an "event <n>" instant where the device
+  reached the record (``event_completions``; args ``event`` and the ``record`` line as
+  ``source``); and a flow from that instant to a "released by event <n>" instant at the end of
+  each wait it ended. The arrow needs that landing instant: the writer points a flow from the
+  earlier of its two events, and the wait slice begins before the event completes. A host call
+  is matched to what the device did by stream and event (``analysis.streams.host_call``);
 - on the host thread's own track, a "wait for <device> (<reason>)" slice per queue flush (args
-  ``reason``, ``ops`` waited for, ``source``, ``host_op``) and a "CPU fallback <op>" slice per op
-  the device left to the CPU (``bytes_to_host``, ``bytes_from_host``, ``source``, ``device``),
-  each fitted into the op slices around it (``_fit_waits``, ``_fit_fallbacks``): the writer
-  would otherwise repair a slice that sticks out of its op by a few ns of clock rounding by
-  cutting the op's own slices short;
+  ``reason``, ``ops`` waited for, ``source``, ``host_op``; where its ``stream_syncs`` row names
+  one, the ``stream`` (-1: every stream of the device) and ``event`` (0: none) waited for) and a
+  "CPU fallback <op>" slice per op the device left to the CPU (``bytes_to_host``,
+  ``bytes_from_host``, ``source``, ``device``), each fitted into the op slices around it
+  (``_fit_waits``, ``_fit_fallbacks``): the writer would otherwise repair a slice that sticks out
+  of its op by a few ns of clock rounding by cutting the op's own slices short;
 - a "Queue depth <device>" counter: ops queued and not yet run (``analysis.device.queue_depth``).
 
 Which host op queued what, and which kernel ran it, comes from ``analysis.device``; this module
@@ -30,6 +41,7 @@ import pandas as pd
 
 from neuron_prof.analysis.device import enqueuing_ops, queue_depth
 from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.analysis.streams import host_call, match_last, pick
 from neuron_prof.export.clock import TraceClock
 from neuron_prof.export.event_columns import lanes, string_args
 from neuron_prof.export.tracewriter import TraceWriter
@@ -88,6 +100,45 @@ def _stream_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     if not (start[order][1:] < reach[:-1]).any():
         return np.zeros(len(start), np.int64)
     return lanes(start, end)
+
+
+def _devices(*tables: pd.DataFrame) -> pd.Categorical:
+    """The ``device`` columns of ``tables``, concatenated as one categorical with the first
+    table's categories first: a stream's tracks are then made in the order the kernels alone
+    made them, whatever the other tables add."""
+    cols = [t["device"].array for t in tables if len(t)]
+    return pd.api.types.union_categoricals(cols) if cols else tables[0]["device"].array
+
+
+class _StreamEvents:
+    """A run's stream waits, event completions and host waits on a stream or an event, each
+    matched to what names it: the host lines of the ``record`` and ``wait_event`` calls, the
+    completion that ended a wait, the stream and event a queue flush waited for."""
+
+    def __init__(self, run: Run, flushes: pd.DataFrame) -> None:
+        calls = run.event_enqueues
+        records, waits = (calls[(calls["kind"] == kind).to_numpy()] for kind in ("record", "wait"))
+        self.done = run.event_completions
+        self.waits = run.stream_waits
+        self.done_source = pick(string_args(records["source_full"]), host_call(self.done, self.done["ts"], records),
+                                "")
+        """Per completion, the line of the record the device reached."""
+        self.wait_source = pick(string_args(waits["source_full"]), host_call(self.waits, self.waits["ts"], waits),
+                                "")
+        """Per stream wait, the line of the ``wait_event`` call the stream reached."""
+        self.release = match_last(self.waits, self.waits["ts"], self.done, ("rank", "device", "event"),
+                                  forward=True)
+        """Per stream wait, the completion that ended it (the event's first at or after its start)."""
+        self.sync_stream, self.sync_event = _sync_of(flushes, run.stream_syncs)
+
+
+def _sync_of(flushes: pd.DataFrame, syncs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per queue flush, the stream and event its ``stream_syncs`` row names (the backend reports
+    each host wait to both, with the same rank, tid and ts); -1 and 0 (none) where it has none."""
+    row = match_last(flushes, flushes["ts"], syncs, ("rank", "tid"))
+    same = pick(syncs["ts"].to_numpy(np.int64), row, -1) == flushes["ts"].to_numpy(np.int64)
+    row = np.where(same, row, -1)
+    return pick(syncs["stream"].to_numpy(np.int64), row, -1), pick(syncs["event"].to_numpy(np.int64), row, 0)
 
 
 class _OpsAt:
@@ -189,6 +240,9 @@ class DeviceTracks:
         self.depth = queue_depth(run.device_enqueues, self.kernels)
         self.kernel_ids = np.full(len(self.kernels), -1, np.int64)
         """Trace event id of each kernel's slice, once its rank is written."""
+        self.events = _StreamEvents(run, self.flushes)
+        self.done_ids = np.full(len(self.events.done), -1, np.int64)
+        """Trace event id of each event completion's instant, once its rank is written."""
         self.op_ids = np.full(len(run.ops), -1, np.int64)
         """Trace event id of each ``Run.ops`` row's slice, as ``write_run`` wrote them."""
         self.pairs = np.empty((0, 2), np.int64)
@@ -214,7 +268,8 @@ class DeviceTracks:
                                                                           threads["name"])}
         self._rows = {name: df.groupby("rank").indices if len(df) else {}
                       for name, df in (("kernels", self.kernels), ("flushes", self.flushes),
-                                       ("fallbacks", self.fallbacks), ("depth", self.depth))}
+                                       ("fallbacks", self.fallbacks), ("depth", self.depth),
+                                       ("waits", self.events.waits), ("done", self.events.done))}
 
     def write(self, writer: TraceWriter, proc: int, rank: int, op_rows: np.ndarray, op_ids: np.ndarray
               ) -> dict[str, int]:
@@ -222,7 +277,7 @@ class DeviceTracks:
         ``Run.ops`` rows of the rank's op slices, whose event ids are ``op_ids`` (the flows'
         sources). Returns what was written, by count name."""
         self.op_ids[op_rows] = op_ids
-        return {"device_kernels": self._kernels(writer, proc, rank),
+        return {**self._streams(writer, proc, rank),
                 "queue_flushes": self._waits(writer, proc, rank),
                 "fallbacks": self._fallbacks(writer, proc, rank),
                 "queue_depth_samples": self._depth(writer, proc, rank)}
@@ -241,37 +296,98 @@ class DeviceTracks:
                             for t in uniq], dtype=np.int64)
         return handles[inverse]
 
-    def _kernels(self, writer: TraceWriter, proc: int, rank: int) -> int:
-        idx = self._rows["kernels"].get(rank)
-        if idx is None:
-            return 0
-        k = self.kernels.iloc[idx]
-        start, dur = self.clock.of(rank).span(k["ts"], k["dur"])
-        tracks = np.empty(len(k), np.int64)
-        for (device, stream), sel in k.groupby(["device", "stream"], observed=True).indices.items():
-            lane = _stream_lanes(start[sel], start[sel] + dur[sel])
+    def _rank(self, name: str, rank: int) -> np.ndarray:
+        """The rows of table ``name`` (a key of ``_rows``) on ``rank``."""
+        return self._rows[name].get(rank, np.empty(0, np.int64))
+
+    def _streams(self, writer: TraceWriter, proc: int, rank: int) -> dict[str, int]:
+        """Kernels and stream waits on their stream's tracks (one set of lanes: a stream runs
+        them one after another), event completions on the recording stream's track, and a flow
+        from each completion to the end of each wait it ended."""
+        ki, wi, di = (self._rank(name, rank) for name in ("kernels", "waits", "done"))
+        k, w = self.kernels.iloc[ki], self.events.waits.iloc[wi]
+        ts, dur = (np.concatenate([k[c].to_numpy(np.int64), w[c].to_numpy(np.int64)]) for c in ("ts", "dur"))
+        start, dur = self.clock.of(rank).span(ts, dur)
+        tracks = self._lane_tracks(writer, proc, k, w, start, start + dur)
+        n = len(k)
+        if n:
+            self.kernel_ids[ki] = writer.slices(tracks[:n], start[:n], dur[:n], k["name"], {
+                "ops": self.ops_text[ki], "n_ops": k["n_ops"].to_numpy(np.int64),
+                "kernel_id": k["id"].to_numpy(np.int64), "step": k["step"].to_numpy(np.int64),
+                "source": self.source[ki], "module": self.module[ki]})
+        self._completions(writer, proc, rank, di)
+        flows = self._stream_waits(writer, wi, tracks[n:], start[n:], dur[n:])
+        return {"device_kernels": n, "stream_waits": len(wi), "event_completions": len(di), "event_flows": flows}
+
+    def _lane_tracks(self, writer: TraceWriter, proc: int, kernels: pd.DataFrame, waits: pd.DataFrame,
+                     start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """The track of each kernel, then each stream wait (``start``/``end`` in that order): its
+        stream's, or a "... #2" lane where clock jitter makes two overlap."""
+        streams = pd.DataFrame({"device": _devices(kernels, waits),
+                                "stream": np.concatenate([kernels["stream"].to_numpy(np.int64),
+                                                          waits["stream"].to_numpy(np.int64)])})
+        tracks = np.empty(len(streams), np.int64)
+        for (device, stream), sel in streams.groupby(["device", "stream"], observed=True).indices.items():
+            lane = _stream_lanes(start[sel], end[sel])
             label = f"Device {device} (stream {stream})"
             handles = np.array([writer.track(proc, label + (f" #{j + 1}" if j else ""))
                                 for j in range(int(lane.max()) + 1)], np.int64)
             tracks[sel] = handles[lane]
-        self.kernel_ids[idx] = writer.slices(tracks, start, dur, k["name"], {
-            "ops": self.ops_text[idx], "n_ops": k["n_ops"].to_numpy(np.int64),
-            "kernel_id": k["id"].to_numpy(np.int64), "step": k["step"].to_numpy(np.int64),
-            "source": self.source[idx], "module": self.module[idx]})
-        return len(k)
+        return tracks
+
+    def _completions(self, writer: TraceWriter, proc: int, rank: int, rows: np.ndarray) -> None:
+        """An "event <n>" instant where the device reached each record, on the recording
+        stream's (first) track, with the line that recorded it."""
+        if not len(rows):
+            return
+        d = self.events.done.iloc[rows]
+        labels, inverse = np.unique("Device " + string_args(d["device"]) + " (stream "
+                                    + d["stream"].astype(str).to_numpy(object) + ")", return_inverse=True)
+        tracks = np.array([writer.track(proc, str(label)) for label in labels], np.int64)[inverse]
+        self.done_ids[rows] = writer.instants(tracks, self.clock.of(rank).at(d["ts"]),
+                                              "event " + d["event"].astype(str).to_numpy(object),
+                                              {"event": d["event"].to_numpy(np.int64),
+                                               "source": self.events.done_source[rows]})
+
+    def _stream_waits(self, writer: TraceWriter, rows: np.ndarray, tracks: np.ndarray, start: np.ndarray,
+                      dur: np.ndarray) -> int:
+        """A "wait for event <n>" slice per stream wait, and a "released by event <n>" instant at
+        its end that the arrow from the completion which ended it lands on (after
+        ``_completions``: the flows need its ids). Returns the number of flows."""
+        if not len(rows):
+            return 0
+        w = self.events.waits.iloc[rows]
+        event, release = w["event"].to_numpy(np.int64), self.events.release[rows]
+        recorded_on = pick(self.events.done["stream"].to_numpy(np.int64), release, -1)
+        text = w["event"].astype(str).to_numpy(object)
+        writer.slices(tracks, start, dur, "wait for event " + text,
+                      {"event": event, "recorded_on": recorded_on, "source": self.events.wait_source[rows],
+                       "record_source": pick(self.events.done_source, release, "")})
+        ends = writer.instants(tracks, start + dur, "released by event " + text,
+                               {"event": event, "recorded_on": recorded_on})
+        ok = release >= 0
+        return writer.flows(self.done_ids[release[ok]], ends[ok]) if ok.any() else 0
 
     def _waits(self, writer: TraceWriter, proc: int, rank: int) -> int:
-        idx = self._rows["flushes"].get(rank)
-        if idx is None:
-            return 0
+        """The host's waits; those on a stream or an event with args naming it (written apart:
+        a numeric arg cannot be left off a row, and the other waits stay as they were)."""
+        idx = self._rank("flushes", rank)
+        stream, event = self.events.sync_stream[idx], self.events.sync_event[idx]
+        named = (stream >= 0) | (event != 0)
+        for part, args in ((~named, {}), (named, {"stream": stream[named], "event": event[named]})):
+            if part.any():
+                self._write_waits(writer, proc, rank, idx[part], args)
+        return len(idx)
+
+    def _write_waits(self, writer: TraceWriter, proc: int, rank: int, idx: np.ndarray, extra: dict) -> None:
+        """The host waits ``idx`` (``queue_flushes`` rows), with ``extra`` args beside their own."""
         f = self.flushes.iloc[idx]
         start, end = (s[idx] for s in self.wait_span)
         names = "wait for " + string_args(f["device"]) + " (" + string_args(f["reason"]) + ")"
         writer.slices(self._thread_tracks(writer, proc, rank, f["tid"].to_numpy()),
                       *self.clock.of(rank).span(start, end - start), names,
                       {"reason": f["reason"], "ops": f["ops"].to_numpy(np.int64), "source": f["source_full"],
-                       "host_op": f["host_op"]})
-        return len(f)
+                       "host_op": f["host_op"], **extra})
 
     def _fallbacks(self, writer: TraceWriter, proc: int, rank: int) -> int:
         idx = self._rows["fallbacks"].get(rank)

@@ -231,7 +231,8 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope, top)),
         fallbacks=_rows(Fallback, dev.fallback_summary(run.fallbacks, scope)),
         coverage=_rows(Coverage, dev.coverage(run.device_enqueues, run.fallbacks)),
-        custom_kernels=_rows(CustomKernel, dev.custom_kernels(kernels, corr, scope)),
+        custom_kernels=_rows(CustomKernel, dev.custom_kernels(
+            kernels, corr, scope, lambda rows: comp.compiled_graph_of(run.ops, analysis.op_parent, rows))),
         streams=_rows(StreamUse, streams.stream_summary(analysis.device_streams, scope)),
         stream_overlap=_stream_overlap(analysis.device_streams, streams.stream_overlap(
             kernels, analysis.device_streams, kinds), scope),

@@ -24,7 +24,8 @@ __all__ = [
     "RunFacts", "Startup", "StepStats", "WarmupStep", "StepBreakdown", "TimeSplit", "OpRow", "OpsSection",
     "SyncSite", "SyncSection", "DeviceThresholds", "DeviceVerdict", "DeviceStep", "Stall", "TopKernel", "Fusion",
     "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamOverlap", "StreamWaitSite",
-    "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite", "FrameRecompiles",
+    "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite",
+    "FrameRecompiles",
     "CompileTime", "CacheStats", "FusedKernel", "GraphRun", "CompileSection", "MemoryPeak", "CategoryBytes",
     "PeakSite", "MemoryDevice", "ProcessMemory", "MemoryLeak", "OutOfMemory", "MemorySection", "CollectiveGroup",
     "CollectiveOp", "StragglerSite", "NoStragglerSite", "Straggler", "StragglerStep", "Mismatch", "InFlight",
@@ -383,6 +384,9 @@ class CustomKernel:
     per_step_ms: float | None
     pct: float
     user_sources: list[str]
+    graphs: list[str]
+    """The compiled graphs it ran in (their compile ids, "0/0"; "0/0 backward": the backward graph
+    compiled with it); empty in eager runs."""
 
 
 @row

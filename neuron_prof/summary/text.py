@@ -293,7 +293,9 @@ def _render_device(device: DeviceSection) -> list[str]:
                        ("fwd ms", ".2f", lambda x: x.forward_ms), ("bwd ms", ".2f", lambda x: x.backward_ms),
                        ("% busy", ".1f", lambda x: x.pct),
                        ("called at", "", lambda x: ", ".join(x.user_sources[:3])
-                        + (" ..." if len(x.user_sources) > 3 else ""))])
+                        + (" ..." if len(x.user_sources) > 3 else "")),
+                       *([("in compiled graphs", "", lambda x: ", ".join(x.graphs) or "-")]
+                         if any(k.graphs for k in device.custom_kernels) else [])])
     out += _render_streams(device)
     cov = ", ".join(f"rank {c.rank} {c.device} {c.coverage_pct:.1f}% of {c.native_ops + c.fallback_ops}"
                     for c in device.coverage)

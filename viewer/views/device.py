@@ -278,7 +278,8 @@ def _stalls(run, device: DeviceSection) -> None:
             "device": "device", "count": "waits", "per_step_ms": "ms/step", "mean_ms": "mean ms", "max_ms": "max ms",
             "total_ms": "total ms", "ops": "ops waited for"})
     st.caption("why: sync = the host needs a value; size = the queue was full; fallback = a CPU fallback needs the "
-               "inputs; synchronize = torch.<device>.synchronize(); stream_/event_synchronize = Stream./Event.synchronize(); "
+               "inputs; synchronize = torch.<device>.synchronize(); stream_/event_synchronize = "
+               "Stream./Event.synchronize(); "
                "ms/step over the steady captured steps")
     i = st.selectbox("source of the wait", range(len(stalls)), key="dev_stall",
                      format_func=lambda i: f"{stalls[i].source or '(outside any op)'} · {stalls[i].reason} · "
@@ -310,10 +311,12 @@ def _custom_kernels(device: DeviceSection) -> None:
     if not kernels:
         return
     st.subheader("Custom kernels")
-    _table(pd.DataFrame(kernels).assign(lines=[", ".join(x.user_sources) for x in kernels]),
+    _table(pd.DataFrame(kernels).assign(lines=[", ".join(x.user_sources) for x in kernels],
+                                        graphs=[", ".join(x.graphs) for x in kernels]),
            {"rank": "rank", "device": "device", "name": "kernel", "forward_calls": "forward calls",
             "backward_calls": "backward calls", "per_step_ms": "ms/step", "mean_us": "mean µs",
-            "forward_ms": "forward ms", "backward_ms": "backward ms", "pct": "% of busy", "lines": "called at"})
+            "forward_ms": "forward ms", "backward_ms": "backward ms", "pct": "% of busy", "lines": "called at",
+            "graphs": "in compiled graphs"})
     st.caption("kernels the backend reported under a custom op's name (lib::op): their share of the device's busy "
                "time is the custom-kernel coverage")
 
