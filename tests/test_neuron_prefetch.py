@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import neuron_prof
-from conftest import line_of, viewer_page
+from conftest import line_of, plotly_array, viewer_page
 from neuron_prof.examples import stream_prefetch
 from neuron_prof.summary.build import summarize
 
@@ -106,6 +106,11 @@ def test_the_report_shows_the_streams_and_the_wait(prefetch_runs, tmp_path):
     doc = json.loads(subprocess.run([sys.executable, "-m", "neuron_prof", "report", "--json", str(run.path)],
                                     capture_output=True, text=True, timeout=300).stdout)
     assert any(s["user_source"].endswith(_line("WAIT-TOO-EARLY")) for s in doc["device"]["stream_waits"])
+    # per step (every complete step): the compute stream's idle is that step's waits, to the ns
+    per_step = [r for r in doc["device"]["stream_steps"] if r["stream"] == 0]
+    waits = run.stream_waits[run.stream_waits["stream"] == 0].groupby("step")["dur"].sum()
+    assert len(per_step) == int(run.steps["complete"].sum())
+    assert all(abs(r["waiting_ms"] - waits.get(r["step"], 0) / 1e6) < 1e-9 for r in per_step)
 
 
 def test_the_device_page_shows_the_streams_and_the_wait(prefetch_runs, monkeypatch):
@@ -116,5 +121,9 @@ def test_the_device_page_shows_the_streams_and_the_wait(prefetch_runs, monkeypat
     want = [s for s in summarize(run).device.stream_waits if s.in_steps]
     mine = waits[waits["wait queued at"].astype(str).str.endswith(_line("WAIT-TOO-EARLY"))]
     assert len(want) == 1 and mine["idle ms/step"].tolist() == [want[0].per_step_ms]
+    (chart,) = [json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                if "streams per step" in json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "")]
+    idle = next(t for t in chart["data"] if t["name"] == "stream 0 idle, waiting on another")
+    assert max(plotly_array(idle["y"])) > 0
     streams = next(d.value for d in at.dataframe if "idle waiting on another stream ms/step" in d.value.columns)
     assert sorted(streams["stream"]) == sorted(s.stream for s in summarize(run).device.streams)

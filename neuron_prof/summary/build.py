@@ -38,7 +38,7 @@ from neuron_prof.summary.sections import (
     InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
     NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
     RankHealth, Recompute, RunFacts, Stall,
-    Startup, StepBreakdown, StepStats, StreamOverlap, StreamUse, StreamWaitSite, Straggler, StragglerSite,
+    Startup, StepBreakdown, StepStats, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Straggler, StragglerSite,
     StragglerStep, Summary, SyncSection, SyncSite,
     TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
@@ -213,6 +213,7 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
     analysis = analyze(run)
     kernels, corr = run.device_kernels, analysis.device_correlation
     verdicts = dev.step_verdicts(analysis.device_steps)
+    overlap = streams.stream_overlap(kernels, analysis.device_streams, kinds)
     if len(verdicts):
         flags = kinds.set_index(["rank", "step"])[["warmup", "steady"]]
         verdicts = verdicts.join(flags, on=["rank", "step"])
@@ -234,10 +235,25 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         custom_kernels=_rows(CustomKernel, dev.custom_kernels(
             kernels, corr, scope, lambda rows: comp.compiled_graph_of(run.ops, analysis.op_parent, rows))),
         streams=_rows(StreamUse, streams.stream_summary(analysis.device_streams, scope)),
-        stream_overlap=_stream_overlap(analysis.device_streams, streams.stream_overlap(
-            kernels, analysis.device_streams, kinds), scope),
+        stream_steps=_stream_steps(analysis.device_streams, overlap),
+        stream_overlap=_stream_overlap(analysis.device_streams, overlap, scope),
         stream_waits=_rows(StreamWaitSite, streams.wait_sites(run.stream_waits, run.event_enqueues, scope)),
     )
+
+
+def _stream_steps(per_stream: pd.DataFrame, overlap: pd.DataFrame) -> list[StreamStep]:
+    """Per step and stream, for devices that ran more than one stream or waited for one."""
+    if per_stream.empty:
+        return []
+    several = per_stream[per_stream["busy_ns"] > 0].groupby(["rank", "device"])["stream"].nunique()
+    waited = per_stream.groupby(["rank", "device"])["waiting_ns"].sum()
+    keep = [(r, d) for (r, d) in several.index.union(waited.index)
+            if several.get((r, d), 0) > 1 or waited.get((r, d), 0) > 0]
+    rows = per_stream.set_index(["rank", "device"]).loc[keep].reset_index() if keep else per_stream.iloc[0:0]
+    rows = rows.merge(overlap[["rank", "device", "step", "overlap_ns"]], on=["rank", "device", "step"], how="left")
+    return _rows(StreamStep, rows.assign(busy_ms=rows["busy_ns"] / 1e6, waiting_ms=rows["waiting_ns"] / 1e6,
+                                         overlap_ms=rows["overlap_ns"].fillna(0) / 1e6)
+                 [["rank", "device", "step", "stream", "kernels", "busy_ms", "waiting_ms", "overlap_ms"]])
 
 
 def _stream_overlap(per_stream: pd.DataFrame, per_step: pd.DataFrame, scope: pd.DataFrame) -> list[StreamOverlap]:

@@ -23,7 +23,7 @@ from neuron_prof.summary.codec import ABSENT, FLATTEN, Absent, from_json, to_jso
 __all__ = [
     "RunFacts", "Startup", "StepStats", "WarmupStep", "StepBreakdown", "TimeSplit", "OpRow", "OpsSection",
     "SyncSite", "SyncSection", "DeviceThresholds", "DeviceVerdict", "DeviceStep", "Stall", "TopKernel", "Fusion",
-    "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamOverlap", "StreamWaitSite",
+    "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamStep", "StreamOverlap", "StreamWaitSite",
     "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite",
     "FrameRecompiles",
     "CompileTime", "CacheStats", "FusedKernel", "GraphRun", "CompileSection", "MemoryPeak", "CategoryBytes",
@@ -403,6 +403,20 @@ class StreamUse:
 
 
 @row
+class StreamStep:
+    """``analysis.streams.stream_steps``: one stream in one complete captured step, with its
+    device's time streams ran at once that step (``analysis.streams.stream_overlap``)."""
+    rank: int
+    device: str
+    step: int
+    stream: int
+    kernels: int
+    busy_ms: float
+    waiting_ms: float
+    overlap_ms: float
+
+
+@row
 class StreamOverlap:
     """Per rank and device, mean per basis step: the device's busy time and the part of it streams
     ran kernels at once (``analysis.streams.stream_overlap``)."""
@@ -448,6 +462,8 @@ class DeviceSection:
     coverage: list[Coverage]
     custom_kernels: list[CustomKernel]
     streams: list[StreamUse]
+    stream_steps: list[StreamStep]
+    """Every complete captured step of a device that ran more than one stream or waited."""
     stream_overlap: list[StreamOverlap]
     stream_waits: list[StreamWaitSite]
 

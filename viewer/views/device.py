@@ -321,6 +321,24 @@ def _custom_kernels(device: DeviceSection) -> None:
                "time is the custom-kernel coverage")
 
 
+def _stream_step_chart(steps: pd.DataFrame) -> go.Figure:
+    """Per complete step (the first rank and device shown), each stream's busy ms and its ms idle
+    waiting for another stream, side by side, and the time streams ran at once as a line."""
+    first = steps[(steps["rank"] == steps["rank"].iloc[0]) & (steps["device"] == steps["device"].iloc[0])]
+    fig = go.Figure()
+    for stream, s in first.groupby("stream"):
+        fig.add_trace(go.Bar(x=s["step"], y=s["busy_ms"], name=f"stream {stream} busy", offsetgroup=str(stream)))
+        fig.add_trace(go.Bar(x=s["step"], y=s["waiting_ms"], name=f"stream {stream} idle, waiting on another",
+                             offsetgroup=str(stream), base=s["busy_ms"], marker_color=WAIT_COLOR, opacity=0.6))
+    at_once = first.drop_duplicates("step")
+    fig.add_trace(go.Scatter(x=at_once["step"], y=at_once["overlap_ms"], name="streams at once",
+                             mode="lines+markers", line_color=OP_COLOR))
+    fig.update_layout(barmode="group", xaxis_title="step", yaxis_title="ms",
+                      title=f"rank {first['rank'].iloc[0]} {first['device'].iloc[0]}: streams per step",
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 60})
+    return fig
+
+
 def _streams(device: DeviceSection) -> None:
     if len({(s.rank, s.device, s.stream) for s in device.streams}) < 2 and not device.stream_waits:
         return
@@ -331,6 +349,8 @@ def _streams(device: DeviceSection) -> None:
     for o in device.stream_overlap:
         st.caption(f"rank {o.rank} {o.device}: streams ran kernels at once {o.overlap_ms:.3f} ms a step "
                    f"({o.overlap_pct:.1f}% of its {o.busy_ms:.3f} ms busy): copies or compute hidden under others")
+    if device.stream_steps:
+        st.plotly_chart(_stream_step_chart(pd.DataFrame(device.stream_steps)), width="stretch")
     if device.stream_waits:
         st.markdown("**Stream waits**: a stream idle on the device until another stream's event, by the line "
                     "that queued the wait (`wait_event`, `wait_stream`)")
