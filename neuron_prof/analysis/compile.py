@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.intervals import union_by_key
-from neuron_prof.analysis.ops import parent_index
+from neuron_prof.analysis.ops import name_mask, parent_index
 from neuron_prof.keys import thread_key, thread_key_parts
 
 REGION_PREFIX = "Torch-Compiled Region: "
@@ -89,25 +89,22 @@ def compiled_graph_of(ops: pd.DataFrame, parent: np.ndarray, rows: np.ndarray) -
     if not len(rows) or ops.empty:
         return out
     depth = int(ops["depth"].to_numpy().max(initial=0))
-    region = _first_ancestor(parent, _region_mask(ops), rows, depth)
-    ids = np.full(len(ops), "", dtype=object)
+    regions = _region_mask(ops)
+    region = _first_ancestor(parent, regions, rows, depth)
     hit = region >= 0
-    ids[region[hit]] = _region_compile_ids(ops["name"].iloc[region[hit]]).to_numpy()
-    out[hit] = ids[region[hit]]
-    names = ops["name"].astype(str)
-    node = _first_ancestor(parent, (names == COMPILED_BACKWARD).to_numpy(), rows, depth)
+    out[hit] = _region_compile_ids(ops["name"].iloc[region[hit]]).to_numpy()
+    node = _first_ancestor(parent, name_mask(ops, lambda n: n == COMPILED_BACKWARD), rows, depth)
     back = (node >= 0) & ~hit
     if back.any():
-        fwd = ops[(names == COMPILED_FORWARD).to_numpy()]
-        by_key = {(int(r), int(t), int(q)): i for i, r, t, q in
-                  zip(np.flatnonzero((names == COMPILED_FORWARD).to_numpy()), fwd["rank"], fwd["tid"], fwd["seq"])}
+        forward_rows = np.flatnonzero(name_mask(ops, lambda n: n == COMPILED_FORWARD))
+        fwd = ops.iloc[forward_rows]
+        by_key = {(int(r), int(t), int(q)): i for i, r, t, q in zip(forward_rows, fwd["rank"], fwd["tid"], fwd["seq"])}
         nodes = ops.iloc[node[back]]
         forward = np.array([by_key.get((int(r), int(t), int(q)), -1)
                             for r, t, q in zip(nodes["rank"], nodes["fwd_tid"], nodes["seq"])], np.int64)
-        outer = _first_ancestor(parent, _region_mask(ops), forward, depth)
+        outer = _first_ancestor(parent, regions, forward, depth)
         labels = _region_compile_ids(ops["name"].iloc[outer[outer >= 0]]).to_numpy()
-        back_rows = np.flatnonzero(back)
-        out[back_rows[outer >= 0]] = [f"{c} backward" for c in labels]
+        out[np.flatnonzero(back)[outer >= 0]] = [f"{c} backward" for c in labels]
     return out
 
 

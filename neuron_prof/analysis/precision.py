@@ -15,6 +15,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.ops import name_mask
+
 PRECISIONS = ("bf16", "fp16", "fp32", "fp64", "cast", "other")
 LOWER = ("bf16", "fp16")
 """What autocast computes in: a run with time in these ran under autocast (or in low precision)."""
@@ -52,8 +54,7 @@ def op_precision(ops: pd.DataFrame) -> np.ndarray:
     per row: a step repeats a few hundred of them)."""
     codes, uniq = pd.MultiIndex.from_arrays([ops["dtypes"], ops["shapes"]]).factorize()
     out = np.array([_precision_of(str(d), str(sh)) for d, sh in uniq] + ["other"], dtype=object)[codes]
-    names = ops["name"].astype(str).to_numpy()
-    out[np.isin(names, CASTS)] = "cast"
+    out[name_mask(ops, lambda n: n in CASTS)] = "cast"
     return out
 
 
@@ -100,9 +101,9 @@ def left_in_fp32(ops: pd.DataFrame, precision: np.ndarray, time_ns: np.ndarray, 
     if not mine.any():
         return pd.DataFrame(columns=FP32_COLUMNS)
     totals = pd.Series(time_ns[keep]).groupby(rank[keep]).sum()
-    df = pd.DataFrame({"rank": rank[mine], "name": ops["name"].astype(str).to_numpy()[mine],
-                       "module": ops["module"].astype(str).to_numpy()[mine], "ns": time_ns[mine],
-                       "source": ops["user_source"].astype(str).to_numpy()[mine]})
+    df = pd.DataFrame({"rank": rank[mine], "name": ops["name"].to_numpy()[mine].astype(str),
+                       "module": ops["module"].to_numpy()[mine].astype(str), "ns": time_ns[mine],
+                       "source": ops["user_source"].to_numpy()[mine].astype(str)})
     g = df.groupby(["rank", "name", "module"], sort=False).agg(
         calls=("ns", "size"), ns=("ns", "sum"), user_sources=("source", lambda s: sorted({x for x in s if x})))
     g = g.reset_index()

@@ -26,8 +26,8 @@ def _common_module(modules: pd.Series) -> str:
 def _lines(ops: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """The user's line of each of ``rows``, else its innermost line: a device's autograd thread
     re-runs a block with no user frame on its stack (the library's line is the one there is)."""
-    user = ops["user_source"].astype(str).to_numpy()[rows]
-    return np.where(user != "", user, ops["source"].astype(str).to_numpy()[rows])
+    user = ops["user_source"].to_numpy()[rows].astype(str)
+    return np.where(user != "", user, ops["source"].to_numpy()[rows].astype(str))
 
 
 def recompute_by_module(ops: pd.DataFrame, parent: np.ndarray, self_ns: np.ndarray, keep: np.ndarray,
@@ -54,16 +54,15 @@ def recompute_by_module(ops: pd.DataFrame, parent: np.ndarray, self_ns: np.ndarr
         region[inherit] = region[root[inherit]]
     # top ops under the same backward op form one re-run
     rerun = np.where(region >= 0, parent[np.maximum(region, 0)], -1)
-    rows = []
     mine = re & keep
     frame = pd.DataFrame({"rank": ops["rank"].to_numpy()[mine], "rerun": rerun[mine],
-                          "module": ops["module"].astype(str).to_numpy()[mine],
-                          "self_ns": self_ns[mine], "top": top[mine],
+                          "module": ops["module"].to_numpy()[mine].astype(str), "self_ns": self_ns[mine],
                           "source": _lines(ops, mine)})
     backward_ns = pd.Series(self_ns[bwd & keep]).groupby(ops["rank"].to_numpy()[bwd & keep]).sum()
     reruns = frame.groupby(["rank", "rerun"], sort=False).agg(
         module=("module", _common_module), ops=("self_ns", "size"), self_ns=("self_ns", "sum"),
         source=("source", lambda s: next((x for x in s if x), ""))).reset_index()
+    rows = []
     for (rank, module), g in reruns.groupby(["rank", "module"], sort=False):
         total = int(backward_ns.get(rank, 0))
         rows.append({"rank": int(rank), "module": module, "reruns": len(g), "ops": int(g["ops"].sum()),
