@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -62,6 +63,16 @@ x = torch.randn(16, 32)
 def write_script(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).lstrip("\n"))
     return path
+
+
+def script_facts(script: Path, *args: object, timeout: float = 600) -> dict:
+    """Runs ``script`` with ``args`` in a process of its own (a device renamed, a backend registered
+    for the whole process) and returns the JSON object of facts it prints last; its stderr's end
+    if it fails."""
+    p = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def line_of(path: Path, marker: str) -> int:

@@ -4,15 +4,12 @@ tables, each group one kernel on the device, results equal to eager on the devic
 shapes refused. The workload runs in its own process (tests/neuron_compile_script.py)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import neuron_prof
-from conftest import line_of
+from conftest import line_of, script_facts
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
@@ -23,9 +20,7 @@ PHASES = ("neuron lowering", "neuron partitioning", "neuron codegen")
 @pytest.fixture(scope="module")
 def compiled_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
     run_dir = tmp_path_factory.mktemp("neuron_compile") / "run"
-    p = subprocess.run([sys.executable, str(SCRIPT), str(run_dir)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads(p.stdout.strip().splitlines()[-1]), neuron_prof.load(run_dir)
+    return script_facts(SCRIPT, run_dir), neuron_prof.load(run_dir)
 
 
 def test_compiled_results_equal_eager_on_the_device(compiled_run):

@@ -7,15 +7,13 @@ neighbours, at the line that called it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import neuron_prof
 from neuron_prof.summary.build import summarize
-from conftest import cli, line_of, viewer_page
+from conftest import cli, line_of, script_facts, viewer_page
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
 
@@ -30,11 +28,8 @@ BACKWARD_OPS = FORWARD_OPS + ["aten::sum", "aten::mul", "aten::mul", "aten::mean
 def kernel_runs(tmp_path_factory) -> tuple[dict, neuron_prof.Run, neuron_prof.Run]:
     """(facts, the eager run, the compiled run)."""
     root = tmp_path_factory.mktemp("custom_kernel")
-    p = subprocess.run([sys.executable, str(SCRIPT), str(root / "eager"), str(root / "compiled")],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return (json.loads(p.stdout.strip().splitlines()[-1]), neuron_prof.load(root / "eager"),
-            neuron_prof.load(root / "compiled"))
+    facts = script_facts(SCRIPT, root / "eager", root / "compiled")
+    return facts, neuron_prof.load(root / "eager"), neuron_prof.load(root / "compiled")
 
 
 def test_the_kernels_results_are_bitwise_the_cpu_reference_eager_compiled_and_captured(kernel_runs):

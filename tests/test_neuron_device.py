@@ -5,15 +5,12 @@ lines, CPU fallbacks with the bytes they moved). The workloads run in a process 
 (tests/neuron_device_script.py): enabling the device renames PrivateUse1 for a whole process."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import neuron_prof
-from conftest import line_of
+from conftest import line_of, script_facts
 from neuron_prof.analysis.memory import snapshot
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
@@ -27,10 +24,7 @@ SCRIPT = Path(__file__).with_name("neuron_device_script.py")
 @pytest.fixture(scope="module")
 def device_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
     root = tmp_path_factory.mktemp("neuron")
-    p = subprocess.run([sys.executable, str(SCRIPT), str(root / "run"), str(root / "oom")], capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    facts = json.loads(p.stdout.strip().splitlines()[-1])
+    facts = script_facts(SCRIPT, root / "run", root / "oom")
     facts["oom_run"] = str(root / "oom")
     return facts, neuron_prof.load(root / "run")
 

@@ -4,7 +4,6 @@ for real (tests/neuron_precision_script.py, in a process of its own: enabling th
 PrivateUse1 for a whole process), and what a capture of them records."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
-from conftest import line_of, viewer_page
+from conftest import line_of, script_facts, viewer_page
 from neuron_prof.summary.build import run_op_stats, summarize
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
@@ -23,10 +22,7 @@ SCRIPT = Path(__file__).with_name("neuron_precision_script.py")
 @pytest.fixture(scope="module")
 def precision_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run]:
     root = tmp_path_factory.mktemp("precision")
-    p = subprocess.run([sys.executable, str(SCRIPT), str(root / "run"), str(root / "gpt2")], capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    facts = json.loads(p.stdout.strip().splitlines()[-1])
+    facts = script_facts(SCRIPT, root / "run", root / "gpt2")
     facts["gpt2_run"] = root / "gpt2"
     return facts, neuron_prof.load(root / "run")
 

@@ -8,14 +8,12 @@ them in a long stream) and the test says so."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import neuron_prof
-from conftest import check_trace, line_of
+from conftest import check_trace, line_of, script_facts
 from neuron_prof.export.run_export import export_run
 from neuron_prof.tracecheck import TraceReport
 
@@ -27,9 +25,7 @@ SCRIPT = Path(__file__).with_name("neuron_streams_script.py")
 @pytest.fixture(scope="module")
 def streams_run(tmp_path_factory) -> tuple[dict, neuron_prof.Run, Path]:
     root = tmp_path_factory.mktemp("streams")
-    p = subprocess.run([sys.executable, str(SCRIPT), str(root / "run")], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return json.loads(p.stdout.strip().splitlines()[-1]), neuron_prof.load(root / "run"), root
+    return script_facts(SCRIPT, root / "run"), neuron_prof.load(root / "run"), root
 
 
 def at_line(df, marker: str):
@@ -71,6 +67,7 @@ def test_a_non_blocking_copy_from_pinned_memory_reads_it_in_place(streams_run):
     assert streams_run[0]["pinned_read"] == {"pinned": [5.0] * 4, "pageable": [0.0] * 4}
 
 
+@pytest.mark.timing  # two streams of 100 ms each, queued within a few ms of each other
 def test_kernels_of_two_streams_run_at_the_same_time(streams_run):
     facts, run, _ = streams_run
     k = run.device_kernels
@@ -104,6 +101,7 @@ def test_a_wait_orders_the_default_stream_after_the_event(streams_run):
     assert sw.stream == 0 and sw.ts <= done <= sw.ts + sw.dur
 
 
+@pytest.mark.timing  # 100 ms on stream 0 against 2 ms on the side stream: ~50x
 def test_stream_synchronize_waits_for_its_stream_only(streams_run):
     facts, run, _ = streams_run
     syncs = run.stream_syncs
@@ -119,6 +117,7 @@ def test_stream_synchronize_waits_for_its_stream_only(streams_run):
     assert ((flushes["ts"] == sync.ts) & (flushes["reason"] == "stream_synchronize")).sum() == 1
 
 
+@pytest.mark.timing  # 100 ms queued after the record against the wait for it: ~50x
 def test_event_synchronize_waits_for_its_event_only(streams_run):
     facts, run, _ = streams_run
     (record,) = at_line(run.event_enqueues, "EVENT-RECORD-LINE").itertuples()
