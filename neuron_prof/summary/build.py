@@ -241,11 +241,16 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
     )
 
 
+def _busy_streams(per_stream: pd.DataFrame) -> pd.Series:
+    """Per (rank, device): how many streams ran kernels in ``per_stream``'s rows (``device_streams``)."""
+    return per_stream[per_stream["busy_ns"].to_numpy() > 0].groupby(["rank", "device"])["stream"].nunique()
+
+
 def _stream_steps(per_stream: pd.DataFrame, overlap: pd.DataFrame) -> list[StreamStep]:
     """Per step and stream, for devices that ran more than one stream or waited for one."""
     if per_stream.empty:
         return []
-    several = per_stream[per_stream["busy_ns"] > 0].groupby(["rank", "device"])["stream"].nunique()
+    several = _busy_streams(per_stream)
     waited = per_stream.groupby(["rank", "device"])["waiting_ns"].sum()
     keep = [(r, d) for (r, d) in several.index.union(waited.index)
             if several.get((r, d), 0) > 1 or waited.get((r, d), 0) > 0]
@@ -260,9 +265,8 @@ def _stream_overlap(per_stream: pd.DataFrame, per_step: pd.DataFrame, scope: pd.
     """Per rank and device that ran kernels on more than one stream in the basis steps: busy and
     overlap ms per basis step."""
     rows = per_step[in_steps(per_step, scope)] if len(per_step) and len(scope) else per_step.iloc[0:0]
-    used = per_stream[in_steps(per_stream, scope) & (per_stream["busy_ns"].to_numpy() > 0)] if len(per_stream) \
-        and len(scope) else per_stream.iloc[0:0]
-    several = used.groupby(["rank", "device"])["stream"].nunique()
+    several = _busy_streams(per_stream[in_steps(per_stream, scope)] if len(per_stream) and len(scope)
+                            else per_stream.iloc[0:0])
     out = []
     for (rank, device), g in rows.groupby(["rank", "device"]):
         if several.get((rank, device), 0) < 2:
