@@ -28,6 +28,8 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -64,9 +66,13 @@ using torch::jit::Stack;
 
 constexpr DeviceType kNeuron = DeviceType::PrivateUse1;
 constexpr int kMaxDevices = 8;
-// Streams per device: 0 is the default stream, 1.. a pool that new streams cycle through (as CUDA's
-// stream pool does); each has its own queue and worker thread.
-constexpr int kStreams = 8;
+// Streams per device: 0 is the default stream, 1..kPoolStreams a pool that new streams cycle through
+// (as CUDA's stream pool does), the last one the device's communication stream (collectives: see
+// "collectives" below), as a collective library keeps a stream of its own; each has its own queue
+// and worker thread.
+constexpr int kPoolStreams = 7;
+constexpr int kCommStream = kPoolStreams + 1;
+constexpr int kStreams = kCommStream + 1;
 
 int64_t now_ns() {
   timespec t;
@@ -463,8 +469,9 @@ void flush_all(int reason) {
 // The host waits for one stream only (Stream.synchronize(), a full queue).
 void flush_stream(Queue& q, int reason) { drain({&q}, q.stream, reason); }
 
-void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
-  Queue& q = current_queue(d);
+// Puts an op on stream q of device d (fused with the kernel at the back by the fusion rule, or
+// into the thread's open group kernel).
+void enqueue_on(Queue& q, DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
   reap_device(d);
   bool full;
   {
@@ -491,6 +498,11 @@ void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<vo
   }
   q.work_cv.notify_one();
   if (full) flush_stream(q, NEURON_PROF_FLUSH_SIZE);
+}
+
+// Puts an op on the calling thread's current stream of device d.
+void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
+  enqueue_on(current_queue(d), d, name, kind, std::move(run));
 }
 
 void enqueue_marker(Queue& q, Marker marker, const EventHandle& event, uint64_t version) {
@@ -1200,6 +1212,212 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #undef NEURON_AUTOCAST_PROMOTE
 }
 
+// ------------------------------------------------------------------ collectives
+// The process-group backend of neuron tensors (registered as "neuron" by neuron.py, for the cpu and
+// neuron devices). Gloo moves the data; the device queues it, as a collective library on a real
+// device does: a collective on neuron tensors is one kernel (named by its c10d op,
+// "c10d::allreduce_") on the device's communication stream, after a wait for an event recorded on
+// the issuing thread's current stream (its inputs are ready), and the Work it returns makes the
+// current stream wait for it (ProcessGroupNCCL's semantics: wait() and the Work's future block
+// streams, not the host). So the host never waits for a collective unless it needs a value, work
+// after wait() on the stream runs after the collective, and compute on the other streams runs
+// while it does. CPU tensors go to gloo as they are. One communication stream per device: the
+// device runs its collectives in issue order, whichever group issued them.
+
+c10::Stream stream_of(DeviceIndex d, int id) {
+  return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
+}
+
+// Makes stream `id` the calling thread's current stream of device d for a scope.
+struct OnStream {
+  DeviceIndex device;
+  int saved;
+  OnStream(DeviceIndex d, int id) : device(d), saved(tl_stream[d]) { tl_stream[d] = id; }
+  ~OnStream() { tl_stream[device] = saved; }
+};
+
+// A collective queued on the communication stream: done once the stream ran past it.
+struct CollectiveWork final : c10d::Work {
+  DeviceIndex device;
+  void* done = nullptr;  // an event recorded on the communication stream after the collective
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+
+  CollectiveWork(int rank, c10d::OpType type, DeviceIndex d) : Work(rank, type), device(d) {}
+  ~CollectiveWork() override { destroy_event(done); }
+  bool isCompleted() override { return event_done(done); }
+  bool isSuccess() const override { return true; }
+  // The calling thread's current stream waits for the collective; the host does not.
+  bool wait(std::chrono::milliseconds) override {
+    wait_event(done, stream_of(device, tl_stream[device]));
+    return true;
+  }
+  void synchronize() override { wait(kNoTimeout); }
+  void blockCurrentStream() override { wait(kNoTimeout); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future; }
+};
+
+class NeuronBackend final : public c10d::Backend {
+ public:
+  NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
+      : Backend(rank, size), gloo_(std::move(gloo)) {}
+  const std::string getBackendName() const override { return "neuron"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override {
+    return run("c10d::broadcast_", c10d::OpType::BROADCAST, t, t, {},
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->broadcast(h, o); });
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override {
+    return run("c10d::allreduce_", c10d::OpType::ALLREDUCE, t, t, {},
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->allreduce(h, o); });
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& t,
+                                                     const c10d::AllreduceCoalescedOptions& o) override {
+    return run("c10d::allreduce_coalesced_", c10d::OpType::ALLREDUCE_COALESCED, t, t, {},
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->allreduce_coalesced(h, o); });
+  }
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override {
+    return run("c10d::reduce_", c10d::OpType::REDUCE, t, t, {},
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->reduce(h, o); });
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override {
+    TORCH_CHECK(out.size() == 1, "neuron: allgather takes one output list");
+    return run("c10d::allgather_", c10d::OpType::ALLGATHER, in, out[0], out[0],
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 std::vector<std::vector<at::Tensor>> outs{ho};
+                 return gloo_->allgather(outs, h, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override {
+    std::vector<at::Tensor> ins{in}, outs{out};
+    return run("c10d::_allgather_base_", c10d::OpType::_ALLGATHER_BASE, ins, outs, outs,
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 return gloo_->_allgather_base(ho[0], h[0], o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                                                 const c10d::AllgatherOptions& o) override {
+    return run("c10d::allgather_into_tensor_coalesced_", c10d::OpType::COALESCED, in, out, out,
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 return gloo_->allgather_into_tensor_coalesced(ho, h, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                        const c10d::GatherOptions& o) override {
+    TORCH_CHECK(out.size() <= 1, "neuron: gather takes one output list");
+    std::vector<at::Tensor> outs = out.empty() ? std::vector<at::Tensor>{} : out[0];  // empty off the root
+    return run("c10d::gather_", c10d::OpType::GATHER, in, outs, outs,
+               [this, o, root = !out.empty()](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 std::vector<std::vector<at::Tensor>> outs;
+                 if (root) outs.push_back(ho);
+                 return gloo_->gather(outs, h, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                                         const c10d::ScatterOptions& o) override {
+    TORCH_CHECK(in.size() <= 1, "neuron: scatter takes one input list");
+    std::vector<at::Tensor> ins = in.empty() ? std::vector<at::Tensor>{} : in[0];  // empty off the root
+    return run("c10d::scatter_", c10d::OpType::SCATTER, ins, out, out,
+               [this, o, root = !in.empty()](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 std::vector<std::vector<at::Tensor>> ins;
+                 if (root) ins.push_back(h);
+                 return gloo_->scatter(ho, ins, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                                                const c10d::ReduceScatterOptions& o) override {
+    TORCH_CHECK(in.size() == 1, "neuron: reduce_scatter takes one input list");
+    return run("c10d::reduce_scatter_", c10d::OpType::REDUCE_SCATTER, in[0], out, out,
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 std::vector<std::vector<at::Tensor>> ins{h};
+                 return gloo_->reduce_scatter(ho, ins, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                      const c10d::ReduceScatterOptions& o) override {
+    std::vector<at::Tensor> ins{in}, outs{out};
+    return run("c10d::_reduce_scatter_base_", c10d::OpType::_REDUCE_SCATTER_BASE, ins, outs, outs,
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 return gloo_->_reduce_scatter_base(ho[0], h[0], o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                                                 const c10d::ReduceScatterOptions& o) override {
+    return run("c10d::reduce_scatter_tensor_coalesced_", c10d::OpType::COALESCED, in, out, out,
+               [this, o](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) {
+                 return gloo_->reduce_scatter_tensor_coalesced(ho, h, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    std::vector<at::Tensor> ins{in}, outs{out};
+    return run("c10d::alltoall_base_", c10d::OpType::ALLTOALL_BASE, ins, outs, outs,
+               [this, o, out_splits, in_splits](std::vector<at::Tensor>& h, std::vector<at::Tensor>& ho) mutable {
+                 return gloo_->alltoall_base(ho[0], h[0], out_splits, in_splits, o);
+               });
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override {
+    return run("c10d::send", c10d::OpType::SEND, t, t, {},
+               [this, dst, tag](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->send(h, dst, tag); });
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override {
+    return run("c10d::recv_", c10d::OpType::RECV, t, t, {},
+               [this, src, tag](std::vector<at::Tensor>& h, std::vector<at::Tensor>&) { return gloo_->recv(h, src, tag); });
+  }
+  // A barrier holds no tensors: gloo's (the host waits in wait(), as with gloo).
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override { return gloo_->barrier(o); }
+
+ private:
+  using Call = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&, std::vector<at::Tensor>&)>;
+
+  // Runs `call` (gloo's collective, given host aliases of `in` and `out`) on the tensors' device's
+  // communication stream, or on the tensors themselves when they are CPU tensors. `result`: the
+  // Work's future's value (what DDP's comm hooks read).
+  c10::intrusive_ptr<c10d::Work> run(const char* name, c10d::OpType type, std::vector<at::Tensor>& in,
+                                     std::vector<at::Tensor>& out, std::vector<at::Tensor> result, Call call) {
+    TORCH_CHECK(!in.empty() || !out.empty(), "neuron: ", name, " without tensors");
+    const at::Tensor& first = in.empty() ? out.front() : in.front();
+    if (!is_neuron(first)) return call(in, out);
+    DeviceIndex d = first.device().index();
+    for (const auto* list : {&in, &out})
+      for (const at::Tensor& t : *list)
+        TORCH_CHECK(is_neuron(t) && t.device().index() == d, "neuron: ", name,
+                    " needs its tensors on one neuron device, got ", t.device());
+    if (result.empty()) result = in;
+    // The inputs are ready once the issuing stream reached this point.
+    void* ready = nullptr;
+    record_event(&ready, stream_of(d, tl_stream[d]), d, c10::EventFlag::PYTORCH_DEFAULT);
+    wait_event(ready, stream_of(d, kCommStream));
+    destroy_event(ready);  // the queued markers hold the event's state
+    std::vector<at::Tensor> host_in, host_out;
+    for (const at::Tensor& t : in) host_in.push_back(host_alias(t));
+    for (const at::Tensor& t : out) host_out.push_back(host_alias(t));
+    enqueue_on(queue(d, kCommStream), d, name, Kind::Other,
+               [keep_in = in, keep_out = out, host_in, host_out, call]() mutable {
+                 call(host_in, host_out)->wait();
+               });
+    auto work = c10::make_intrusive<CollectiveWork>(rank_, type, d);
+    record_event(&work->done, stream_of(d, kCommStream), d, c10::EventFlag::PYTORCH_DEFAULT);
+    // The future completes now, as ProcessGroupNCCL's does, with the communication stream current:
+    // it records its own event there, after the collective, and whoever waits on it (DDP's
+    // reducer, a comm hook's then()) waits for that event on its stream.
+    work->future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                              std::vector<Device>{Device(kNeuron, d)});
+    {
+      OnStream comm(d, kCommStream);
+      work->future->markCompleted(c10::IValue(c10::List<at::Tensor>(result)));
+    }
+    return work;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+};
+
+// The backend for one process group and device: `gloo` a ProcessGroupGloo over the group's store.
+c10::intrusive_ptr<c10d::Backend> collective_backend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size) {
+  return c10::make_intrusive<NeuronBackend>(std::move(gloo), rank, size);
+}
+
 // ------------------------------------------------------------------ device guard and hooks
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   DeviceType type() const override { return kNeuron; }
@@ -1259,7 +1477,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   static c10::Stream stream_on(DeviceIndex d, int id) {
     return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
   }
-  static c10::Stream pool_stream(DeviceIndex d) { return stream_on(d, 1 + g_pool_next[d]++ % (kStreams - 1)); }
+  static c10::Stream pool_stream(DeviceIndex d) { return stream_on(d, 1 + g_pool_next[d]++ % kPoolStreams); }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
@@ -1381,5 +1599,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("begin_kernel", &neuron_dev::begin_group);
   m.def("end_kernel", &neuron_dev::end_group);
   m.def("elapsed_time", &neuron_dev::elapsed_time_of);
+  m.def("collective_backend", &neuron_dev::collective_backend);
   m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });
 }

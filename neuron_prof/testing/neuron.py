@@ -224,11 +224,28 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
             torch._register_device_module(BACKEND, _device_module(ext))
         neuron_compile.register()
+        _register_collectives(ext)
         if report:
             from neuron_prof.collectors.device import backend_api
 
             ext.connect(backend_api())
         return sys.modules.get("torch.neuron") or torch.neuron
+
+
+def _register_collectives(ext) -> None:
+    """The process-group backend ``"neuron"`` (``_neuron.cpp``'s collectives: gloo moves the data,
+    the device's communication stream queues it), for the cpu and neuron devices, through
+    PyTorch's public registration: ``init_process_group("neuron")`` (or ``"cpu:gloo,neuron:neuron"``)
+    runs DDP, FSDP2 and DTensor on neuron tensors."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or BACKEND in dist.Backend.backend_list:
+        return
+
+    def create(store, rank: int, size: int, timeout):
+        return ext.collective_backend(dist.ProcessGroupGloo(store, rank, size, timeout), rank, size)
+
+    dist.Backend.register_backend(BACKEND, create, devices=["cpu", BACKEND])
 
 
 def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = ()) -> Callable[[Callable], Any]:

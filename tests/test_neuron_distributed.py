@@ -1,0 +1,156 @@
+"""Distributed training on the emulated `neuron` device (issue 26): the process-group backend
+``"neuron"`` (gloo moves the data, a collective is a kernel on the device's communication stream)
+runs DDP, FSDP2 and a DTensor tensor-parallel MLP with losses bitwise equal to the same job on
+the CPU with gloo; a captured run shows each collective as a device kernel, and whether the
+device's other kernels hid it. Real ranks on 127.0.0.1 (``tests/neuron_dist_script.py``)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import check_trace, free_port, gloo_env
+
+from neuron_prof.analysis.device_collectives import NO_LINE, is_collective_kernel
+from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.run import load
+
+SCRIPT = Path(__file__).with_name("neuron_dist_script.py")
+WORLD = 2
+TIMEOUT_S = 240
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(2 * TIMEOUT_S)]
+
+
+def launch(kind: str, device: str, out: Path, run_dir: Path | None = None) -> list[list[float]]:
+    """Runs WORLD ranks of the job; returns each rank's losses."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [sys.executable, str(SCRIPT), kind, device, str(out), *([str(run_dir)] if run_dir else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets it (see ddp_straggler.py)
+    procs = [subprocess.Popen(argv, env={**env, **gloo_env(r, WORLD, port)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
+    try:
+        errs = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, err in zip(procs, errs):
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text())["losses"] for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("kind", ["ddp-one", "fsdp", "tp"])
+def test_losses_on_the_device_are_bitwise_the_cpus(kind, tmp_path):
+    """The device's ranks compute what the CPU's do: every rank's every loss is the same float."""
+    cpu = launch(kind, "cpu", tmp_path / "cpu")
+    device = launch(kind, "neuron", tmp_path / "neuron")
+    assert device == cpu
+    assert len(cpu[0]) == 5 and len(set(cpu[0])) > 1  # five steps that trained (the loss moved)
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory) -> dict[str, object]:
+    """DDP captured on the device twice: every gradient in one bucket, and one bucket per two layers."""
+    tmp = tmp_path_factory.mktemp("neuron_ddp")
+    runs = {}
+    for kind in ("ddp-one", "ddp-many"):
+        losses = launch(kind, "neuron", tmp / kind, tmp / kind / "run")
+        runs[kind] = (load(tmp / kind / "run"), losses, tmp / kind / "run")
+    runs["cpu"] = launch("ddp-one", "cpu", tmp / "cpu")
+    return runs
+
+
+def test_a_captured_run_keeps_the_cpus_losses(ddp_runs):
+    """Capture changes nothing the job computes: DDP's losses on the device, captured, are the CPU's
+    (one bucket or many: the same sums)."""
+    assert ddp_runs["ddp-one"][1] == ddp_runs["cpu"]
+    assert ddp_runs["ddp-many"][1] == ddp_runs["cpu"]
+
+
+def test_each_collective_is_a_kernel_on_the_communication_stream(ddp_runs):
+    """Every all-reduce DDP issued ran as one device kernel named by its c10d op on a stream of its
+    own, matched to its collective row (op, group, seq, bytes) and on both ranks."""
+    run = ddp_runs["ddp-many"][0]
+    kernels = run.device_kernels
+    comm = kernels[is_collective_kernel(kernels["name"])]
+    assert set(comm["name"].astype(str)) >= {"c10d::allreduce_"}
+    assert comm["stream"].nunique() == 1 and int(comm["stream"].iloc[0]) not in set(
+        kernels.loc[~is_collective_kernel(kernels["name"]), "stream"])  # no compute kernel on it
+    found = analyze(run).device_collectives.kernels
+    assert len(found) == len(comm)  # every collective kernel traced to its issue
+    coll = run.collectives
+    assert len(found) == len(coll)  # and every collective issued ran as a kernel
+    reduce = found[found["op"].astype(str) == "all_reduce"]
+    param_bytes = 6 * (192 * 192 + 192) * 4
+    for rank in range(WORLD):  # each step's all-reduces move every gradient once
+        per_step = reduce[reduce["rank"] == rank].groupby("step")["bytes"].sum()
+        assert (per_step == param_bytes).all(), per_step
+    matched = analyze(run).device_collectives.matched
+    assert (matched["ranks_seen"].str.len() == WORLD).all() and (matched["transfer_ns"] >= 0).all()
+
+
+def _kernels_during(run, rank: int) -> list[int]:
+    """Per all-reduce kernel of ``rank``: how many other kernels of its device ran at some point
+    while it ran (from the recorded spans)."""
+    k = run.device_kernels
+    k = k[k["rank"] == rank]
+    comm = is_collective_kernel(k["name"])
+    c, other = k[comm & (k["name"].astype(str) == "c10d::allreduce_")], k[~comm]
+    s, e = other["ts"].to_numpy(), (other["ts"] + other["dur"]).to_numpy()
+    return [int(((s < t + d) & (e > t)).sum()) for t, d in zip(c["ts"], c["dur"])]
+
+
+def test_one_bucket_after_backward_is_exposed(ddp_runs):
+    """One bucket, all-reduced once the backward's last gradient is ready: the device's
+    communication stream starts it after every backward kernel (it waits for the event recorded
+    then), and the optimizer's kernels wait for it (its Work's wait()): no other kernel of the
+    device runs during any all-reduce, in any step, on any rank. Causal, not timed."""
+    run = ddp_runs["ddp-one"][0]
+    for rank in range(WORLD):
+        assert _kernels_during(run, rank) and not any(_kernels_during(run, rank))
+    overlap = analyze(run).device_collectives.overlap
+    assert len(overlap) and (overlap["overlapped_ns"] == 0).all() and (overlap["exposed_ns"] == overlap["comm_ns"]).all()
+
+
+@pytest.mark.timing
+def test_many_buckets_overlap_the_backward(ddp_runs):
+    """Buckets all-reduced while the backward still runs: their kernels run beside the backward's
+    compute kernels. Scheduling decides how much; with a 100 us launch cost per kernel and three
+    buckets per step over four steps on two ranks, at least one all-reduce of the 24 finds a
+    compute kernel beside it (each layer's backward takes several kernels, ~1 ms, an all-reduce of
+    296 KB over loopback about as long)."""
+    run = ddp_runs["ddp-many"][0]
+    assert sum(n > 0 for rank in range(WORLD) for n in _kernels_during(run, rank)) > 0
+    overlap = analyze(run).device_collectives.overlap
+    assert overlap["overlapped_ns"].sum() > 0
+
+
+def test_the_report_names_collectives_and_the_streams_that_waited(ddp_runs):
+    """The report's Device section: communication per step with its exposed part, streams that
+    waited for all-reduces (DDP issues them on autograd's device thread: no Python line), and the
+    JSON's per-step rows."""
+    from neuron_prof.summary.build import summarize
+
+    one = summarize(ddp_runs["ddp-one"][0]).device
+    assert [c.rank for c in one.collectives] == list(range(WORLD))
+    for c in one.collectives:
+        assert c.overlapped_ms == 0 and c.exposed_ms == pytest.approx(c.comm_ms) and c.kernels_per_step >= 1
+    waits = [w for w in one.collective_waits if w.op == "all_reduce"]
+    assert waits and {w.user_source for w in waits} == {NO_LINE}
+    assert {s.step for s in one.collective_steps} >= {1, 2, 3, 4}
+    text = subprocess.run([sys.executable, "-m", "neuron_prof", "report", str(ddp_runs["ddp-one"][2])],
+                          capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "Collectives on the device" in text.stdout and "Streams waiting for a collective" in text.stdout
+    report = json.loads(subprocess.run([sys.executable, "-m", "neuron_prof", "report", "--json",
+                                        str(ddp_runs["ddp-many"][2])], capture_output=True, text=True,
+                                       timeout=120).stdout)
+    steps = report["device"]["collective_steps"]
+    assert steps and all(s["kernels"] >= 1 and s["comm_ms"] >= s["overlapped_ms"] >= 0 for s in steps)
+    assert np.isclose(sum(s["exposed_ms"] + s["overlapped_ms"] for s in steps), sum(s["comm_ms"] for s in steps))
