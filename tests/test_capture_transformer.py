@@ -80,7 +80,7 @@ def test_step_breakdown_accounts_for_the_step(demo_run):
     # (exact sums of recorded durations: no measured quantity decides it)
     helpers = steady & (ops["tid"] != main[0]).to_numpy()
     assert sum(row[f"{p}_ms"] for p in PHASES) - row["step_ms"] == pytest.approx(
-        analyze(run).op_run_self_ns[helpers].sum() / 3 / 1e6, abs=1e-6)
+        analyze(run).op_compile.run_self_ns[helpers].sum() / 3 / 1e6, abs=1e-6)
     # the optimizer phase: what ran in torch.optim's ranges (step and zero_grad), nothing else
     assert row["optimizer_ms"] == pytest.approx(ops.loc[opt, "dur"].sum() / 3 / 1e6, rel=1e-9)
 

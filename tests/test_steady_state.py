@@ -244,7 +244,7 @@ def test_time_split_of_a_compiling_step_counts_compile_once(compiled_run):
     run = neuron_prof.load(run_dir)
     step0 = analyze(run).step_kinds[analyze(run).step_kinds["step"] == 0]
     keep = run_time_rows(run.ops, analyze(run).op_compile.inside, step0)
-    top = run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_run_self_ns, top_level=True)
+    top = run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_compile.run_self_ns, top_level=True)
     sync = sync_points(run.ops, analyze(run).op_parent, analyze(run).op_compile.inside)
     comm = comm_ops(run.ops, analyze(run).op_parent, keep, analyze(run).op_compile.compile_ns)
     (row,) = time_split(top, step0, sync, comm).to_dict("records")

@@ -53,7 +53,7 @@ def _scope(run):
     basis = basis_steps(analyze(run).step_kinds, captured_only=True)
     cols = ("rank", "step", "tid", "depth", "name", "module", "shapes", "bwd")
     keep = run_time_rows(run.ops, analyze(run).op_compile.inside, basis.steps)
-    return run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_run_self_ns, cols), basis.per_rank
+    return run_time_ops(run.ops, keep, analyze(run).op_compile.compile_ns, analyze(run).op_compile.run_self_ns, cols), basis.per_rank
 
 
 def test_op_table_is_op_stats_over_the_captured_steps(demo_run, monkeypatch):

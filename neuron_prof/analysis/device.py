@@ -564,8 +564,9 @@ def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
 
 CUSTOM_KERNEL_COLUMNS = ["rank", "device", "name", "calls", "forward_calls", "backward_calls", "total_ms", "forward_ms",
                          "backward_ms", "mean_us", "per_step_ms", "pct", "user_sources", "graphs"]
-BUILTIN_NAMESPACES = ("aten", "prims")
-"""Op namespaces that are PyTorch's own: a kernel named ``ns::op`` outside them is a custom kernel."""
+BUILTIN_NAMESPACES = ("aten", "prims", "c10d")
+"""Op namespaces that are PyTorch's own (``c10d``: a collective's kernel): a kernel named ``ns::op``
+outside them is a custom kernel."""
 
 
 def is_custom_kernel(names: np.ndarray) -> np.ndarray:

@@ -194,7 +194,7 @@ def run_time_ops(ops: pd.DataFrame, keep: np.ndarray, compile_ns: np.ndarray, ru
                  columns: tuple[str, ...] = RUN_TIME_COLUMNS, top_level: bool = False) -> pd.DataFrame:
     """The ``keep`` rows (``run_time_rows``) as ``columns`` plus ``dur`` and ``self_ns``: their
     run time and run-time self time (``compile_ns`` = ``RunAnalysis.op_compile.compile_ns``, ``run_self_ns`` =
-    ``RunAnalysis.op_run_self_ns``). Index labels are kept. ``top_level``: only depth-0 ops (what the
+    ``RunAnalysis.op_compile.run_self_ns``). Index labels are kept. ``top_level``: only depth-0 ops (what the
     busiest thread of a step covered)."""
     if top_level:
         keep = keep & (ops["depth"].to_numpy() == 0)

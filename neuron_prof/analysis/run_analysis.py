@@ -19,6 +19,7 @@ import pandas as pd
 
 from neuron_prof.analysis import clock, collective_match, comm_cost
 from neuron_prof.analysis import device as dev
+from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import precision, streams
 from neuron_prof.analysis.compile import compile_spans
@@ -33,11 +34,26 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class OpCompile:
     """Per row of ``run.ops`` (``analysis.ops.compile_overlap``): whether it ran within a
-    torch.compile compile on its thread, and how much compiling lies within it. Run time is
-    ``dur - compile_ns``."""
+    torch.compile compile on its thread, how much compiling lies within it (run time is
+    ``dur - compile_ns``), and its self time with compiling left out (``run_self_ns``: 0 for ops
+    inside a compile; the op table, region costs and break-site costs start from it)."""
 
     inside: np.ndarray
     compile_ns: np.ndarray
+    run_self_ns: np.ndarray
+
+
+@dataclass(frozen=True)
+class DeviceCollectives:
+    """The collectives that ran as device kernels (``analysis.device_collectives``): ``kernels``
+    (each collective's row with device times), ``matched`` and ``waits`` (``collective_match`` on
+    device time: who reached each collective last on the device), ``overlap`` (per rank, device
+    and step: communication, overlapped, exposed)."""
+
+    kernels: pd.DataFrame
+    matched: pd.DataFrame
+    waits: pd.DataFrame
+    overlap: pd.DataFrame
 
 
 class RunAnalysis:
@@ -60,17 +76,12 @@ class RunAnalysis:
 
     @functools.cached_property
     def op_compile(self) -> OpCompile:
-        """Which ops ran while compiling, and the compile time inside each."""
-        inside, compile_ns = compile_overlap(self.run.ops, self.compile_spans)
-        return OpCompile(inside, compile_ns)
-
-    @functools.cached_property
-    def op_run_self_ns(self) -> np.ndarray:
-        """Self time of each row of ``run.ops`` (ns) with compiling left out: 0 for ops inside a
-        compile; the op table, region costs and break-site costs start from it."""
-        compile_ns = self.op_compile.compile_ns
+        """Which ops ran while compiling, the compile time inside each, and their self time
+        without it."""
         ops = self.run.ops
-        return self_time(ops, self.op_parent, ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
+        inside, compile_ns = compile_overlap(ops, self.compile_spans)
+        run_self = self_time(ops, self.op_parent, ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
+        return OpCompile(inside, compile_ns, run_self)
 
     @functools.cached_property
     def op_basis(self) -> Basis:
@@ -86,7 +97,7 @@ class RunAnalysis:
     def scoped_ops(self, columns: tuple[str, ...] = RUN_TIME_COLUMNS, top_level: bool = False) -> pd.DataFrame:
         """The ``op_scope`` ops as ``columns`` with their run time and run-time self time
         (``analysis.ops.run_time_ops``): what the op table, the report and the Ops page rank."""
-        return run_time_ops(self.run.ops, self.op_scope, self.op_compile.compile_ns, self.op_run_self_ns,
+        return run_time_ops(self.run.ops, self.op_scope, self.op_compile.compile_ns, self.op_compile.run_self_ns,
                             columns, top_level=top_level)
 
     @functools.cached_property
@@ -112,7 +123,7 @@ class RunAnalysis:
         """Each op's weight in the precision figures (``precision_basis``), ns."""
         if self.precision_basis == "device":
             return precision.device_ns_per_op(len(self.run.ops), self.device_correlation)
-        return self.op_run_self_ns.astype(np.float64)
+        return self.op_compile.run_self_ns.astype(np.float64)
 
     @functools.cached_property
     def _precision_scope(self) -> np.ndarray:
@@ -225,6 +236,15 @@ class RunAnalysis:
         (``analysis.device.device_steps``)."""
         return dev.device_steps(self.run.device_kernels, self.run.queue_flushes, self.step_kinds)
 
+    @functools.cached_property
+    def device_collectives(self) -> DeviceCollectives:
+        """Collectives on the device: their kernels with device times, matched across ranks on
+        device time, and per step the communication the device's other kernels hid or not."""
+        run = self.run
+        kernels = dcoll.collective_kernels(run.device_kernels, run.device_enqueues, run.collectives)
+        matched = collective_match.matched(kernels, self.collective_offsets, run.collective_groups)
+        return DeviceCollectives(kernels, matched, collective_match.waits(kernels, matched, self.collective_offsets),
+                                 dcoll.comm_overlap(run.device_kernels, self.step_kinds))
 
     @functools.cached_property
     def device_streams(self) -> pd.DataFrame:

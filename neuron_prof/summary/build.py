@@ -16,6 +16,7 @@ import pandas as pd
 
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
+from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
 from neuron_prof.analysis import streams
@@ -38,7 +39,7 @@ from neuron_prof.summary.sections import (
     InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
     NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
     RankHealth, Recompute, RunFacts, Stall,
-    Startup, StepBreakdown, StepStats, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Straggler, StragglerSite,
+    Startup, DeviceComm, DeviceCommStep, CommWait, StepBreakdown, StepStats, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Straggler, StragglerSite,
     StragglerStep, Summary, SyncSection, SyncSite,
     TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
@@ -79,7 +80,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     parent = analysis.op_parent
     stats = run_op_stats(run).head(top)
     top_level = analysis.scoped_ops(top_level=True)
-    phase_ns = phase_time(ops, analysis.op_phase, analysis.op_run_self_ns, keep)
+    phase_ns = phase_time(ops, analysis.op_phase, analysis.op_compile.run_self_ns, keep)
     sync = sync_points(ops, parent, exclude=inside)
     flushes = run.queue_flushes
     measured = run.device_kernels.size or flushes.size or run.fallbacks.size
@@ -113,7 +114,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
                        top_by_self_time=_rows(OpRow, stats)),
         precision=PrecisionSection(time=analysis.precision_basis, mix=_rows(PrecisionShare, analysis.precision_mix),
                                    left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32(top))),
-        recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_run_self_ns, keep,
+        recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_compile.run_self_ns, keep,
                                                        analysis.op_basis.per_rank)),
         sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured),
                                 by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits))),
@@ -238,6 +239,31 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         stream_steps=_stream_steps(analysis.device_streams, overlap),
         stream_overlap=_stream_overlap(analysis.device_streams, overlap, scope),
         stream_waits=_rows(StreamWaitSite, streams.wait_sites(run.stream_waits, run.event_enqueues, scope)),
+        **_device_collectives(run, kinds, scope),
+    )
+
+
+def _device_collectives(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame) -> dict[str, list]:
+    """The Device section's collectives: communication per step (overlapped, exposed), the streams
+    that waited for a collective, and the stragglers on device time (``analysis.stragglers`` over
+    the collectives matched by their kernels' times)."""
+    found = analyze(run).device_collectives
+    overlap, m, w = found.overlap, found.matched, found.waits
+    per_step = straggler_steps(m, kinds)
+    ranking = []
+    for r in records(stragglers(m, w, kinds)):
+        sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
+        ranking.append(Straggler(**r, wait_in_steps_ns=int(sig["wait_caused_ns"].sum()),
+                                 where=_where(w, m, r["rank"], r["steps"])))
+    return dict(
+        collectives=_rows(DeviceComm, dcoll.comm_summary(overlap, scope)),
+        collective_steps=_rows(DeviceCommStep, overlap.assign(
+            comm_ms=overlap["comm_ns"] / 1e6, overlapped_ms=overlap["overlapped_ns"] / 1e6,
+            exposed_ms=overlap["exposed_ns"] / 1e6).drop(columns=["comm_ns", "overlapped_ns", "exposed_ns"])),
+        collective_waits=_rows(CommWait, dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives,
+                                                          found.kernels, scope)),
+        stragglers=ranking if len(m) else [],
+        straggler_steps=_rows(StragglerStep, per_step) if len(m) else [],
     )
 
 

@@ -24,7 +24,7 @@ __all__ = [
     "RunFacts", "Startup", "StepStats", "WarmupStep", "StepBreakdown", "TimeSplit", "OpRow", "OpsSection",
     "SyncSite", "SyncSection", "DeviceThresholds", "DeviceVerdict", "DeviceStep", "Stall", "TopKernel", "Fusion",
     "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamStep", "StreamOverlap", "StreamWaitSite",
-    "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite",
+    "DeviceComm", "DeviceCommStep", "CommWait", "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite",
     "FrameRecompiles",
     "CompileTime", "CacheStats", "FusedKernel", "GraphRun", "CompileSection", "MemoryPeak", "CategoryBytes",
     "PeakSite", "MemoryDevice", "ProcessMemory", "MemoryLeak", "OutOfMemory", "MemorySection", "CollectiveGroup",
@@ -428,6 +428,51 @@ class StreamOverlap:
 
 
 @row
+class DeviceComm:
+    """``analysis.device_collectives.comm_summary``: per rank and device, mean per basis step, the
+    collective kernels, their time, the part other kernels of the device ran at the same time
+    (overlapped) and the rest (exposed)."""
+    rank: int
+    device: str
+    steps: int
+    kernels_per_step: float
+    comm_ms: float
+    overlapped_ms: float
+    exposed_ms: float
+    overlapped_pct: float
+
+
+@row
+class DeviceCommStep:
+    """``analysis.device_collectives.comm_overlap``: one rank's device in one complete captured step."""
+    rank: int
+    device: str
+    step: int
+    kernels: int
+    comm_ms: float
+    overlapped_ms: float
+    exposed_ms: float
+
+
+@row
+class CommWait:
+    """``analysis.device_collectives.comm_waits``: a stream idle until a collective ran, by the
+    collective and the lines that issued it and queued the wait."""
+    rank: int
+    device: str
+    stream: int
+    op: str
+    group: str
+    user_source: str
+    waited_at: str
+    count: int
+    in_steps: int
+    per_step_ms: float | None
+    total_ms: float
+    max_ms: float
+
+
+@row
 class StreamWaitSite:
     """``analysis.streams.wait_sites``: where a stream stood idle waiting for another's event."""
     rank: int
@@ -447,7 +492,8 @@ class StreamWaitSite:
 @row
 class DeviceSection:
     """What bounded each step, the host's waits by line, kernels, fusion, fallbacks, coverage,
-    custom kernels, streams (their use, overlap and waits for each other)."""
+    custom kernels, streams (their use, overlap and waits for each other), collectives on the
+    device (communication hidden or exposed, streams waiting for them, stragglers on device time)."""
     captured: Literal[True] = True
     basis: str
     basis_steps: int
@@ -466,6 +512,13 @@ class DeviceSection:
     """Every complete captured step of a device that ran more than one stream or waited."""
     stream_overlap: list[StreamOverlap]
     stream_waits: list[StreamWaitSite]
+    collectives: list[DeviceComm]
+    collective_steps: list[DeviceCommStep]
+    """Every complete captured step that ran collective kernels."""
+    collective_waits: list[CommWait]
+    stragglers: list[Straggler]
+    """``analysis.stragglers.stragglers`` on device time: who reached collectives last on the device."""
+    straggler_steps: list[StragglerStep]
 
 
 @row

@@ -219,6 +219,35 @@ def _render_streams(device: DeviceSection) -> list[str]:
     return out
 
 
+def _render_device_collectives(device: DeviceSection) -> list[str]:
+    """Collectives that ran as device kernels: communication hidden or exposed, streams that
+    waited for a collective, the rank whose device reached collectives last."""
+    if not device.collectives and not device.collective_waits:
+        return []
+    out = [f"  Collectives on the device (mean per {device.basis} step; overlapped = other kernels of the "
+           "device ran meanwhile, exposed = nothing else did)"]
+    out += _table(device.collectives, [
+        ("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device),
+        ("kernels", ".1f", lambda x: x.kernels_per_step), ("communication ms", ".3f", lambda x: x.comm_ms),
+        ("overlapped ms", ".3f", lambda x: x.overlapped_ms), ("exposed ms", ".3f", lambda x: x.exposed_ms),
+        ("overlapped %", ".1f", lambda x: x.overlapped_pct)])
+    if device.collective_waits:
+        out.append("  Streams waiting for a collective (the event its issue recorded), by the lines that issued it "
+                   "and queued the wait")
+        out += _table(_most(device.collective_waits, lambda x: x.total_ms), [
+            ("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device), ("stream", "d", lambda x: x.stream),
+            ("collective", "", lambda x: x.op), ("group", "", lambda x: x.group),
+            ("issued at", "", lambda x: x.user_source), ("waited at", "", lambda x: x.waited_at),
+            ("waits", "d", lambda x: x.count), ("idle ms/step", ".3f", lambda x: x.per_step_ms),
+            ("longest ms", ".3f", lambda x: x.max_ms)])
+    for s in device.stragglers:
+        if s.steps:
+            out.append(f"  rank {s.rank} reached collectives last on the device in steps "
+                       f"{', '.join(map(str, s.steps))} (others' kernels waited {s.wait_in_steps_ns / 1e6:.3f} ms "
+                       "in those steps)")
+    return out
+
+
 def _render_device(device: DeviceSection) -> list[str]:
     """The Device section (a run on a device that reports its queue)."""
     over = f"{device.basis_steps} {_basis_name(device.basis)} captured steps"
@@ -297,6 +326,7 @@ def _render_device(device: DeviceSection) -> list[str]:
                        *([("in compiled graphs", "", lambda x: ", ".join(x.graphs) or "-")]
                          if any(k.graphs for k in device.custom_kernels) else [])])
     out += _render_streams(device)
+    out += _render_device_collectives(device)
     cov = ", ".join(f"rank {c.rank} {c.device} {c.coverage_pct:.1f}% of {c.native_ops + c.fallback_ops}"
                     for c in device.coverage)
     out.append(f"  CPU fallbacks (coverage: the share of device ops run natively: {cov})")
