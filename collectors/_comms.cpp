@@ -304,6 +304,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& rf) {
     // a backward hook's collective (DDP's bucket all-reduce) has no forward op to inherit a
     // stack from: the user's line is the one running backward (loss.backward())
     if (!r.stack) r.stack = neuron_prof::user_stack();
+    // on a device's autograd thread (DDP's hooks under loss.backward() on an accelerator) there is
+    // no Python frame: the line is the backward() call's, as on the CPU where backward runs there
+    if (!r.stack) r.stack = neuron_prof::backward_stack();
     // nor does one issued from autograd's final callbacks (FSDP2's last reduce-scatter, queued
     // with queue_callback): no op is open, but the engine's graph task is
     if (!r.bwd && torch::autograd::get_current_graph_task_id() != -1) r.bwd = 1;
@@ -461,7 +464,21 @@ py::tuple comms_drain(bool final) {
 }  // namespace
 
 namespace neuron_prof {
+// The user stack of the backward() call running now (see backward_stack in _engine.h): set by
+// the collectives collector's wrapper of torch.autograd's backward entry, on the calling thread.
+std::atomic<int32_t> g_backward_stack{0};
+
+// Records the calling thread's user stack as the running backward's line; returns the one before
+// (a backward inside a backward: the engine's reentrant calls, a checkpoint), for backward_end.
+int32_t backward_begin() { return g_backward_stack.exchange(neuron_prof::user_stack()); }
+void backward_end(int32_t before) { g_backward_stack.store(before); }
+int32_t backward_stack() {
+  return torch::autograd::get_current_graph_task_id() != -1 ? g_backward_stack.load() : 0;
+}
+
 void register_comms(py::module_& m) {
+  m.def("comms_backward_begin", &backward_begin);
+  m.def("comms_backward_end", &backward_end);
   m.def("comms_start", &comms_start);
   m.def("comms_stop", &comms_stop);
   m.def("comms_set_inflight", &comms_set_inflight);

@@ -254,6 +254,7 @@ template <class Row>
 void attribute_line(Row& r) {
   attribute(r);
   if (!r.stack) r.stack = neuron_prof::user_stack();
+  if (!r.stack) r.stack = neuron_prof::backward_stack();
 }
 
 template <class T>

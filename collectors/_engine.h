@@ -38,6 +38,10 @@ void set_alloc_meta(bool on);
 // Python stack (engine stack id; 0 when the observer is not started or no user frame is running).
 int32_t thread_module();
 int32_t user_stack();
+// On a thread running an autograd graph task without Python frames of its own (the engine's
+// thread of a device): the user stack of the latest backward() call still running (what
+// comms_backward_begin recorded), the line that made this thread run; else 0.
+int32_t backward_stack();
 
 // Engine string or stack id -> the Recorder's id, learnt from Python once each. Engine ids are
 // small and dense (handed out in order), so a vector indexed by them: every row of every step is

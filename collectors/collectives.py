@@ -17,6 +17,7 @@ Three things beside the rows:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -51,6 +52,7 @@ class CollectivesCollector:
         self._clock = None
         self._clock_error_logged = False
         self._patched: tuple[types.ModuleType, object] | None = None
+        self._backward: tuple[types.ModuleType, object] | None = None  # torch.autograd's wrapped entry
         self._inflight: mmap.mmap | None = None  # the in-flight ring, read-only: what a dump reads
         self._cancel_import = None
 
@@ -88,6 +90,10 @@ class CollectivesCollector:
             c10d, original = self._patched
             c10d._update_default_pg = original
             self._patched = None
+        if self._backward is not None:
+            autograd, original = self._backward
+            autograd._engine_run_backward = original
+            self._backward = None
         if self._ext is not None:
             self._ext.comms_stop()
             self._ext.comms_close_inflight()
@@ -169,12 +175,36 @@ class CollectivesCollector:
                 finally:
                     os.close(fd)
             self._ext.comms_start()
+            self._wrap_backward()
         _generation += 1
         address = tcp_address(c10d._get_default_store())
         self._clock = None
         if address is not None:
             self._clock = ClockSync(address, dist.get_rank(), dist.get_world_size(), _generation)
             self._clock.measure("start")
+
+    def _wrap_backward(self) -> None:
+        """``torch.autograd.backward`` and ``grad`` (``Tensor.backward`` too) enter the engine through
+        ``torch.autograd._engine_run_backward``: wrapped, each call records its user line for the
+        collectives issued on an accelerator's autograd thread, where Python has no frame (DDP's
+        gradient all-reduces), so that they name the ``loss.backward()`` line as on the CPU."""
+        import torch.autograd as autograd
+
+        original = getattr(autograd, "_engine_run_backward", None)
+        if original is None or getattr(original, "__wrapped__", None) is not None:
+            return
+        ext = self._ext
+
+        @functools.wraps(original)
+        def _engine_run_backward(*args, **kwargs):
+            before = ext.comms_backward_begin()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                ext.comms_backward_end(before)
+
+        autograd._engine_run_backward = _engine_run_backward
+        self._backward = (autograd, original)
 
     def _group_ending(self) -> None:
         if self._clock is not None and not any(t.name.endswith(" end") for t in self._clock._threads):
