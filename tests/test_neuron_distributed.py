@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import check_trace, free_port, gloo_env
+from conftest import check_trace, free_port, gloo_env, line_of
 
-from neuron_prof.analysis.device_collectives import NO_LINE, is_collective_kernel
+from neuron_prof.analysis.device_collectives import is_collective_kernel
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.run import load
 
@@ -133,8 +133,9 @@ def test_many_buckets_overlap_the_backward(ddp_runs):
 
 def test_the_report_names_collectives_and_the_streams_that_waited(ddp_runs):
     """The report's Device section: communication per step with its exposed part, streams that
-    waited for all-reduces (DDP issues them on autograd's device thread: no Python line), and the
-    JSON's per-step rows."""
+    waited for all-reduces, named by the ``loss.backward()`` line (DDP issues them, and waits for
+    them, on autograd's thread of the device, where Python has no frame: the line is the backward
+    call's, as on the CPU), and the JSON's per-step rows."""
     from neuron_prof.summary.build import summarize
 
     one = summarize(ddp_runs["ddp-one"][0]).device
@@ -142,7 +143,8 @@ def test_the_report_names_collectives_and_the_streams_that_waited(ddp_runs):
     for c in one.collectives:
         assert c.overlapped_ms == 0 and c.exposed_ms == pytest.approx(c.comm_ms) and c.kernels_per_step >= 1
     waits = [w for w in one.collective_waits if w.op == "all_reduce"]
-    assert waits and {w.user_source for w in waits} == {NO_LINE}
+    backward = f"{SCRIPT.name}:{line_of(SCRIPT, 'BACKWARD-LINE')}"
+    assert waits and all(w.user_source.endswith(backward) and w.waited_at.endswith(backward) for w in waits)
     assert {s.step for s in one.collective_steps} >= {1, 2, 3, 4}
     text = subprocess.run([sys.executable, "-m", "neuron_prof", "report", str(ddp_runs["ddp-one"][2])],
                           capture_output=True, text=True, timeout=120)
@@ -154,3 +156,31 @@ def test_the_report_names_collectives_and_the_streams_that_waited(ddp_runs):
     steps = report["device"]["collective_steps"]
     assert steps and all(s["kernels"] >= 1 and s["comm_ms"] >= s["overlapped_ms"] >= 0 for s in steps)
     assert np.isclose(sum(s["exposed_ms"] + s["overlapped_ms"] for s in steps), sum(s["comm_ms"] for s in steps))
+
+
+def test_the_trace_joins_each_collectives_kernels_across_ranks(ddp_runs, tmp_path):
+    """The merged trace: each collective's kernel slices on the two ranks' device tracks joined by a
+    flow (from the rank whose kernel started last), every trace the strict reader accepts; the
+    Chrome export's kernel slices name their collective (op, group, seq, bytes) as its row does."""
+    from neuron_prof.export.run_export import export_run
+
+    run, _, run_dir = ddp_runs["ddp-many"]
+    out, counts = export_run(run_dir, tmp_path / "t.perfetto-trace")
+    rep = check_trace(out)
+    device_tracks = {u for u, t in rep.tracks.items() if t["name"].startswith("Device ")}
+    flows = [f for f in rep.flows if f.src.track in device_tracks and f.dst.track in device_tracks
+             and f.src.name.startswith("c10d::") and f.dst.name.startswith("c10d::")]
+    found = analyze(run).device_collectives.kernels
+    per_collective = found.groupby(["group", "seq"], observed=True)["rank"].nunique()
+    assert (per_collective == WORLD).all()
+    assert len(flows) == counts["device_collective_flows"] == len(per_collective)  # one per 2-rank collective
+    assert all(rep.process_of(f.src.track) != rep.process_of(f.dst.track) for f in flows)
+
+    chrome, _ = export_run(run_dir, tmp_path / "t.json", fmt="chrome")
+    events = json.loads(chrome.read_text())["traceEvents"]
+    kernels = [e for e in events if e["ph"] == "X" and e["name"].startswith("c10d::") and "kernel_id" in e["args"]]
+    got = sorted((e["args"]["group"], e["args"]["seq"], e["args"]["op"], e["args"]["bytes"], e["args"]["kernel_id"])
+                 for e in kernels)
+    want = sorted((str(g), int(s), str(o), int(b), int(i)) for g, s, o, b, i in
+                  zip(found["group"], found["seq"], found["op"], found["bytes"], found["kernel"]))
+    assert got == want

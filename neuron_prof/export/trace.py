@@ -9,10 +9,10 @@ out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as s
 lifetime; where the collectives collector ran, collective tracks per process group with flows
 across ranks (``trace_collectives``); where a device backend reported its queue, a track per
 device stream with its kernels, flows from the host ops that queued them, the host's waits for
-the queue and its CPU fallbacks on the thread tracks, and a queue-depth counter
-(``trace_device``). Every rank's events are on rank 0's clock (``clock``: the
-offsets measured at capture start and end), shown as rank 0's time of day, so ranks on different
-hosts line up.
+the queue and its CPU fallbacks on the thread tracks, a queue-depth counter, and flows across
+ranks joining the kernels of each collective the device ran (``trace_device``). Every rank's
+events are on rank 0's clock (``clock``: the offsets measured at capture start and end), shown
+as rank 0's time of day, so ranks on different hosts line up.
 """
 from __future__ import annotations
 
@@ -129,6 +129,7 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     progress("flows")
     counts["collective_flows"] = collectives.write_flows(writer)
     counts["device_flows"] = device.write_flows(writer)
+    counts["device_collective_flows"] = device.write_collective_flows(writer)
     writer.close()
     return counts
 

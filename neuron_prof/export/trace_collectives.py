@@ -112,11 +112,22 @@ class CollectiveTracks:
         if not len(self.ids):
             return 0
         c = self.cols
-        f = pd.DataFrame({"group": c["group"], "seq": c["seq"], "rank": c["rank"], "last": c["late"], "id": self.ids})
-        f = f[f["id"] >= 0]
-        src = f[f["rank"] == f["last"]][["group", "seq", "id"]]
-        dst = f[f["rank"] != f["last"]][["group", "seq", "id"]]
-        pairs = src.merge(dst, on=["group", "seq"], suffixes=("_src", "_dst"))
-        if pairs.empty:
-            return 0
-        return writer.flows(pairs["id_src"].to_numpy(), pairs["id_dst"].to_numpy())
+        return last_rank_flows(writer, c["group"], c["seq"], c["rank"], c["late"], self.ids)
+
+
+def last_rank_flows(writer: TraceWriter, group: np.ndarray, seq: np.ndarray, rank: np.ndarray, last: np.ndarray,
+                    ids: np.ndarray) -> int:
+    """A flow from the ``last`` rank's slice of each collective (group, seq) to every other rank's
+    slice of it; ``ids``: each row's trace event id, -1 where it was not drawn. One star per
+    collective, from the rank the others waited for: a click on the straggler's slice leads to
+    the ranks it held up, and a collective of n ranks costs n - 1 flows, not one per pair.
+    Host collectives (``CollectiveTracks``) and collective device kernels (``trace_device``)
+    share it. Returns the number of flows."""
+    f = pd.DataFrame({"group": group, "seq": seq, "rank": rank, "last": last, "id": ids})
+    f = f[f["id"] >= 0]
+    src = f[f["rank"] == f["last"]][["group", "seq", "id"]]
+    dst = f[f["rank"] != f["last"]][["group", "seq", "id"]]
+    pairs = src.merge(dst, on=["group", "seq"], suffixes=("_src", "_dst"))
+    if pairs.empty:
+        return 0
+    return writer.flows(pairs["id_src"].to_numpy(), pairs["id_dst"].to_numpy())

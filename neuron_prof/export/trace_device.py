@@ -10,6 +10,13 @@ Per rank:
   ``kernel_id``, ``step``, and the ``source`` (full path) and ``module`` of its first op.
   Kernels on one stream run one after another; where clock jitter makes two overlap, the later
   goes to a "... #2" lane (slices on one track must nest);
+- a collective's kernel ("c10d::allreduce_", on the communication stream) also names its
+  collective: args ``op``, ``group``, ``seq`` and ``bytes``, as its host slice has them; and a
+  flow from the kernel slice of the rank whose kernel started last (device time, rank 0's clock)
+  to every other rank's kernel slice of the same (group, seq), as the host collectives are joined
+  (``trace_collectives``): on an asynchronous device the host's slice is only the issue, the
+  straggler is seen on the device. Which collective a kernel ran, and who was last, comes from
+  ``analysis.device_collectives``;
 - a flow from each host op slice that queued work to each kernel that ran some of it, one per
   (op slice, kernel) pair, as a CUDA launch is joined to its kernel;
 - streams and events (hook API version 2), drawn as the device ran them: on the waiting stream's
@@ -44,12 +51,15 @@ from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.streams import host_call, match_last, pick
 from neuron_prof.export.clock import TraceClock
 from neuron_prof.export.event_columns import lanes, string_args
+from neuron_prof.export.trace_collectives import last_rank_flows
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.keys import backend_key
 from neuron_prof.run import Run
 
 OPS_SEPARATOR = ", "
 """Between the op names of a kernel's ``ops`` arg."""
+COLLECTIVE_ARGS = ("op", "group", "seq", "bytes")
+"""The args a collective's kernel names its collective by, as its host slice names it."""
 
 
 def _kernel_rows(kernels: pd.DataFrame, rank: pd.Series, kernel: pd.Series) -> np.ndarray:
@@ -90,6 +100,22 @@ def _kernel_ops(kernels: pd.DataFrame, corr: pd.DataFrame, rows: np.ndarray
     source[krow[first]] = string_args(corr["source_full"])[sel[first]]
     module[krow[first]] = string_args(corr["module"])[sel[first]]
     return text, source, module
+
+
+def _collectives(kernels: pd.DataFrame, coll: pd.DataFrame) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The kernels that ran a captured collective (``coll``: one row per such kernel, with the
+    rank whose kernel of it started last, as ``analysis.device_collectives``' ``waits`` has them):
+    per kernel, its row in the columns returned (-1: not a collective's kernel), and the columns:
+    the kernel's ``row`` in ``kernels`` and its collective's ``rank``, ``op``, ``group``, ``seq``,
+    ``bytes`` and ``last`` rank (-1: unknown)."""
+    rows = _kernel_rows(kernels, coll["rank"], coll["kernel"])
+    keep = np.flatnonzero(rows >= 0)
+    cols = {"row": rows[keep], "rank": coll["rank"].to_numpy(np.int64)[keep], "op": string_args(coll["op"])[keep],
+            "group": string_args(coll["group"])[keep], "seq": coll["seq"].to_numpy(np.int64)[keep],
+            "bytes": coll["bytes"].to_numpy(np.int64)[keep], "last": coll["late_rank"].to_numpy(np.int64)[keep]}
+    of = np.full(len(kernels), -1, np.int64)
+    of[cols["row"]] = np.arange(len(keep))
+    return of, cols
 
 
 def _stream_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -248,6 +274,12 @@ class DeviceTracks:
         self.pairs = np.empty((0, 2), np.int64)
         """Distinct (``Run.ops`` row, kernel row): one flow each."""
         self.ops_text = self.source = self.module = np.empty(0, dtype=object)
+        self.collective_of = np.full(len(self.kernels), -1, np.int64)
+        """Per kernel, its row in ``collectives`` (-1: not a collective's kernel)."""
+        self.collectives: dict[str, np.ndarray] = {}
+        """The collective kernels' columns (``_collectives``): their args and cross-rank flows."""
+        if len(self.kernels) and len(run.collectives):
+            self.collective_of, self.collectives = _collectives(self.kernels, analyze(run).device_collectives.waits)
         if len(self.kernels):
             corr = analyze(run).device_correlation
             rows = _kernel_rows(self.kernels, corr["rank"], corr["kernel"])
@@ -288,6 +320,15 @@ class DeviceTracks:
         ok = (src >= 0) & (dst >= 0)
         return writer.flows(src[ok], dst[ok]) if ok.any() else 0
 
+    def write_collective_flows(self, writer: TraceWriter) -> int:
+        """From the kernel slice of the rank whose kernel of a collective started last to every
+        other rank's kernel slice of it (once every rank is written: the flows cross ranks).
+        Returns the number of flows."""
+        c = self.collectives
+        if not c or not len(c["row"]):
+            return 0
+        return last_rank_flows(writer, c["group"], c["seq"], c["rank"], c["last"], self.kernel_ids[c["row"]])
+
     def _thread_tracks(self, writer: TraceWriter, proc: int, rank: int, tids: np.ndarray) -> np.ndarray:
         """Per row, the track of its host thread: the one ``write_run`` made for the thread's op
         slices (same key, same name), or a new one for a thread that ran no captured op."""
@@ -311,13 +352,31 @@ class DeviceTracks:
         tracks = self._lane_tracks(writer, proc, k, w, start, start + dur)
         n = len(k)
         if n:
-            self.kernel_ids[ki] = writer.slices(tracks[:n], start[:n], dur[:n], k["name"], {
-                "ops": self.ops_text[ki], "n_ops": k["n_ops"].to_numpy(np.int64),
-                "kernel_id": k["id"].to_numpy(np.int64), "step": k["step"].to_numpy(np.int64),
-                "source": self.source[ki], "module": self.module[ki]})
+            self.kernel_ids[ki] = self._kernels(writer, ki, tracks[:n], start[:n], dur[:n])
         self._completions(writer, proc, rank, di)
         flows = self._stream_waits(writer, wi, tracks[n:], start[n:], dur[n:])
         return {"device_kernels": n, "stream_waits": len(wi), "event_completions": len(di), "event_flows": flows}
+
+    def _kernels(self, writer: TraceWriter, ki: np.ndarray, tracks: np.ndarray, start: np.ndarray,
+                 dur: np.ndarray) -> np.ndarray:
+        """A slice per kernel ``ki`` (``device_kernels`` rows of one rank); a collective's with
+        args naming its collective (written apart, as the host waits are: a numeric arg cannot be
+        left off a row). Returns the slices' event ids, in ``ki``'s order."""
+        k = self.kernels.iloc[ki]
+        names = k["name"]
+        args = {"ops": self.ops_text[ki], "n_ops": k["n_ops"].to_numpy(np.int64),
+                "kernel_id": k["id"].to_numpy(np.int64), "step": k["step"].to_numpy(np.int64),
+                "source": self.source[ki], "module": self.module[ki]}
+        coll = self.collective_of[ki]
+        named = coll >= 0
+        ids = np.full(len(ki), -1, np.int64)
+        for part, collective in ((~named, False), (named, True)):
+            if not part.any():
+                continue
+            extra = {a: self.collectives[a][coll[part]] for a in COLLECTIVE_ARGS} if collective else {}
+            ids[part] = writer.slices(tracks[part], start[part], dur[part], names[part],
+                                      {**{a: v[part] for a, v in args.items()}, **extra})
+        return ids
 
     def _lane_tracks(self, writer: TraceWriter, proc: int, kernels: pd.DataFrame, waits: pd.DataFrame,
                      start: np.ndarray, end: np.ndarray) -> np.ndarray:
