@@ -303,10 +303,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& rf) {
     }
     // a backward hook's collective (DDP's bucket all-reduce) has no forward op to inherit a
     // stack from: the user's line is the one running backward (loss.backward())
-    if (!r.stack) r.stack = neuron_prof::user_stack();
     // on a device's autograd thread (DDP's hooks under loss.backward() on an accelerator) there is
-    // no Python frame: the line is the backward() call's, as on the CPU where backward runs there
+    // no Python frame: the line is the backward() call's, as on the CPU where backward runs there;
+    // known without walking (taking the GIL) on that thread
     if (!r.stack) r.stack = neuron_prof::backward_stack();
+    if (!r.stack) r.stack = neuron_prof::user_stack();
     // nor does one issued from autograd's final callbacks (FSDP2's last reduce-scatter, queued
     // with queue_callback): no op is open, but the engine's graph task is
     if (!r.bwd && torch::autograd::get_current_graph_task_id() != -1) r.bwd = 1;
@@ -464,16 +465,26 @@ py::tuple comms_drain(bool final) {
 }  // namespace
 
 namespace neuron_prof {
-// The user stack of the backward() call running now (see backward_stack in _engine.h): set by
-// the collectives collector's wrapper of torch.autograd's backward entry, on the calling thread.
+// The backward() call running now (see backward_stack in _engine.h): its user stack and the
+// thread that called it, set by the collectives collector's wrapper of torch.autograd's engine
+// entry on that thread.
 std::atomic<int32_t> g_backward_stack{0};
+std::atomic<int64_t> g_backward_tid{0};
 
-// Records the calling thread's user stack as the running backward's line; returns the one before
-// (a backward inside a backward: the engine's reentrant calls, a checkpoint), for backward_end.
-int32_t backward_begin() { return g_backward_stack.exchange(neuron_prof::user_stack()); }
-void backward_end(int32_t before) { g_backward_stack.store(before); }
+// Records the calling thread and its user stack as the running backward's; returns the ones
+// before (a backward inside a backward: a reentrant checkpoint), for backward_end.
+std::pair<int32_t, int64_t> backward_begin() {
+  return {g_backward_stack.exchange(neuron_prof::user_stack()), g_backward_tid.exchange((int64_t)syscall(SYS_gettid))};
+}
+void backward_end(std::pair<int32_t, int64_t> before) {
+  g_backward_stack.store(before.first);
+  g_backward_tid.store(before.second);
+}
 int32_t backward_stack() {
-  return torch::autograd::get_current_graph_task_id() != -1 ? g_backward_stack.load() : 0;
+  const int64_t caller = g_backward_tid.load();
+  if (caller == 0 || caller == (int64_t)syscall(SYS_gettid) || torch::autograd::get_current_graph_task_id() == -1)
+    return 0;  // not an engine thread of a running backward: the thread's own frames say where
+  return g_backward_stack.load();
 }
 
 void register_comms(py::module_& m) {

@@ -253,8 +253,8 @@ void attribute(Row& r) {
 template <class Row>
 void attribute_line(Row& r) {
   attribute(r);
+  if (!r.stack) r.stack = neuron_prof::backward_stack();  // a device's autograd thread: no walk
   if (!r.stack) r.stack = neuron_prof::user_stack();
-  if (!r.stack) r.stack = neuron_prof::backward_stack();
 }
 
 template <class T>

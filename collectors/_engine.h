@@ -38,9 +38,10 @@ void set_alloc_meta(bool on);
 // Python stack (engine stack id; 0 when the observer is not started or no user frame is running).
 int32_t thread_module();
 int32_t user_stack();
-// On a thread running an autograd graph task without Python frames of its own (the engine's
-// thread of a device): the user stack of the latest backward() call still running (what
-// comms_backward_begin recorded), the line that made this thread run; else 0.
+// On an autograd engine thread other than the one that called the running backward() (a
+// device's engine thread, with no Python frame of its own): the user stack of that backward()
+// call (what comms_backward_begin recorded), the line that made this thread run; else 0. Known
+// without walking Python, so without taking the GIL on that thread.
 int32_t backward_stack();
 
 // Engine string or stack id -> the Recorder's id, learnt from Python once each. Engine ids are
