@@ -210,6 +210,13 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
+def device_straggler_text(x: Straggler) -> str:
+    """A significant straggler on device time (a ``device.stragglers`` row of the report): the rank
+    whose device reached collectives last, when, and how long the others' kernels waited."""
+    return (f"rank {x.rank} reached collectives last on the device in {steps_text(x.steps)} (others' kernels "
+            f"waited {x.wait_in_steps_ns / 1e6:.3f} ms in those steps)")
+
+
 def straggler_text(x: Straggler) -> str:
     """A significant straggler (a ``collectives.stragglers`` row of the report) in one sentence:
     who, how long the others waited for it, when, and at which collective."""

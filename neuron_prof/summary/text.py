@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence, TypeVar
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS
 from neuron_prof.analysis.stragglers import SHARE
-from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, dump_collective_text,
+from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, device_straggler_text,
+                                  dump_collective_text,
                                   dump_queue_text, findings,
                                   in_flight_text, process_note, ranks_text, steps_text, straggler_text, user_line)
 from neuron_prof.reader import describe_exit
@@ -242,9 +243,7 @@ def _render_device_collectives(device: DeviceSection) -> list[str]:
             ("longest ms", ".3f", lambda x: x.max_ms)])
     for s in device.stragglers:
         if s.steps:
-            out.append(f"  rank {s.rank} reached collectives last on the device in steps "
-                       f"{', '.join(map(str, s.steps))} (others' kernels waited {s.wait_in_steps_ns / 1e6:.3f} ms "
-                       "in those steps)")
+            out.append("  " + device_straggler_text(s))
     return out
 
 

@@ -2,11 +2,12 @@
 collectives rank by rank on one clock; what the ranks disagreed on or never finished; bandwidth.
 
 In synchronous training every rank finishes a step together, so step time cannot name a
-straggler: the waits inside the collectives can. Every number here comes from
-the run's summary (its Collectives section, ``summary.build``) for the findings
-and tables, the run's aligned waits for the heat map and the lanes; the page only draws. The
-charts stay small at any world size: the heat map is one cell per rank and step, the lanes one
-step of at most ``MAX_LANES`` ranks.
+straggler: the waits inside the collectives can. Every number here comes from the run's summary
+(its Collectives section, ``summary.build``) for the findings and tables, the run's aligned waits
+for the heat map and the lanes; the page only draws. When collectives ran as device kernels (the
+report's Device section has collectives), the stragglers on device time stand next to the host's,
+with a link to the Device page. The charts stay small at any world size: the heat map is one
+cell per rank and step, the lanes one step of at most ``MAX_LANES`` ranks.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import streamlit as st
 
 from neuron_prof.analysis.clock import to_rank0
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import findings
+from neuron_prof.findings import findings, steps_text
+from neuron_prof.summary.sections import DeviceSection
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
 from neuron_prof.viewer.text import md
@@ -68,6 +70,22 @@ if colls.threshold_ms is not None:
     st.caption(f"over the {colls.steady_steps} steady steps: a step's last rank counts as its straggler when the wait "
                f"it caused stands out from the run's own jitter (here {colls.threshold_ms:.1f} ms or more; "
                "neuron_prof's own step-boundary work is not counted)")
+
+device = summary.device
+if isinstance(device, DeviceSection) and device.collectives:  # collectives ran as device kernels: their own clock
+    st.markdown("**On device time**: the same, over when each rank's device ran its collective kernels (the times "
+                "above are when each rank's host issued them)")
+    if device.stragglers:
+        _table(device.stragglers, {"rank": "rank", "wait_caused_ns": "wait caused (ms)",
+                                   "steps": "straggler in steps", "times_last": "last in steps",
+                                   "waited_ns": "waited itself (ms)", "share": "share"},
+               ms=("wait_caused_ns", "waited_ns"))
+    late = [f"rank {s.rank} reached collectives last on the device in {steps_text(s.steps)}"
+            for s in device.stragglers if s.steps]
+    st.caption(("; ".join(late) if late else "no rank's device reached collectives last significantly in any step")
+               + ". Communication hidden or exposed on the device, and the streams that waited for it: the Device "
+               "page's Collectives on the device")
+    st.page_link("views/device.py", label="see Device")
 
 waits = analyze(run).collective_waits
 st.subheader("Wait per rank and step")

@@ -1,7 +1,8 @@
 """Device: what bounded each step on an asynchronous device (its busy and idle time, the host's
 waits for it), one step's host ops and device kernels side by side with a line from each op to the
-kernel that ran its work, the host's waits by line with the source around them, fusion, and the
-ops that fell back to the CPU.
+kernel that ran its work, the host's waits by line with the source around them, fusion, streams,
+collectives that ran as device kernels (communication hidden or exposed, streams that waited for
+them, the rank whose device reached them last), and the ops that fell back to the CPU.
 
 On an asynchronous device an op returns once it is queued, so the host's op times say little:
 every table and the per-step chart are the report's Device section (``summarize(run).device``,
@@ -22,7 +23,7 @@ import streamlit as st
 
 from neuron_prof.analysis import timeline as tla
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import Finding, findings, user_line
+from neuron_prof.findings import Finding, device_straggler_text, findings, user_line
 from neuron_prof.summary.sections import DeviceSection, DeviceThresholds, DeviceVerdict, Stall
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
@@ -360,6 +361,81 @@ def _streams(device: DeviceSection) -> None:
                 "max_ms": "longest ms"})
 
 
+def _comm_step_chart(steps: pd.DataFrame, warmup: dict[int, bool]) -> go.Figure:
+    """Per complete step of one rank (the report's ``collective_steps`` rows), each device's
+    collective kernel time split in two, stacked: exposed (no other kernel of the device ran
+    meanwhile) under overlapped (other kernels ran beside it); warm-up steps named on the axis (a
+    hatch would hatch the legend too). One bar per device of the rank (side by side when it has
+    several)."""
+    fig = go.Figure()
+    rank = int(steps["rank"].iloc[0])
+    devices = sorted(steps["device"].astype(str).unique())
+    for dev in devices:
+        s = steps[steps["device"].astype(str) == dev].sort_values("step")
+        warm = np.array([warmup.get(int(x), False) for x in s["step"]])
+        hover = plot_array([f"step {n}{' (warm-up)' if w else ''} · {dev}: {k} collective kernel"
+                            f"{'s' if k != 1 else ''} · {c:.3f} ms communication: {o:.3f} ms overlapped, "
+                            f"{e:.3f} ms exposed"
+                            for n, w, k, c, o, e in zip(s["step"], warm, s["kernels"], s["comm_ms"],
+                                                          s["overlapped_ms"], s["exposed_ms"])])
+        label = "" if len(devices) == 1 else f"{plot(dev)} "
+        fig.add_trace(go.Bar(x=s["step"], y=s["exposed_ms"], name=f"{label}exposed", offsetgroup=dev,
+                             marker_color=WAIT_COLOR, customdata=hover,
+                             hovertemplate="%{customdata}<extra></extra>"))
+        fig.add_trace(go.Bar(x=s["step"], y=s["overlapped_ms"], name=f"{label}overlapped", offsetgroup=dev,
+                             base=s["exposed_ms"], marker_color=KERNEL_COLORS["fused kernel"],
+                             customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+    where = plot(devices[0]) if len(devices) == 1 else "its devices"
+    ticks = sorted(int(x) for x in steps["step"].unique())
+    fig.update_layout(barmode="group", xaxis_title="step", yaxis_title="ms of collective kernels",
+                      title=f"rank {rank} {where}: collectives per step",
+                      xaxis={"tickvals": ticks, "ticktext": [f"{x} (warm-up)" if warmup.get(x) else str(x)
+                                                            for x in ticks]},
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, margin={"t": 60})
+    return fig
+
+
+def _device_stragglers(device: DeviceSection) -> list[str]:
+    """The device-time straggler lines, as the report words them: the ranks whose device reached
+    collectives last in steps where it made the others' kernels wait significantly."""
+    return [device_straggler_text(s) for s in device.stragglers if s.steps]
+
+
+def _collectives(device: DeviceSection, rank: int, warmup: dict[int, bool]) -> None:
+    """Collectives that ran as device kernels: per rank and device their time hidden under other
+    kernels or exposed, per step for the rank picked above, the streams that stood idle waiting
+    for a collective (by the lines that issued it and queued the wait), and the ranks whose device
+    reached collectives last: the report's ``Collectives on the device``."""
+    if not device.collectives and not device.collective_waits:
+        return
+    st.subheader("Collectives on the device")
+    if device.collectives:
+        _table(device.collectives, {"rank": "rank", "device": "device", "kernels_per_step": "kernels/step",
+                                    "comm_ms": "communication ms/step", "overlapped_ms": "overlapped ms/step",
+                                    "exposed_ms": "exposed ms/step", "overlapped_pct": "overlapped %"})
+        st.caption(f"mean per {md(device.basis)} step of the collective kernels (all-reduce, all-gather, ...): "
+                   "overlapped = other kernels of the device ran meanwhile (communication hidden under compute), "
+                   "exposed = nothing else did (the device only communicated)")
+    steps = pd.DataFrame(device.collective_steps)
+    mine = steps[steps["rank"] == rank] if len(steps) else steps
+    if len(mine):
+        st.plotly_chart(_comm_step_chart(mine, warmup), width="stretch", key="dev_comm_steps")
+        st.caption(f"rank {rank} (the rank picked above), every complete captured step that ran collective "
+                   "kernels, warm-up steps included (named on the axis)")
+    if device.collective_waits:
+        st.markdown("**Streams waiting for a collective**: a stream idle on the device until a collective ran (the "
+                    "event its issue recorded), by the lines that issued it and queued the wait")
+        _table(device.collective_waits,
+               {"rank": "rank", "device": "device", "stream": "stream", "op": "collective", "group": "group",
+                "user_source": "issued at", "waited_at": "waited at", "count": "waits",
+                "per_step_ms": "idle ms/step", "total_ms": "total ms", "max_ms": "longest ms"})
+    said = _device_stragglers(device)
+    for line in said:
+        st.markdown(line)
+    if device.stragglers and not said:
+        st.caption("on device time, no rank reached collectives last significantly in any step")
+
+
 def _fallbacks(device: DeviceSection) -> None:
     st.subheader("CPU fallbacks")
     falls = device.fallbacks
@@ -448,4 +524,7 @@ _stalls(run, device)
 _fusion(device)
 _custom_kernels(device)
 _streams(device)
+warm = (dict(zip(mine["step"].astype(int).tolist(), mine["warmup"].fillna(False).astype(bool).tolist()))
+        if len(mine) else {})
+_collectives(device, rank, warm)
 _fallbacks(device)
