@@ -37,3 +37,23 @@ def test_demo_trains_on_the_emulated_neuron_device(tmp_path):
     assert "Top kernels by device time" in device and "Fusion on rank 0 neuron:0" in device
     assert re.search(r"aten::embedding_dense_backward\s+neuron:0\s+examples/train_transformer\.py:\d+\s+5\s", device), device
     assert (out / "trace.perfetto-trace").exists()
+
+
+def test_demo_trains_data_parallel_on_the_device(tmp_path):
+    """``demo --device neuron --ranks 2``: two DDP ranks on the device, captured into one run whose
+    report shows the all-reduces as device kernels, with the demo's own command line; a bad rank
+    count is a one-line error."""
+    out = tmp_path / "ddp"
+    res = cli("demo", "--device", "neuron", "--ranks", "2", "--no-view", "-o", out, "--steps", "8")
+    assert res.returncode == 0, res.stderr[-4000:]
+    run = neuron_prof.load(out)
+    assert run.ranks == [0, 1]
+    kernels = run.device_kernels
+    for rank in (0, 1):  # DDP's gradient buckets all-reduced on each rank's device, in every active step
+        mine = kernels[(kernels["rank"] == rank) & (kernels["name"].astype(str) == "c10d::allreduce_")]
+        active = run.steps[(run.steps["rank"] == rank) & run.steps["active"] & run.steps["complete"]]["step"]
+        assert set(active) <= set(mine["step"]), (set(active), set(mine["step"]))
+    assert "Collectives on the device" in res.stdout and "train_ddp.py" in res.stdout
+    assert (out / "trace.perfetto-trace").exists()
+    bad = cli("demo", "--ranks", "0", "--no-view", "-o", tmp_path / "bad")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--ranks" in bad.stderr, bad.stderr
