@@ -61,8 +61,11 @@ typedef struct neuron_prof_backend_api {
   void (*queue_flushed)(int32_t device, int32_t reason, int32_t ops, int64_t start_ns, int64_t end_ns);
   /* A kernel ran on the device (any thread may report it): the enqueued ops it ran, fused. A
    * custom kernel (an NKI kernel, a torch.library op the user registered for the device) is named
-   * by its op's qualified name, "lib::op": the analyses count it as one (outside the aten and prims
-   * namespaces), forward and backward apart, in custom-kernel coverage. */
+   * by its op's qualified name, "lib::op": the analyses count it as one (outside the aten, prims
+   * and c10d namespaces), forward and backward apart, in custom-kernel coverage. A collective the
+   * backend runs as a kernel is named by the c10d op that issued it ("c10d::allreduce_"), its op
+   * enqueued (op_enqueued) inside that op's call on the issuing thread: the analyses trace it to
+   * the collective (op, group, sequence number, bytes, line) and read communication on the device. */
   void (*kernel_executed)(int32_t device, int32_t stream, const char* name, int64_t start_ns,
                           int64_t end_ns, const uint64_t* enqueue_ids, int32_t n_ops);
   /* An op ran on the CPU instead (start_ns..end_ns on the calling thread, copies included):
