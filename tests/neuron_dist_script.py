@@ -8,7 +8,8 @@ device and the CPU) and how many collective kernels of each op the capture holds
 KIND: ``ddp-one`` (DDP, every gradient in one bucket, all-reduced after backward), ``ddp-many``
 (DDP, one bucket per layer: all-reduces issued during backward), ``fsdp`` (FSDP2 ``fully_shard``
 per layer), ``tp`` (a DTensor tensor-parallel MLP: column- then row-wise). DEVICE: ``neuron`` or
-``cpu``. RUN_DIR: capture the run there (device runs).
+``cpu``. RUN_DIR: capture the run there (device runs). Environment ``SLOW_RANK=R``: rank R's device
+pays ``SLOW_LAUNCH_US`` per kernel (a slower device: its kernels reach every collective last).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ DIM, LAYERS, BATCH, STEPS = 192, 6, 256, 5
 LAUNCH_US = 100.0
 """Long enough kernels that the backward's compute on the device is still running when the first
 bucket's all-reduce is issued (the host queues a layer's backward in well under a kernel's time)."""
+SLOW_LAUNCH_US = 4000.0
+"""The slow rank's launch cost: its forward and backward's ~40 kernels take 160 ms more a step
+than the other rank's (about 4 ms), so its device reaches each all-reduce that much later."""
 
 
 def model() -> torch.nn.Sequential:
@@ -68,7 +72,8 @@ def main() -> None:
     if device == "neuron":
         from neuron_prof.testing import neuron
 
-        neuron.enable(launch_us=LAUNCH_US)
+        slow = os.environ.get("SLOW_RANK") == os.environ["RANK"]
+        neuron.enable(launch_us=SLOW_LAUNCH_US if slow else LAUNCH_US)
         dist.init_process_group("neuron")
     else:
         dist.init_process_group("gloo")
@@ -83,7 +88,7 @@ def main() -> None:
     for _ in range(STEPS):
         x = torch.randn(BATCH, DIM, generator=g).to(device)
         y = torch.randn(BATCH, DIM, generator=g).to(device)
-        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss = torch.nn.functional.mse_loss(net(x), y)  # FORWARD-LINE
         loss.backward()  # BACKWARD-LINE
         opt.step()
         opt.zero_grad()

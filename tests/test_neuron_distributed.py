@@ -27,12 +27,12 @@ TIMEOUT_S = 240
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(2 * TIMEOUT_S)]
 
 
-def launch(kind: str, device: str, out: Path, run_dir: Path | None = None) -> list[list[float]]:
-    """Runs WORLD ranks of the job; returns each rank's losses."""
+def launch(kind: str, device: str, out: Path, run_dir: Path | None = None, **env: str) -> list[list[float]]:
+    """Runs WORLD ranks of the job (``env``: more environment); returns each rank's losses."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [sys.executable, str(SCRIPT), kind, device, str(out), *([str(run_dir)] if run_dir else [])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets it (see ddp_straggler.py)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}  # one thread, as torchrun sets it (see ddp_straggler.py)
     procs = [subprocess.Popen(argv, env={**env, **gloo_env(r, WORLD, port)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
     try:
@@ -45,13 +45,29 @@ def launch(kind: str, device: str, out: Path, run_dir: Path | None = None) -> li
     return [json.loads((out / f"rank{r}.json").read_text())["losses"] for r in range(WORLD)]
 
 
+COLLECTIVES_OF = {"ddp-one": {"all_reduce", "broadcast"}, "fsdp": {"all_gather", "reduce_scatter"},
+                  "tp": {"all_reduce"}}
+"""The collectives each job's steps run: DDP's gradient all-reduce (and the broadcasts of its bucket
+rebuild, in its second step), FSDP2's parameter all-gathers and gradient reduce-scatters, the
+row-wise layers' all-reduces of tensor parallelism."""
+
+
 @pytest.mark.parametrize("kind", ["ddp-one", "fsdp", "tp"])
 def test_losses_on_the_device_are_bitwise_the_cpus(kind, tmp_path):
-    """The device's ranks compute what the CPU's do: every rank's every loss is the same float."""
+    """The device's ranks compute what the CPU's do, captured: every rank's every loss is the same
+    float. Each collective of the steps ran as a device kernel traced to its issue, at the
+    forward's or the backward's line."""
     cpu = launch(kind, "cpu", tmp_path / "cpu")
-    device = launch(kind, "neuron", tmp_path / "neuron")
+    device = launch(kind, "neuron", tmp_path / "neuron", tmp_path / "run")
     assert device == cpu
     assert len(cpu[0]) == 5 and len(set(cpu[0])) > 1  # five steps that trained (the loss moved)
+    run = load(tmp_path / "run")
+    found = analyze(run).device_collectives.kernels
+    assert len(found) == int(is_collective_kernel(run.device_kernels["name"]).sum())
+    in_steps = found[found["step"] >= 1]
+    assert set(in_steps["op"].astype(str)) == COLLECTIVES_OF[kind]
+    lines = {f"{SCRIPT.name}:{line_of(SCRIPT, marker)}" for marker in ("FORWARD-LINE", "BACKWARD-LINE")}
+    assert {src.rsplit("/", 1)[-1] for src in in_steps["user_source"].astype(str)} <= lines
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +200,25 @@ def test_the_trace_joins_each_collectives_kernels_across_ranks(ddp_runs, tmp_pat
     want = sorted((str(g), int(s), str(o), int(b), int(i)) for g, s, o, b, i in
                   zip(found["group"], found["seq"], found["op"], found["bytes"], found["kernel"]))
     assert got == want
+
+
+def test_the_slow_device_is_the_straggler_on_device_time(tmp_path):
+    """Rank 1's device pays 40x the launch cost (``SLOW_RANK``): its host still issues every
+    all-reduce at once (the queue is asynchronous), but its device reaches each one last, 160 ms a
+    step after rank 0's (an effect far past any scheduling noise). The device-time analysis names
+    rank 1 in every steady step, each collective's last kernel is rank 1's, and rank 0's kernels
+    wait for it."""
+    from neuron_prof.summary.build import summarize
+
+    run_dir = tmp_path / "run"
+    launch("ddp-one", "neuron", tmp_path / "out", run_dir, SLOW_RANK="1")
+    run = load(run_dir)
+    found = analyze(run).device_collectives
+    reduce = found.matched[found.matched["op"] == "all_reduce"]
+    assert len(reduce) >= 4 and (reduce["last_rank"] == 1).all(), reduce[["seq", "last_rank", "wait_ns"]]
+    waits = found.waits
+    assert (waits.loc[(waits["rank"] == 0) & (waits["op"].astype(str) == "all_reduce"), "wait_ns"] > 0).all()
+    device = summarize(run).device
+    named = [s for s in device.stragglers if s.steps]
+    steady = set(run.steps.loc[run.steps["rank"] == 1, "step"]) - {0}
+    assert [s.rank for s in named] == [1] and set(named[0].steps) == steady & set(reduce["step"]), named
