@@ -52,6 +52,10 @@ work, and ops on neuron tensors behave as on an asynchronous device:
   PrivateUse1 autocast key (matmuls and convolutions in the lower precision; norms, softmax,
   exp/log and losses in fp32; the CPU's own lists keep more in bf16). Its casts are queued ops.
   ``torch.utils.checkpoint`` (reentrant or not) runs on the device as on the CPU.
+- **Collectives**: the process-group backend ``"neuron"`` (``init_process_group("neuron")``; DDP,
+  FSDP2, DTensor): gloo moves the data, each collective on neuron tensors is one kernel on the
+  device's communication stream (stream 8) after the issuing stream's work so far, and its
+  ``Work`` (and the ``Work``'s future) makes the waiting stream wait for it, not the host.
 
 Not emulated: stream priorities, interprocess events, the device's own random number generator,
 real kernel speed (device time is the CPU's time plus the launch cost; the streams share the host's
