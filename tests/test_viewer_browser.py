@@ -152,15 +152,25 @@ def browser():
             b.close()
 
 
+@contextlib.contextmanager
+def new_page(browser):
+    """A page in a context of its own, closed after: the viewport, the render timeout, and
+    ``pg.errors``, the uncaught JavaScript errors of the app's frontend."""
+    context = browser.new_context(viewport=VIEWPORT)
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(RENDER_TIMEOUT_MS)
+        pg.errors = []
+        pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
+        yield pg
+    finally:
+        context.close()
+
+
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport=VIEWPORT)
-    pg = context.new_page()
-    pg.set_default_timeout(RENDER_TIMEOUT_MS)
-    pg.errors = []  # uncaught JavaScript errors of the app's frontend
-    pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
-    yield pg
-    context.close()
+    with new_page(browser) as pg:
+        yield pg
 
 
 # --- rendering helpers ---------------------------------------------------------------------------
@@ -298,50 +308,35 @@ def test_sidebar_navigation(page, viewer):
 def test_deep_link_as_first_request(browser, memory_runs, tmp_path):
     """A fresh server whose first visitor opens a page's address (a bookmark, a reload after a
     restart) serves the same app: the navigation of viewer/app.py, not a folder listing."""
-    with serve(memory_runs("spike"), memory_runs("clean"), tmp_path) as v:
-        context = browser.new_context(viewport=VIEWPORT)
-        try:
-            pg = context.new_page()
-            pg.set_default_timeout(RENDER_TIMEOUT_MS)
-            pg.errors = []
-            pg.goto(page_url(v, "memory"), wait_until="domcontentloaded")
-            wait_rendered(pg)
-            check_clean(pg, "/memory as the first request")
-            check_navigation(pg, v)
-        finally:
-            context.close()
+    with serve(memory_runs("spike"), memory_runs("clean"), tmp_path) as v, new_page(browser) as pg:
+        pg.goto(page_url(v, "memory"), wait_until="domcontentloaded")
+        wait_rendered(pg)
+        check_clean(pg, "/memory as the first request")
+        check_navigation(pg, v)
 
 
 def test_device_page_on_a_device_run(browser, device_run, memory_runs, tmp_path):
     """The shared server's run is a CPU run (its Device page says it has no device data), so the
     Device page is also opened on a capture on the emulated device: every section, its charts,
     no error; picking another step redraws the lanes for it."""
-    with serve(device_run, memory_runs("clean"), tmp_path) as v:
-        context = browser.new_context(viewport=VIEWPORT)
-        try:
-            pg = context.new_page()
-            pg.set_default_timeout(RENDER_TIMEOUT_MS)
-            pg.errors = []
-            pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
-            pg.goto(page_url(v, "device"), wait_until="domcontentloaded")
-            wait_rendered(pg)
-            check_clean(pg, "/device on a device run")
-            text = main_text(pg)
-            for head in ("What bounds each step", "A step on the host and on the device",
-                         "Where the host waits for the device", "Fusion", "CPU fallbacks"):
-                assert head in text, f"{head!r} not on the page: {text}"
-            assert "From the start of step 1 " in text and ">>" in text, text  # the lanes and the stall's source
-            assert pg.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 2
-            assert screenshot(pg, "device-run").stat().st_size > 10_000
-            box = pg.get_by_role("combobox", name="step", exact=True)
-            box.click()
-            box.press("ArrowDown")  # opens the list (a click only focuses the combobox)
-            pg.get_by_role("option", name=re.compile(r"^step 2 ")).click()
-            pg.get_by_text(re.compile("From the start of step 2 ")).wait_for(state="visible")
-            wait_rendered(pg)
-            check_clean(pg, "/device after picking step 2")
-        finally:
-            context.close()
+    with serve(device_run, memory_runs("clean"), tmp_path) as v, new_page(browser) as pg:
+        pg.goto(page_url(v, "device"), wait_until="domcontentloaded")
+        wait_rendered(pg)
+        check_clean(pg, "/device on a device run")
+        text = main_text(pg)
+        for head in ("What bounds each step", "A step on the host and on the device",
+                     "Where the host waits for the device", "Fusion", "CPU fallbacks"):
+            assert head in text, f"{head!r} not on the page: {text}"
+        assert "From the start of step 1 " in text and ">>" in text, text  # the lanes and the stall's source
+        assert pg.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 2
+        assert screenshot(pg, "device-run").stat().st_size > 10_000
+        box = pg.get_by_role("combobox", name="step", exact=True)
+        box.click()
+        box.press("ArrowDown")  # opens the list (a click only focuses the combobox)
+        pg.get_by_role("option", name=re.compile(r"^step 2 ")).click()
+        pg.get_by_text(re.compile("From the start of step 2 ")).wait_for(state="visible")
+        wait_rendered(pg)
+        check_clean(pg, "/device after picking step 2")
 
 
 def test_server_is_local_and_xsrf_protected(viewer):

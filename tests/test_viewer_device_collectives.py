@@ -151,25 +151,17 @@ def test_both_pages_in_a_real_browser(ddp_one, browser, tmp_path):
     """``neuron-prof view`` on the run, in headless Chromium: the Device page draws its
     collectives part (its table, chart and waits) without an error, and the Collectives page its
     device-time stragglers."""
-    from test_viewer_browser import RENDER_TIMEOUT_MS, VIEWPORT, check_clean, main_text, page_url, serve, wait_rendered
+    from test_viewer_browser import check_clean, main_text, new_page, page_url, serve, wait_rendered
 
-    with serve(ddp_one, ddp_one, tmp_path) as v:
-        context = browser.new_context(viewport=VIEWPORT)
-        try:
-            pg = context.new_page()
-            pg.set_default_timeout(RENDER_TIMEOUT_MS)
-            pg.errors = []
-            pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))
-            pg.goto(page_url(v, "device"), wait_until="domcontentloaded")
-            wait_rendered(pg)
-            check_clean(pg, "/device on a DDP run on the device")
-            text = main_text(pg)
-            for said in ("Collectives on the device", "Streams waiting for a collective"):
-                assert said in text, f"{said!r} not on the page: {text}"
-            assert pg.locator('[data-testid="stPlotlyChart"] .gtitle', has_text=CHART_TITLE).count() == 1
-            pg.goto(page_url(v, "collectives"), wait_until="domcontentloaded")
-            wait_rendered(pg)
-            check_clean(pg, "/collectives on a DDP run on the device")
-            assert "On device time" in main_text(pg)
-        finally:
-            context.close()
+    with serve(ddp_one, ddp_one, tmp_path) as v, new_page(browser) as pg:
+        pg.goto(page_url(v, "device"), wait_until="domcontentloaded")
+        wait_rendered(pg)
+        check_clean(pg, "/device on a DDP run on the device")
+        text = main_text(pg)
+        for said in ("Collectives on the device", "Streams waiting for a collective"):
+            assert said in text, f"{said!r} not on the page: {text}"
+        assert pg.locator('[data-testid="stPlotlyChart"] .gtitle', has_text=CHART_TITLE).count() == 1
+        pg.goto(page_url(v, "collectives"), wait_until="domcontentloaded")
+        wait_rendered(pg)
+        check_clean(pg, "/collectives on a DDP run on the device")
+        assert "On device time" in main_text(pg)

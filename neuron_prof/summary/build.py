@@ -249,12 +249,7 @@ def _device_collectives(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame) -> d
     the collectives matched by their kernels' times)."""
     found = analyze(run).device_collectives
     overlap, m, w = found.overlap, found.matched, found.waits
-    per_step = straggler_steps(m, kinds)
-    ranking = []
-    for r in records(stragglers(m, w, kinds)):
-        sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
-        ranking.append(Straggler(**r, wait_in_steps_ns=int(sig["wait_caused_ns"].sum()),
-                                 where=_where(w, m, r["rank"], r["steps"])))
+    ranking, per_step = _stragglers(m, w, kinds)
     return dict(
         collectives=_rows(DeviceComm, dcoll.comm_summary(overlap, scope)),
         collective_steps=_rows(DeviceCommStep, overlap.assign(
@@ -364,12 +359,7 @@ def _collectives(run: Run) -> CollectivesSection | CollectivesNotCaptured:
     analysis = analyze(run)
     m, w, kinds = analysis.collectives_matched, analysis.collective_waits, analysis.step_kinds
     steady, median_step = steady_steps(kinds)
-    per_step = straggler_steps(m, kinds)
-    ranking = []
-    for r in records(stragglers(m, w, kinds)):
-        sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
-        ranking.append(Straggler(**r, wait_in_steps_ns=int(sig["wait_caused_ns"].sum()),
-                                 where=_where(w, m, r["rank"], r["steps"])))
+    ranking, per_step = _stragglers(m, w, kinds)
     status = coll["status"].astype(str).value_counts()
     return CollectivesSection(
         ranks=len(run.ranks),
@@ -389,6 +379,18 @@ def _collectives(run: Run) -> CollectivesSection | CollectivesNotCaptured:
         bandwidth=_rows(Bandwidth, group_bandwidth(bandwidth(m))),
         clock=_rows(ClockOffset, analysis.collective_offsets),
     )
+
+
+def _stragglers(m: pd.DataFrame, w: pd.DataFrame, kinds: pd.DataFrame) -> tuple[list[Straggler], pd.DataFrame]:
+    """The ranked stragglers of matched collectives ``m`` (with the per-rank waits ``w``: on host
+    time or on device time) and the per-step straggler rows (``analysis.stragglers``)."""
+    per_step = straggler_steps(m, kinds)
+    ranking = []
+    for r in records(stragglers(m, w, kinds)):
+        sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
+        ranking.append(Straggler(**r, wait_in_steps_ns=int(sig["wait_caused_ns"].sum()),
+                                 where=_where(w, m, r["rank"], r["steps"])))
+    return ranking, per_step
 
 
 def _where(w: pd.DataFrame, m: pd.DataFrame, rank: int, steps: list[int]) -> StragglerSite | NoStragglerSite:
