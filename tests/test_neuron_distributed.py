@@ -63,7 +63,7 @@ def test_losses_on_the_device_are_bitwise_the_cpus(kind, tmp_path):
     assert len(cpu[0]) == 5 and len(set(cpu[0])) > 1  # five steps that trained (the loss moved)
     run = load(tmp_path / "run")
     found = analyze(run).device_collectives.kernels
-    assert len(found) == int(is_collective_kernel(run.device_kernels["name"]).sum())
+    assert len(found) == int(is_collective_kernel(run.device_kernels).sum())
     in_steps = found[found["step"] >= 1]
     assert set(in_steps["op"].astype(str)) == COLLECTIVES_OF[kind]
     lines = {f"{SCRIPT.name}:{line_of(SCRIPT, marker)}" for marker in ("FORWARD-LINE", "BACKWARD-LINE")}
@@ -94,10 +94,10 @@ def test_each_collective_is_a_kernel_on_the_communication_stream(ddp_runs):
     own, matched to its collective row (op, group, seq, bytes) and on both ranks."""
     run = ddp_runs["ddp-many"][0]
     kernels = run.device_kernels
-    comm = kernels[is_collective_kernel(kernels["name"])]
+    comm = kernels[is_collective_kernel(kernels)]
     assert set(comm["name"].astype(str)) >= {"c10d::allreduce_"}
     assert comm["stream"].nunique() == 1 and int(comm["stream"].iloc[0]) not in set(
-        kernels.loc[~is_collective_kernel(kernels["name"]), "stream"])  # no compute kernel on it
+        kernels.loc[~is_collective_kernel(kernels), "stream"])  # no compute kernel on it
     found = analyze(run).device_collectives.kernels
     assert len(found) == len(comm)  # every collective kernel traced to its issue
     coll = run.collectives
@@ -116,7 +116,7 @@ def _kernels_during(run, rank: int) -> list[int]:
     while it ran (from the recorded spans)."""
     k = run.device_kernels
     k = k[k["rank"] == rank]
-    comm = is_collective_kernel(k["name"])
+    comm = is_collective_kernel(k)
     c, other = k[comm & (k["name"].astype(str) == "c10d::allreduce_")], k[~comm]
     s, e = other["ts"].to_numpy(), (other["ts"] + other["dur"]).to_numpy()
     return [int(((s < t + d) & (e > t)).sum()) for t, d in zip(c["ts"], c["dur"])]

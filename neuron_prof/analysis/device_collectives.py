@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis.intervals import covered, union
-from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.intervals import covered_before, union
+from neuron_prof.analysis.ops import in_steps, name_mask
 from neuron_prof.analysis.steps import steps_per_rank
 from neuron_prof.analysis.streams import host_call, match_last, pick
 
@@ -46,9 +46,9 @@ def _or_no_line(lines: np.ndarray) -> np.ndarray:
     return np.where(lines == "", NO_LINE, lines)
 
 
-def is_collective_kernel(names: pd.Series) -> np.ndarray:
-    """Mask of kernels (by name) that ran a collective."""
-    return names.astype(str).str.startswith(COLLECTIVE_KERNEL_PREFIX).to_numpy(bool)
+def is_collective_kernel(kernels: pd.DataFrame) -> np.ndarray:
+    """Mask of the kernels (``Run.device_kernels`` rows) that ran a collective."""
+    return name_mask(kernels, lambda name: name.startswith(COLLECTIVE_KERNEL_PREFIX))
 
 
 def _issue_of(rows: pd.DataFrame, t, collectives: pd.DataFrame) -> np.ndarray:
@@ -64,7 +64,7 @@ def collective_kernels(kernels: pd.DataFrame, enqueues: pd.DataFrame, collective
     captured: that collective's ``Run.collectives`` row with ``ts``/``dur``/``done`` the kernel's
     (device time), ``issue_ts`` the host's issue, ``step`` the kernel's, and the kernel's
     ``device``, ``stream`` and ``kernel`` (id)."""
-    k = kernels[is_collective_kernel(kernels["name"])] if len(kernels) else kernels
+    k = kernels[is_collective_kernel(kernels)] if len(kernels) else kernels
     if k.empty or collectives.empty or enqueues.empty:
         return collectives.iloc[0:0].assign(issue_ts=np.int64(0), device="", stream=np.int64(0), kernel=np.int64(0))
     k = k.reset_index(drop=True)
@@ -90,33 +90,35 @@ def collective_kernels(kernels: pd.DataFrame, enqueues: pd.DataFrame, collective
 
 def comm_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank, device and step (of ``steps``, complete steps) with collective kernels: how many
-    ran, their time (``comm_ns``, the union of their spans in the step), the part of it in which
-    other kernels of the device ran (``overlapped_ns``) and the rest (``exposed_ns``: communication
-    nothing else on the device hid)."""
-    rows = []
+    started in it, their time (``comm_ns``, the union of their spans within the step), the part of
+    it in which other kernels of the device ran (``overlapped_ns``) and the rest (``exposed_ns``:
+    communication nothing else on the device hid)."""
     if kernels.empty:
         return pd.DataFrame(columns=OVERLAP_COLUMNS)
-    comm = is_collective_kernel(kernels["name"])
+    rows = []
+    comm = is_collective_kernel(kernels)
     for (rank, device), k in kernels.assign(comm=comm).groupby(["rank", kernels["device"].astype(str)]):
-        if not k["comm"].any():
+        c, other = k[k["comm"]], k[~k["comm"]]
+        if c.empty:
             continue
+        c_start = c["ts"].to_numpy(np.int64)
+        cs, ce = union(c_start, c_start + c["dur"].to_numpy(np.int64))
+        o_start = other["ts"].to_numpy(np.int64)
+        os_, oe = union(o_start, o_start + other["dur"].to_numpy(np.int64))
         s = steps[steps["rank"] == rank]
-        cs, ce = union(k.loc[k["comm"], "ts"].to_numpy(np.int64),
-                       (k.loc[k["comm"], "ts"] + k.loc[k["comm"], "dur"]).to_numpy(np.int64))
-        other = k[~k["comm"]]
-        os_, oe = union(other["ts"].to_numpy(np.int64), (other["ts"] + other["dur"]).to_numpy(np.int64))
         w0 = s["ts"].to_numpy(np.int64)
         w1 = w0 + s["dur"].to_numpy(np.int64)
-        for i, (a, b) in enumerate(zip(w0, w1)):
+        started = np.sort(c_start)
+        counts = np.searchsorted(started, w1) - np.searchsorted(started, w0)
+        for step, a, b, n in zip(s["step"].to_numpy(), w0, w1, counts):
             # the communication spans clipped to the step, and the other kernels' time inside them
             ss, se = np.clip(cs, a, b), np.clip(ce, a, b)
             live = se > ss
             if not live.any():
                 continue
             comm_ns = int((se - ss)[live].sum())
-            over = int(covered(os_, oe, ss[live], se[live]).sum())
-            kernels_in = int(((k.loc[k["comm"], "ts"] >= a) & (k.loc[k["comm"], "ts"] < b)).sum())
-            rows.append((int(rank), device, int(s["step"].iloc[i]), kernels_in, comm_ns, over, comm_ns - over))
+            over = int((covered_before(os_, oe, se[live]) - covered_before(os_, oe, ss[live])).sum())
+            rows.append((int(rank), device, int(step), int(n), comm_ns, over, comm_ns - over))
     return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
 
 

@@ -386,6 +386,11 @@ Queue& queue(DeviceIndex d, int64_t stream) {
 // The calling thread's current stream of device d: where its ops go.
 Queue& current_queue(DeviceIndex d) { return queue(d, d >= 0 && d < kMaxDevices ? tl_stream[d] : 0); }
 
+// Stream `id` of device d as PyTorch names it.
+c10::Stream stream_of(DeviceIndex d, int id) {
+  return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
+}
+
 // Kernels already run, destroyed here (on a host thread): the tensors they held are freed where
 // the memory profiler of the host thread sees the frees, as a real backend frees at the host.
 void reap(Queue& q) {
@@ -1224,10 +1229,6 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 // while it does. CPU tensors go to gloo as they are. One communication stream per device: the
 // device runs its collectives in issue order, whichever group issued them.
 
-c10::Stream stream_of(DeviceIndex d, int id) {
-  return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
-}
-
 // Makes stream `id` the calling thread's current stream of device d for a scope.
 struct OnStream {
   DeviceIndex device;
@@ -1241,6 +1242,7 @@ struct CollectiveWork final : c10d::Work {
   DeviceIndex device;
   void* done = nullptr;  // an event recorded on the communication stream after the collective
   c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::vector<at::Tensor> outputs;  // what it writes (its future's value)
 
   CollectiveWork(int rank, c10d::OpType type, DeviceIndex d) : Work(rank, type), device(d) {}
   ~CollectiveWork() override { destroy_event(done); }
@@ -1254,6 +1256,7 @@ struct CollectiveWork final : c10d::Work {
   void synchronize() override { wait(kNoTimeout); }
   void blockCurrentStream() override { wait(kNoTimeout); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future; }
+  std::vector<at::Tensor> result() override { return outputs; }
 };
 
 class NeuronBackend final : public c10d::Backend {
@@ -1392,11 +1395,15 @@ class NeuronBackend final : public c10d::Backend {
     std::vector<at::Tensor> host_in, host_out;
     for (const at::Tensor& t : in) host_in.push_back(host_alias(t));
     for (const at::Tensor& t : out) host_out.push_back(host_alias(t));
+    Group open = tl_group;  // a collective is a kernel of its own, never part of a compiled group's
+    tl_group = Group{};
     enqueue_on(queue(d, kCommStream), d, name, Kind::Other,
                [keep_in = in, keep_out = out, host_in, host_out, call]() mutable {
                  call(host_in, host_out)->wait();
                });
+    tl_group = open;
     auto work = c10::make_intrusive<CollectiveWork>(rank_, type, d);
+    work->outputs = result;
     record_event(&work->done, stream_of(d, kCommStream), d, c10::EventFlag::PYTORCH_DEFAULT);
     // The future completes now, as ProcessGroupNCCL's does, with the communication stream current:
     // it records its own event there, after the collective, and whoever waits on it (DDP's
@@ -1434,15 +1441,15 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     if (d.has_index()) tl_device = d.index();
   }
   // Streams: the current one is per thread and device (tl_stream); new ones come from the pool.
-  c10::Stream getStream(Device d) const override { return stream_on(index_of(d), tl_stream[index_of(d)]); }
-  c10::Stream getDefaultStream(Device d) const override { return stream_on(index_of(d), 0); }
+  c10::Stream getStream(Device d) const override { return stream_of(index_of(d), tl_stream[index_of(d)]); }
+  c10::Stream getDefaultStream(Device d) const override { return stream_of(index_of(d), 0); }
   c10::Stream getStreamFromGlobalPool(Device d, bool) const override { return pool_stream(index_of(d)); }
   c10::Stream getNewStream(Device d, int) const override { return pool_stream(index_of(d)); }
   c10::Stream exchangeStream(c10::Stream s) const override {
     Queue& q = queue(s.device_index(), s.id());  // checks it
     int old = tl_stream[q.device];
     tl_stream[q.device] = q.stream;
-    return stream_on(q.device, old);
+    return stream_of(q.device, old);
   }
   DeviceIndex deviceCount() const noexcept override { return DeviceIndex(g_settings.devices); }
   void synchronizeDevice(DeviceIndex d) const override { flush(d, NEURON_PROF_FLUSH_SYNCHRONIZE); }
@@ -1474,10 +1481,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     check_device(i);
     return i;
   }
-  static c10::Stream stream_on(DeviceIndex d, int id) {
-    return c10::Stream(c10::Stream::UNSAFE, Device(kNeuron, d), c10::StreamId(id));
-  }
-  static c10::Stream pool_stream(DeviceIndex d) { return stream_on(d, 1 + g_pool_next[d]++ % kPoolStreams); }
+  static c10::Stream pool_stream(DeviceIndex d) { return stream_of(d, 1 + g_pool_next[d]++ % kPoolStreams); }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
