@@ -1,5 +1,5 @@
 """``neuron-prof``: one module per command (record, report, compare, export, import, inspect,
-view, trigger, demo)."""
+view, port-check, trigger, demo)."""
 from __future__ import annotations
 
 import argparse
@@ -17,10 +17,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from neuron_prof.cli import compare, demo, export, importer, inspect, record, report, trigger, view
+    from neuron_prof.cli import compare, demo, export, importer, inspect, port_check, record, report, trigger, view
     parser = _Parser(prog="neuron-prof", description="Profile PyTorch training: ops, steps, sync points.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for module in (record, report, compare, export, importer, inspect, view, trigger, demo):
+    for module in (record, report, compare, export, importer, inspect, view, port_check, trigger, demo):
         module.add_parser(sub)
     return parser
 
