@@ -3,22 +3,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
+
+from neuron_prof.errors import NeuronProfError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="summarise a run in the terminal",
-                       description="Steps, top ops by self time, sync points and capture health.")
+                       description="Steps, top ops by self time, FLOPs and MFU, sync points and capture health.")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("--json", action="store_true", help="print the same summary as JSON (for CI gates)")
     p.add_argument("--top", type=int, default=10, help="how many ops to list (default 10)")
+    p.add_argument("--peak-tflops", type=float, metavar="X",
+                   help="the device's peak TFLOP/s, what MFU and the roofline are against (default: --peak-device's, "
+                        "else --calibrate's, else unknown)")
+    p.add_argument("--peak-gbps", type=float, metavar="Y", help="the device's peak memory bandwidth in GB/s (the "
+                                                                "roofline's slope; default as --peak-tflops)")
+    p.add_argument("--peak-device", metavar="NAME",
+                   help="take the peaks AWS publishes for a device: trainium1, trainium2 (a chip) or trainium1-core, "
+                        "trainium2-core (one NeuronCore); sources in docs/report.md")
+    p.add_argument("--calibrate", action="store_true",
+                   help="for a CPU run, measure this machine's peaks now (a matmul and a copy, about 0.1 s) for the "
+                        "figures not given: the report then differs from one run of it to the next")
     p.set_defaults(func=run)
 
 
+def _positive(value: float | None, flag: str) -> float | None:
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise NeuronProfError(f"{flag} {value}: expected a number > 0")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    from neuron_prof.analysis.flops import DEVICE_PEAKS
     from neuron_prof.run import load
+    from neuron_prof.summary.build import peak_for, with_peak
     from neuron_prof.summary.text import render_text
     from neuron_prof.summary_store import run_summary
+    tflops, gbps = _positive(args.peak_tflops, "--peak-tflops"), _positive(args.peak_gbps, "--peak-gbps")
+    if args.peak_device is not None and args.peak_device not in DEVICE_PEAKS:
+        raise NeuronProfError(f"--peak-device {args.peak_device!r}: not a known device; known: "
+                              f"{', '.join(DEVICE_PEAKS)} (or give --peak-tflops and --peak-gbps)")
     summary = run_summary(load(args.run), top=args.top)  # the run's stored summary when it is fresh
+    summary = with_peak(summary, peak_for(summary, tflops, gbps, args.peak_device, args.calibrate))
     print(json.dumps(summary.to_json(), indent=2) if args.json else render_text(summary), end="\n" if args.json else "")
     return 0

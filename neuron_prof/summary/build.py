@@ -8,6 +8,7 @@ numpy scalars are plain and NaN is None), which is what keeps ``report --json`` 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import pandas as pd
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import device_collectives as dcoll
+from neuron_prof.analysis import flops
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
 from neuron_prof.analysis import streams
@@ -35,15 +37,16 @@ from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
     CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime,
     Conflict, Coverage, CustomKernel, DetailCut, DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump,
-    DumpCollective, DumpQueue, DumpThread, Fallback, Fp32Op, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health,
-    InFlight, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
-    NotCaptured, OpRow, OpsSection, OutOfMemory, Overlap, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
+    DumpCollective, DumpQueue, DumpThread, EfficiencySection, Fallback, FlopsRank, FlopsStep, FlopsUnknown, Fp32Op,
+    FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight, KernelEfficiency, MemoryDevice, MemoryLeak,
+    MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite, NotCaptured, OpEfficiency, OpRow, OpsSection,
+    OutOfMemory, Overlap, Peak, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
     RankHealth, Recompute, RunFacts, Stall,
     Startup, DeviceComm, DeviceCommStep, CommWait, StepBreakdown, StepStats, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Straggler, StragglerSite,
     StragglerStep, Summary, SyncSection, SyncSite,
     TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
-__all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "run_op_stats", "command_exit"]
+__all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "run_op_stats", "command_exit", "peak_for", "with_peak"]
 
 TOP_N = 10
 STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary, a prof.step() call or, under "
@@ -116,6 +119,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
                                    left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32(top))),
         recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_compile.run_self_ns, keep,
                                                        analysis.op_basis.per_rank)),
+        efficiency=_efficiency(run, top),
         sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured),
                                 by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits))),
         device=_device(run, kinds, scope, basis, top) if measured else NotCaptured(),
@@ -157,6 +161,61 @@ def command_exit(exit: dict[str, Any] | None) -> CommandExit | None:
     if exit is None:
         return None
     return CommandExit(code=exit.get("code", ABSENT), signal=exit.get("signal", ABSENT))
+
+
+def _efficiency(run: Run, top: int) -> EfficiencySection:
+    """FLOPs per basis step, the FLOP/s achieved, and per op name and device kernel their bytes,
+    FLOP/s and intensity (``analysis.flops``), over the op scope. No peak: MFU and the roofline
+    positions are None here, filled by :func:`with_peak` for the reader's peak (the summary is
+    stored once, a peak may be given at every read)."""
+    analysis = analyze(run)
+    ops, keep, basis = run.ops, analysis.op_scope, analysis.op_basis
+    parent = analysis.op_parent
+    f = flops.op_flops(ops, parent)
+    steps = flops.step_flops(ops, f, keep, basis.steps)
+    run_ns = ops["dur"].to_numpy() - analysis.op_compile.compile_ns
+    kernels = (flops.kernel_efficiency(analysis.device_correlation, f, parent, int(ops["depth"].max()), basis.steps,
+                                       basis.per_rank, top) if len(run.device_kernels) and len(ops) else
+               pd.DataFrame(columns=flops.KERNEL_COLUMNS))
+    unpeaked = {"bound": None, "roof_pct": None}
+    return EfficiencySection(
+        basis=basis.kind, basis_steps=basis.per_rank, precision=flops.flop_precision(ops, f, keep),
+        peak=Peak(tflops=None, gbps=None, source=flops.NO_PEAK),
+        ranks=_rows(FlopsRank, flops.rank_flops(steps, ops, f, keep).assign(mfu_pct=None)),
+        steps=_rows(FlopsStep, steps.assign(mfu_pct=None)),
+        ops=_rows(OpEfficiency, flops.op_efficiency(ops, f, run_ns, keep, basis.per_rank).assign(**unpeaked)),
+        kernels=_rows(KernelEfficiency, kernels.assign(**unpeaked)),
+        unknown=_rows(FlopsUnknown, flops.unknown_ops(ops, f, keep, basis.per_rank)))
+
+
+def peak_for(summary: Summary, tflops: float | None = None, gbps: float | None = None, device: str | None = None,
+             calibrate: bool = False) -> Peak:
+    """The peak to read ``summary``'s efficiency against (``analysis.flops.resolve_peak``): the
+    given figures, else ``device``'s published ones, else, for a CPU run with FLOPs to rate and
+    ``calibrate``, this machine's measured ones (asked for: a measurement differs from one read
+    to the next, and the report of a run is the same every time it is printed)."""
+    e = summary.efficiency
+    rated = any(x.flops_per_step for x in e.ranks)
+    t, g, source = flops.resolve_peak(e.precision, summary.run.device, tflops, gbps, device, calibrate and rated)
+    return Peak(tflops=t, gbps=g, source=source)
+
+
+def with_peak(summary: Summary, peak: Peak) -> Summary:
+    """``summary`` with its efficiency figures against ``peak`` (``analysis.flops.resolve_peak``):
+    MFU per rank and step, and per op name and kernel the roofline bound and % of the roof. A new
+    summary: the one given (perhaps a cached, stored one) is left as it was."""
+    e = summary.efficiency
+
+    def mfu(x: R) -> R:
+        return dataclasses.replace(x, mfu_pct=flops.mfu_pct(x.tflops, peak.tflops))
+
+    def roof(x: R) -> R:
+        bound, pct = flops.roofline(x.intensity, x.tflops, peak.tflops, peak.gbps)
+        return dataclasses.replace(x, bound=bound, roof_pct=pct)
+
+    efficiency = dataclasses.replace(e, peak=peak, ranks=[mfu(x) for x in e.ranks], steps=[mfu(x) for x in e.steps],
+                                     ops=[roof(x) for x in e.ops], kernels=[roof(x) for x in e.kernels])
+    return dataclasses.replace(summary, efficiency=efficiency)
 
 
 _COMPILE_TIME_FIELDS = ("compile_id", "func", "backend", "status", "graph_ops", "total_ms")

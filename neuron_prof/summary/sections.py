@@ -24,7 +24,9 @@ __all__ = [
     "RunFacts", "Startup", "StepStats", "WarmupStep", "StepBreakdown", "TimeSplit", "OpRow", "OpsSection",
     "SyncSite", "SyncSection", "DeviceThresholds", "DeviceVerdict", "DeviceStep", "Stall", "TopKernel", "Fusion",
     "UnfusedRun", "Fallback", "Coverage", "CustomKernel", "StreamUse", "StreamStep", "StreamOverlap", "StreamWaitSite",
-    "DeviceComm", "DeviceCommStep", "CommWait", "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op", "PrecisionSection", "NotCaptured", "BreakSite",
+    "DeviceComm", "DeviceCommStep", "CommWait", "DeviceSection", "Recompute", "PrecisionShare", "Fp32Op",
+    "PrecisionSection", "Peak", "FlopsRank", "FlopsStep", "OpEfficiency", "KernelEfficiency", "FlopsUnknown",
+    "EfficiencySection", "NotCaptured", "BreakSite",
     "FrameRecompiles",
     "CompileTime", "CacheStats", "FusedKernel", "GraphRun", "CompileSection", "MemoryPeak", "CategoryBytes",
     "PeakSite", "MemoryDevice", "ProcessMemory", "MemoryLeak", "OutOfMemory", "MemorySection", "CollectiveGroup",
@@ -152,6 +154,104 @@ class PrecisionSection:
     time: str
     mix: list[PrecisionShare]
     left_in_fp32: list[Fp32Op]
+
+
+@row
+class Peak:
+    """The peaks MFU and the roofline are against (``analysis.flops``; ``summary.build.with_peak``):
+    TFLOP/s and GB/s, each None where unknown, and where they came from. The stored summary has
+    none: a peak is the reader's (``report --peak-tflops``, a known device, a CPU calibration)."""
+    tflops: float | None
+    gbps: float | None
+    source: str
+
+
+@row
+class FlopsRank:
+    """``analysis.flops.rank_flops``: a rank's FLOPs, bytes and step time per basis step, the
+    FLOP/s achieved over the step and MFU against ``Peak.tflops``; FLOPs are a lower bound where
+    ops with unknown or uncounted FLOPs ran (per step)."""
+    rank: int
+    steps: int
+    flops_per_step: float
+    bytes_per_step: float | None
+    step_ms: float
+    tflops: float
+    mfu_pct: float | None
+    unknown_per_step: float
+    uncounted_per_step: float
+
+
+@row
+class FlopsStep:
+    """``analysis.flops.step_flops``: one basis step of a rank."""
+    rank: int
+    step: int
+    flops: int
+    bytes: float | None
+    step_ms: float
+    tflops: float
+    mfu_pct: float | None
+
+
+@row
+class OpEfficiency:
+    """``analysis.flops.op_efficiency``: an op name's FLOPs, bytes and run time per step, achieved
+    TFLOP/s, FLOPs per byte, and (with both peaks) whether the roofline bounds it by ``compute``
+    or ``memory`` and its FLOP/s in % of the roof at its intensity."""
+    rank: int
+    name: str
+    calls_per_step: float
+    flops_per_step: float
+    bytes_per_step: float | None
+    ms_per_step: float
+    tflops: float | None
+    intensity: float | None
+    bound: str | None
+    roof_pct: float | None
+
+
+@row
+class KernelEfficiency:
+    """``analysis.flops.kernel_efficiency``: a device kernel name's FLOPs (of the ops it ran),
+    bytes and device time per step, and its roofline position as ``OpEfficiency``'s."""
+    rank: int
+    device: str
+    name: str
+    kernels_per_step: float
+    flops_per_step: float
+    bytes_per_step: float | None
+    ms_per_step: float
+    tflops: float | None
+    intensity: float | None
+    bound: str | None
+    roof_pct: float | None
+
+
+@row
+class FlopsUnknown:
+    """``analysis.flops.unknown_ops``: ops left out of the FLOPs, by name, and why."""
+    rank: int
+    name: str
+    calls_per_step: float
+    reason: str
+
+
+@row
+class EfficiencySection:
+    """FLOPs per step (forward and backward, as ``torch.utils.flop_counter`` counts them), the
+    FLOP/s achieved and MFU, and per op name and device kernel the roofline figures
+    (``analysis.flops``); ``precision``: what most FLOPs computed in (which of a device's peaks
+    applies)."""
+    basis: str
+    basis_steps: int
+    precision: str
+    peak: Peak
+    ranks: list[FlopsRank]
+    steps: list[FlopsStep]
+    ops: list[OpEfficiency]
+    kernels: list[KernelEfficiency]
+    unknown: list[FlopsUnknown]
 
 
 @row
@@ -1034,6 +1134,7 @@ class Summary:
     ops: OpsSection
     precision: PrecisionSection
     recompute: list[Recompute]
+    efficiency: EfficiencySection
     sync_points: SyncSection
     device: DeviceSection | NotCaptured
     compile: CompileSection

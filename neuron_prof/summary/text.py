@@ -18,8 +18,8 @@ from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_st
 from neuron_prof.reader import describe_exit
 from neuron_prof.summary.codec import ABSENT, to_json
 from neuron_prof.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
-                                          MemorySection, MetricSummary, NotCaptured, CollectivesNotCaptured,
-                                          Summary)
+                                          EfficiencySection, MemorySection, MetricSummary, NotCaptured,
+                                          CollectivesNotCaptured, Summary)
 from neuron_prof.units import format_bytes
 
 __all__ = ["render_text", "STEPS_SHOWN", "GROUPS_SHOWN", "ROWS_SHOWN"]
@@ -59,6 +59,61 @@ def _render_precision(summary: Summary, basis: str) -> list[str]:
             ("re-runs", "d", lambda x: x.reruns), ("ops", "d", lambda x: x.ops),
             ("ms/step", ".3f", lambda x: x.ms_per_step), ("% of backward", ".1f", lambda x: x.pct_of_backward),
             ("called at", "", lambda x: ", ".join(x.user_sources[:2]))])
+    return out
+
+
+def _count(n: float | None) -> str | None:
+    """A FLOP or byte count with an SI prefix, three digits: ``88.1 M``; None stays missing."""
+    if n is None:
+        return None
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}"
+    return f"{n:.3g}"
+
+
+def _roofline_columns(first: Column) -> list[Column]:
+    """The columns an op's and a kernel's roofline rows share, after their name."""
+    return [first, ("FLOP/step", "", lambda x: _count(x.flops_per_step)),
+            ("bytes/step", "", lambda x: _count(x.bytes_per_step)), ("ms/step", ".3f", lambda x: x.ms_per_step),
+            ("TFLOP/s", ".3g", lambda x: x.tflops), ("FLOP/byte", ".3g", lambda x: x.intensity),
+            ("bound", "", lambda x: x.bound or "-"), ("% of roof", ".1f", lambda x: x.roof_pct)]
+
+
+def _render_efficiency(e: EfficiencySection, basis: str) -> list[str]:
+    """FLOPs per step, achieved FLOP/s and MFU per rank; per op name and device kernel the roofline
+    figures; the ops whose FLOPs are not in them."""
+    if not e.ranks:
+        return []
+    p = e.peak
+    if p.tflops or p.gbps:
+        figures = ", ".join(f"{v:.4g} {unit}" for v, unit in ((p.tflops, "TFLOP/s"), (p.gbps, "GB/s")) if v)
+        peak = f"peak {figures} ({p.source})"
+    else:
+        peak = ("MFU unknown: no peak known (--peak-tflops, --peak-gbps, --peak-device or, on the CPU, --calibrate "
+                "give one)")
+    out = ["", f"FLOPs and MFU (per {basis} step: forward and backward FLOPs as torch's FlopCounterMode counts them; "
+               f"{peak})"]
+    out += _table(e.ranks, [("rank", "", lambda x: x.rank), ("FLOP/step", "", lambda x: _count(x.flops_per_step)),
+                            ("step ms", ".2f", lambda x: x.step_ms), ("achieved TFLOP/s", ".3g", lambda x: x.tflops),
+                            ("MFU %", ".2f", lambda x: x.mfu_pct)])
+    if e.ops:
+        out.append("  Ops by FLOPs (time: the op's run time; bound and % of roof against the peaks' roofline)")
+        out += _table(_most(e.ops, lambda x: x.flops_per_step), [
+            ("rank", "", lambda x: x.rank), *_roofline_columns(("op", "", lambda x: x.name)),
+            ("calls/step", ".1f", lambda x: x.calls_per_step)])
+    if e.kernels:
+        out.append("  Device kernels by FLOPs (of the ops each ran; time: device time)")
+        out += _table(_most(e.kernels, lambda x: x.flops_per_step), [
+            ("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device),
+            *_roofline_columns(("kernel", "", lambda x: x.name)),
+            ("kernels/step", ".1f", lambda x: x.kernels_per_step)])
+    for u in e.unknown[:ROWS_SHOWN]:
+        out.append(f"  !  FLOPs left out: rank {u.rank} {u.name} ({u.calls_per_step:g} per step): {u.reason}")
+    if len(e.unknown) > ROWS_SHOWN:
+        out.append(f"  ({_more(e.unknown).lstrip('; ')})")
+    if not any(x.flops_per_step for x in e.ranks) and not e.unknown:
+        out.append("  no op with a FLOP formula ran (matmuls, convolutions, attention)")
     return out
 
 
@@ -142,6 +197,7 @@ def render_text(summary: Summary) -> str:
     else:
         out.append("  no op events captured")
     out += _render_precision(summary, basis)
+    out += _render_efficiency(summary.efficiency, basis)
     sync = summary.sync_points
     out += ["", f"Sync points ({sync.events} events: the host waits for the device here)"]
     if sync.by_source:

@@ -1,17 +1,22 @@
 """Ops: the op table of the steady captured steps, as the report scopes it (``analysis.ops.op_stats``
 over ``run_time_ops``), optionally split by input shapes, self time along the module path as a
-treemap (``analysis.ops.module_tree``), the precision mix with the ops autocast left in fp32, and
+treemap (``analysis.ops.module_tree``), FLOPs, MFU and a roofline of the ops (or device kernels)
+against the peaks (``analysis.flops``), the precision mix with the ops autocast left in fp32, and
 what activation checkpointing re-ran (the report's sections)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats
 from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.summary.build import peak_for, with_peak
+from neuron_prof.summary.sections import Peak, Summary
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot_array
 
@@ -38,6 +43,91 @@ def _op_table(path: str, mtime: float, shapes: bool) -> tuple[pd.DataFrame, int,
 def _tree(path: str, mtime: float) -> pd.DataFrame:
     ops, _ = _scope(data.load(Path(path)))
     return module_tree(ops, ops["self_ns"].to_numpy())
+
+
+def roofline_figure(points: pd.DataFrame, peak: Peak, what: str) -> go.Figure:
+    """Achieved FLOP/s over arithmetic intensity, log-log, one marker per row of ``points``
+    (``OpEfficiency`` or ``KernelEfficiency`` rows with an intensity and a rate), under the
+    roof of ``peak``: bandwidth x intensity up to the ridge point, the peak FLOP/s after it (the
+    part of it a peak gives, when only one is known)."""
+    fig = go.Figure(go.Scatter(
+        x=points["intensity"], y=points["tflops"] * 1e12, mode="markers+text", name=what,
+        text=plot_array(points["name"]), textposition="top center",
+        customdata=np.column_stack([plot_array(points["name"]), points["flops_per_step"], points["ms_per_step"]]),
+        hovertemplate="%{customdata[0]}<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s<br>%{customdata[1]:.3g} FLOP and "
+                      "%{customdata[2]:.3f} ms per step<extra></extra>"))
+    flop_s = peak.tflops * 1e12 if peak.tflops else None
+    byte_s = peak.gbps * 1e9 if peak.gbps else None
+    ridge = flop_s / byte_s if flop_s and byte_s else None
+    xs = [*points["intensity"], *([ridge] if ridge else [])]
+    lo, hi = min(xs) / 10, max(xs) * 10
+    if ridge:
+        fig.add_scatter(x=[lo, ridge, hi], y=[lo * byte_s, flop_s, flop_s], mode="lines", name="roof")
+    elif flop_s:
+        fig.add_scatter(x=[lo, hi], y=[flop_s, flop_s], mode="lines", name="roof (compute)")
+    elif byte_s:
+        fig.add_scatter(x=[lo, hi], y=[lo * byte_s, hi * byte_s], mode="lines", name="roof (memory)")
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP/byte)")
+    fig.update_yaxes(type="log", title="achieved FLOP/s")
+    fig.update_layout(margin=dict(t=10, l=0, r=0, b=0))
+    return fig
+
+
+def _efficiency(summary: Summary) -> None:
+    """FLOPs per step and MFU per rank, and the roofline of the ops or device kernels, against the
+    peaks the report uses with no flag (given here, or measured on this machine for a CPU run)."""
+    e = summary.efficiency
+    if not any(x.flops_per_step for x in e.ranks):
+        return
+    st.subheader("FLOPs, MFU and roofline")
+    default = peak_for(summary)  # as the report with no peak flag
+    state = st.session_state
+    if summary.run.device == "cpu" and st.button("measure this machine's CPU peaks", key="ops_calibrate",
+                                                 help="a matmul and a copy, about 0.1 s: the report's --calibrate"):
+        state["ops_peak_measured"] = peak_for(summary, calibrate=True)
+        state["ops_peak_tflops"] = float(state["ops_peak_measured"].tflops)
+        state["ops_peak_gbps"] = float(state["ops_peak_measured"].gbps)
+    state.setdefault("ops_peak_tflops", float(default.tflops or 0.0))
+    state.setdefault("ops_peak_gbps", float(default.gbps or 0.0))
+    left, right = st.columns(2)
+    tflops = left.number_input("peak TFLOP/s", min_value=0.0, format="%.4g", key="ops_peak_tflops",
+                               help="0: unknown (the report's --peak-tflops)")
+    gbps = right.number_input("peak GB/s", min_value=0.0, format="%.4g", key="ops_peak_gbps",
+                              help="0: unknown (the report's --peak-gbps)")
+    peak = next((p for p in (default, state.get("ops_peak_measured"))
+                 if p is not None and (tflops, gbps) == (float(p.tflops or 0.0), float(p.gbps or 0.0))),
+                Peak(tflops=tflops or None, gbps=gbps or None, source="given here"))
+    e = with_peak(summary, peak).efficiency
+    st.dataframe(pd.DataFrame(e.ranks), hide_index=True, column_config={
+        "flops_per_step": st.column_config.NumberColumn("FLOP/step", format="%.4g"),
+        "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%.4g"),
+        "step_ms": st.column_config.NumberColumn("step ms", format="%.3f"),
+        "tflops": st.column_config.NumberColumn("achieved TFLOP/s", format="%.4g"),
+        "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.2f"),
+        "unknown_per_step": "FLOPs unknown (ops/step)", "uncounted_per_step": "not counted (ops/step)"})
+    st.caption(f"per {e.basis} step: forward and backward FLOPs as torch's FlopCounterMode counts them, over the "
+               f"step's wall time; peak: {md(peak.source)}")
+    kinds = (["device kernels (device time)"] if e.kernels else []) + ["ops (run time)"]
+    shown = st.radio("points", kinds, horizontal=True, key="ops_roofline_points") if len(kinds) > 1 else kinds[0]
+    rows = pd.DataFrame(e.kernels if shown.startswith("device") else e.ops)
+    ranks = sorted(rows["rank"].unique())
+    rank = st.selectbox("rank", ranks, key="ops_roofline_rank") if len(ranks) > 1 else ranks[0]
+    rows = rows[rows["rank"] == rank]
+    points = rows[(rows["intensity"].notna()) & (rows["tflops"].fillna(0) > 0)]
+    if points.empty:
+        st.info("no op with both a known byte count and a run time to place on the roofline")
+    else:
+        st.plotly_chart(roofline_figure(points, peak, shown.split(" (")[0]), width="stretch")
+    st.dataframe(rows.drop(columns=["rank"]), hide_index=True, column_config={
+        "flops_per_step": st.column_config.NumberColumn("FLOP/step", format="%.4g"),
+        "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%.4g"),
+        "ms_per_step": st.column_config.NumberColumn("ms/step", format="%.3f"),
+        "tflops": st.column_config.NumberColumn("TFLOP/s", format="%.4g"),
+        "intensity": st.column_config.NumberColumn("FLOP/byte", format="%.3g"),
+        "roof_pct": st.column_config.NumberColumn("% of roof", format="%.1f")})
+    if e.unknown:
+        st.markdown("**FLOPs left out**")
+        st.dataframe(pd.DataFrame(e.unknown), hide_index=True, column_config={"name": "op"})
 
 
 path = data.run_path()
@@ -97,6 +187,7 @@ else:
                                 "calls": "own ops"})
 
 summary = data.summary(path)
+_efficiency(summary)
 precision = summary.precision
 if any(m.precision in ("bf16", "fp16") for m in precision.mix):
     st.subheader("Precision")
