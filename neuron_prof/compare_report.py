@@ -3,27 +3,46 @@ written as text, JSON (a CI gate) or Markdown (a pull request, a migration repor
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from neuron_prof.analysis.compare import LOSS_RTOL, TOLERANCE, Side, checklist
 from neuron_prof.analysis.records import records
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.markdown import md
 from neuron_prof.run import Run
-from neuron_prof.summary.build import run_op_stats
+from neuron_prof.summary.build import peak_for, run_op_stats, with_peak
 from neuron_prof.summary.codec import to_json
 from neuron_prof.summary.sections import Summary
 from neuron_prof.summary_store import run_summary
 from neuron_prof.units import format_bytes
 
+if TYPE_CHECKING:
+    from neuron_prof.op_support import Target
 
-def side(run: Run, label: str, price_per_hour: float | None = None, summary: Summary | None = None) -> Side:
+
+class PeakAsked(NamedTuple):
+    """The peak a run's MFU is read against: given TFLOP/s, or a known device's (``--peak-device``)."""
+    tflops: float | None = None
+    device: str | None = None
+
+
+def side(run: Run, label: str, price_per_hour: float | None = None, summary: Summary | None = None,
+         peak: PeakAsked = PeakAsked(), target: Target | None = None) -> Side:
     """What the comparison needs of ``run``; ``summary``: its report summary if at hand (default:
-    the stored one when fresh, else computed)."""
+    the stored one when fresh, else computed); ``peak``: what its MFU is against; ``target``: a
+    backend registered in this process, to price the ops that fall back there."""
     hosts = {str(rd.meta.get("hostname")) for rd in run.rank_data if rd.meta.get("hostname")}
-    return Side(label=label, summary=summary if summary is not None else run_summary(run), metrics=run.metrics,
-                steps=analyze(run).step_kinds,
-                ops=run_op_stats(run), hosts=max(1, len(hosts)), price_per_hour=price_per_hour)
+    summary = summary if summary is not None else run_summary(run)
+    if peak.tflops is not None or peak.device is not None:
+        summary = with_peak(summary, peak_for(summary, tflops=peak.tflops, device=peak.device))
+    fallback_pct = None
+    if target is not None:
+        from neuron_prof.port_report import port_check  # asks torch's dispatcher: only with a target
+        fallback_pct = float(port_check(run, target).fallbacks["pct"].sum())
+    return Side(label=label, summary=summary, metrics=run.metrics, steps=analyze(run).step_kinds,
+                ops=run_op_stats(run), hosts=max(1, len(hosts)), price_per_hour=price_per_hour,
+                target_fallback_pct=fallback_pct)
+
 
 
 PHASES = ("a: summary and ops", "b: summary and ops", "comparing")
@@ -32,14 +51,15 @@ PHASES = ("a: summary and ops", "b: summary and ops", "comparing")
 
 def compare_runs(a: Run, b: Run, labels: tuple[str, str] = ("a", "b"),
                  prices: tuple[float | None, float | None] = (None, None), tolerance: float = TOLERANCE,
-                 loss_rtol: float = LOSS_RTOL, progress: Callable[[str], None] = lambda phase: None
+                 loss_rtol: float = LOSS_RTOL, progress: Callable[[str], None] = lambda phase: None,
+                 peaks: tuple[PeakAsked, PeakAsked] = (PeakAsked(), PeakAsked()), target: Target | None = None
                  ) -> dict[str, Any]:
     """The comparison of ``b`` against the baseline ``a``, JSON-ready (``--json``); ``progress``
     is told each of ``PHASES`` as it begins."""
     progress(PHASES[0])
-    side_a = side(a, labels[0], prices[0])
+    side_a = side(a, labels[0], prices[0], peak=peaks[0], target=target)
     progress(PHASES[1])
-    side_b = side(b, labels[1], prices[1])
+    side_b = side(b, labels[1], prices[1], peak=peaks[1], target=target)
     progress(PHASES[2])
     result = checklist(side_a, side_b, tolerance, loss_rtol)
     return {"runs": {"a": str(a.path), "b": str(b.path)}, "labels": result["labels"],

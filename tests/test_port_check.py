@@ -85,6 +85,27 @@ def test_the_predicted_fallbacks_are_the_devices(runs, check):
 
 
 @pytest.mark.multiprocess
+def test_compare_prices_the_fallbacks_on_the_target_and_rates_mfu(runs):
+    """``compare CPU DEVICE --target neuron --peak-tflops ...``: the "falls back on the target" row
+    is each run's share of op time in the ops port-check predicts to fall back (for the device run
+    they are the ones that did), and MFU is each run's model TFLOP/s over its given peak."""
+    res = cli("compare", runs["cpu"], runs["neuron"], "--target", "neuron", "--peak-tflops", "A=0.5",
+              "--peak-tflops", "B=0.25", "--json", env={"PYTHONPATH": str(SCRIPT.parent)})
+    assert res.returncode == 0, res.stderr
+    rows = {r["item"]: r for r in json.loads(res.stdout)["rows"]}
+    for key, run in (("a", runs["cpu"]), ("b", runs["neuron"])):
+        checked = cli("port-check", run, "--target", "neuron", "--json", env={"PYTHONPATH": str(SCRIPT.parent)})
+        predicted = sum(f["pct"] for f in json.loads(checked.stdout)["fallbacks"])
+        assert rows["falls back on the target"][key] == pytest.approx(predicted) and predicted > 0
+    tflops = rows["model TFLOP/s"]
+    assert tflops["a"] > 0 and tflops["b"] > 0
+    assert rows["MFU"]["a"] == pytest.approx(100 * tflops["a"] / 0.5)
+    assert rows["MFU"]["b"] == pytest.approx(100 * tflops["b"] / 0.25)
+    bad = cli("compare", runs["cpu"], runs["neuron"], "--peak-device", "B=tpu9")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tpu9" in bad.stderr, bad.stderr
+
+
+@pytest.mark.multiprocess
 def test_each_marked_line_is_found_with_its_kind(check):
     sites = check["call_sites"]
     assert {s["file"] for s in sites} == {str(SCRIPT)}

@@ -48,6 +48,9 @@ class Side:
     """``summary.build.run_op_stats(run)``: self time per (name, module) with ``self_ms_per_step``."""
     hosts: int = 1
     price_per_hour: float | None = None
+    target_fallback_pct: float | None = None
+    """% of its op time in ops that fall back to the CPU on the comparison's target backend
+    (``port_report.port_check``); None without a target."""
     notes: list[str] = field(default_factory=list)
 
     @functools.cached_property
@@ -170,6 +173,23 @@ def _per_frame(summary: Summary) -> float | None:
     return float(compiled.compile_ms) / compiled.frames_compiled if compiled.frames_compiled else None
 
 
+def _tflops(summary: Summary) -> float | None:
+    """Model TFLOP/s achieved per rank (``summary.efficiency``), the mean over ranks."""
+    ranks = summary.efficiency.ranks
+    return float(np.mean([r.tflops for r in ranks])) if ranks else None
+
+
+def _mfu(summary: Summary) -> float | None:
+    """MFU per rank against the summary's peak, the mean over ranks (None without a peak)."""
+    values = [r.mfu_pct for r in summary.efficiency.ranks if r.mfu_pct is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _peak_text(side: Side) -> str:
+    p = side.summary.efficiency.peak
+    return f"{side.label}: {p.tflops:g} TFLOP/s ({p.source})" if p.tflops else f"{side.label}: no peak"
+
+
 def _devices(summary: Summary) -> str:
     return ", ".join(sorted({str(d.device) for d in _memory(summary)}))
 
@@ -192,6 +212,9 @@ def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float =
         ("cost per million tokens", "USD", "lower", cost[a.label], cost[b.label], True,
          f"{a.label}: {a.price_per_hour} USD/h x {a.hosts} host(s); {b.label}: {b.price_per_hour} USD/h x "
          f"{b.hosts} host(s)" if a.price_per_hour is not None or b.price_per_hour is not None else ""),
+        ("model TFLOP/s", "TFLOP/s", "higher", _tflops(sa), _tflops(sb), True,
+         "FLOPs per step as torch's FlopCounterMode counts them, over the step time"),
+        ("MFU", "%", "higher", _mfu(sa), _mfu(sb), True, f"{_peak_text(a)}; {_peak_text(b)}"),
         ("compile time (total)", "ms", "lower", ca.compile_ms, cb.compile_ms, True, ""),
         ("compile time per frame", "ms", "lower", _per_frame(sa), _per_frame(sb), True,
          f"{ca.frames_compiled} vs {cb.frames_compiled} frames"),
@@ -199,6 +222,9 @@ def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float =
         ("graph breaks", "", "lower", ca.graph_break_events, cb.graph_break_events, False, ""),
         ("recompiles", "", "lower", ca.recompiles, cb.recompiles, False, ""),
         ("CPU fallbacks per step", "", "lower", _fallbacks_per_step(sa), _fallbacks_per_step(sb), False, ""),
+        ("falls back on the target", "% of op time", "lower", a.target_fallback_pct, b.target_fallback_pct, True,
+         "ops the target backend leaves to the CPU (port-check's prediction), their share of each run's op time"
+         if a.target_fallback_pct is not None else ""),
         ("op coverage", "%", "higher", _coverage(sa), _coverage(sb), False, ""),
         ("sync-point stall per step", "ms", "lower", _sync_ms(sa), _sync_ms(sb), True, ""),
         ("peak memory (busiest device)", "bytes", "lower", _memory_peak(sa), _memory_peak(sb), True,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price", action="append", default=[], metavar="A=USD_PER_HOUR",
                    help="price per instance-hour of run A or B (one instance per host its ranks ran on): adds the "
                         "cost per million tokens")
+    p.add_argument("--peak-tflops", action="append", default=[], metavar="A=TFLOPS",
+                   help="peak TFLOP/s of run A's or B's device: adds their MFU")
+    p.add_argument("--peak-device", action="append", default=[], metavar="A=NAME",
+                   help="a known device whose published peak run A or B is read against (see report --peak-device)")
+    p.add_argument("--target", choices=sorted(TARGETS),
+                   help="a backend to move to, registered in this process: adds the share of each run's op time "
+                        "in ops that fall back to the CPU there (port-check's prediction); "
+                        + "; ".join(f"{name}: {what}" for name, (_, what) in TARGETS.items()))
     p.add_argument("--loss-rtol", type=float, default=None, metavar="R",
                    help="relative difference of a step's loss that counts as divergence (default 1e-3)")
     out = p.add_mutually_exclusive_group()
@@ -50,20 +59,36 @@ def _price(text: str) -> float:
     return value
 
 
+def _peak(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     labels = _pairs(args.label, "--label", str)
     prices = _pairs(args.price, "--price", _price)
+    tflops = _pairs(args.peak_tflops, "--peak-tflops", _peak)
+    devices = _pairs(args.peak_device, "--peak-device", str)
+    from neuron_prof.analysis.flops import DEVICE_PEAKS
+    for key, name in devices.items():
+        if name not in DEVICE_PEAKS:
+            raise NeuronProfError(f"--peak-device {key.upper()}={name}: not a known device; one of "
+                                  f"{', '.join(sorted(DEVICE_PEAKS))}")
     if args.loss_rtol is not None and not args.loss_rtol > 0:
         raise NeuronProfError(f"--loss-rtol {args.loss_rtol}: expected a number > 0")
     from neuron_prof.analysis.compare import LOSS_RTOL
-    from neuron_prof.compare_report import PHASES, compare_runs, render_markdown, render_text
+    from neuron_prof.compare_report import PHASES, PeakAsked, compare_runs, render_markdown, render_text
     from neuron_prof.progress import Phases
     from neuron_prof.run import load
     a, b = load(args.run_a), load(args.run_b)
+    peaks = tuple(PeakAsked(tflops.get(k), devices.get(k)) for k in ("a", "b"))
+    target = register_target(args.target) if args.target else None
     with Phases("compare", PHASES) as progress:
         result = compare_runs(a, b, (str(labels.get("a", "a")), str(labels.get("b", "b"))),
                               (prices.get("a"), prices.get("b")), loss_rtol=args.loss_rtol or LOSS_RTOL,
-                              progress=progress)
+                              progress=progress, peaks=peaks, target=target)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -8,20 +8,7 @@ import json
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
-
-
-def _neuron():
-    """The emulated neuron device, registered in this process: its boxed fallback leaves
-    ``neuron.UNIMPLEMENTED`` to the CPU and queues other ops by their Meta kernels."""
-    from neuron_prof.op_support import Target
-    from neuron_prof.testing import neuron
-    neuron.enable()
-    return Target(device=neuron.BACKEND, cpu_ops=frozenset(neuron.UNIMPLEMENTED))
-
-
-TARGETS = {"neuron": (_neuron, "the emulated neuron device (neuron_prof.testing.neuron; built on first use, "
-                               "about 40 s)")}
-"""The backends port-check can register in its own process and ask: how to, and what each is."""
+from neuron_prof.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_prof.port_report import port_check, render_text, to_json
     from neuron_prof.run import load
     loaded = load(args.run)  # a bad run fails here, before the device is built
-    target = TARGETS[args.target][0]()
+    target = register_target(args.target)
     for module in args.imports:
         try:
             importlib.import_module(module)
