@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import subprocess
 import sys
 import textwrap
@@ -103,6 +102,21 @@ def test_compare_prices_the_fallbacks_on_the_target_and_rates_mfu(runs):
     assert rows["MFU"]["b"] == pytest.approx(100 * tflops["b"] / 0.25)
     bad = cli("compare", runs["cpu"], runs["neuron"], "--peak-device", "B=tpu9")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "tpu9" in bad.stderr, bad.stderr
+
+
+@pytest.mark.multiprocess
+def test_the_report_adds_the_inventory_when_given_a_target(runs, check):
+    """``report RUN --target neuron``: the run's report, then port-check's inventory (text), or under
+    ``port_check`` (JSON), the same fallbacks and call sites as ``port-check`` itself."""
+    doc = cli("report", runs["cpu"], "--target", "neuron", "--json")
+    assert doc.returncode == 0, doc.stderr
+    inventory = json.loads(doc.stdout)["port_check"]
+    assert {f["op"] for f in inventory["fallbacks"]} == {f["op"] for f in check["fallbacks"]}
+    assert inventory["call_sites"] == check["call_sites"]
+    text = cli("report", runs["cpu"], "--target", "neuron")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.index("\nSteps ") < text.stdout.index("What the ops need on neuron")
+    assert inventory["verdict"] in text.stdout
 
 
 @pytest.mark.multiprocess
@@ -201,23 +215,28 @@ def test_files_moved_or_changed_since_the_run_are_named(tmp_path):
     assert sorted(f["op"] for f in out["fallbacks"]) == ["aten::cumsum", "aten::sort"]
 
 
-def test_an_imported_torch_profiler_trace_is_checked(tmp_path, monkeypatch):
+def test_an_imported_torch_profiler_trace_is_checked(tmp_path):
     """A fleet's existing traces are the baseline. torch.profiler names a file relative to the
     folder of the job's ``sys.path`` it is in (``job.py``), which the run's working folder (the
-    importer's) does not hold: it is found from port-check's."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-    monkeypatch.syspath_prepend(str(tmp_path))
+    importer's) does not hold: it is found from port-check's. The trace is made in a process of
+    its own: torch.profiler reads ``sys.path`` once per process, at its first Python stack."""
     job = write_script(tmp_path / "job.py", """
         import torch
         x = torch.ones(3).cumsum(0)  # OP-CUMSUM
         if torch.cuda.is_available(): torch.cuda.synchronize()  # PORT-SYNC
         """)
     trace = tmp_path / "trace.json"
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=schedule(wait=1, warmup=1, active=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as p:
-        for _ in range(3):
-            runpy.run_path(str(job))
-            p.step()
+    profiler = write_script(tmp_path / "profile_job.py", f"""
+        import runpy
+        from torch.profiler import ProfilerActivity, profile, schedule
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=schedule(wait=1, warmup=1, active=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace({str(trace)!r})) as p:
+            for _ in range(3):
+                runpy.run_path({str(job)!r})
+                p.step()
+        """)
+    made = subprocess.run([sys.executable, str(profiler)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
     assert cli("import", trace, "-o", tmp_path / "run").returncode == 0
     res = cli("port-check", tmp_path / "run", "--target", "neuron", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
+from neuron_prof.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="for a CPU run, measure this machine's peaks now (a matmul and a copy, about 0.1 s) for the "
                         "figures not given: the report then differs from one run of it to the next")
+    p.add_argument("--target", choices=sorted(TARGETS),
+                   help="a backend to move to, registered in this process: adds port-check's porting inventory "
+                        "(CUDA-only call sites, ops that fall back there, a verdict; under \"port_check\" in --json)")
     p.set_defaults(func=run)
 
 
@@ -45,7 +49,22 @@ def run(args: argparse.Namespace) -> int:
     if args.peak_device is not None and args.peak_device not in DEVICE_PEAKS:
         raise NeuronProfError(f"--peak-device {args.peak_device!r}: not a known device; known: "
                               f"{', '.join(DEVICE_PEAKS)} (or give --peak-tflops and --peak-gbps)")
-    summary = run_summary(load(args.run), top=args.top)  # the run's stored summary when it is fresh
+    run_ = load(args.run)
+    summary = run_summary(run_, top=args.top)  # the run's stored summary when it is fresh
     summary = with_peak(summary, peak_for(summary, tflops, gbps, args.peak_device, args.calibrate))
-    print(json.dumps(summary.to_json(), indent=2) if args.json else render_text(summary), end="\n" if args.json else "")
+    check = None
+    if args.target:  # the inventory depends on the target and the code as it is now: never stored
+        from neuron_prof.port_report import port_check
+        check = port_check(run_, register_target(args.target))
+    if args.json:
+        doc = summary.to_json()
+        if check is not None:
+            from neuron_prof.port_report import to_json
+            doc["port_check"] = to_json(check)
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(render_text(summary), end="")
+    if check is not None:
+        from neuron_prof.port_report import render_text as render_port
+        print("\n" + render_port(check, run_.display_path), end="")
     return 0
