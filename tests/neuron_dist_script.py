@@ -82,6 +82,10 @@ def main() -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(100 + (0 if kind == "tp" else rank))  # TP ranks share their input
     losses: list[float] = []
+    if device == "neuron":
+        # the set-up's collectives (DDP's and DTensor's broadcasts and scatters) are queued before the
+        # capture: done before it starts, so that every collective kernel the run holds was issued in it
+        torch.neuron.synchronize()
     prof = neuron_prof.profile(run_dir) if run_dir else None
     if prof is not None:
         prof.__enter__()
