@@ -19,7 +19,7 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 import neuron_prof  # noqa: E402
-from neuron_prof.findings import steps_text  # noqa: E402
+from neuron_prof.findings import device_straggler_text  # noqa: E402
 from neuron_prof.summary.build import summarize  # noqa: E402
 
 from conftest import line_of, plotly_array, shown, viewer_page  # noqa: E402
@@ -61,9 +61,8 @@ def _trace(fig: dict, name: str) -> dict:
 
 
 def _device_straggler_lines(device) -> list[str]:
-    return [f"rank {s.rank} reached collectives last on the device in {steps_text(s.steps)} "
-            f"(others' kernels waited {s.wait_in_steps_ns / 1e6:.3f} ms in those steps)"
-            for s in device.stragglers if s.steps]
+    """The report's device-time straggler sentences (what the page must show, word for word)."""
+    return [device_straggler_text(s) for s in device.stragglers if s.steps]
 
 
 def test_the_device_page_shows_each_ranks_communication_all_exposed(ddp_one, device, monkeypatch):

@@ -97,7 +97,7 @@ def comm_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=OVERLAP_COLUMNS)
     rows = []
     comm = is_collective_kernel(kernels)
-    for (rank, device), k in kernels.assign(comm=comm).groupby(["rank", kernels["device"].astype(str)]):
+    for (rank, device), k in kernels.assign(comm=comm).groupby(["rank", "device"], observed=True):
         c, other = k[k["comm"]], k[~k["comm"]]
         if c.empty:
             continue
@@ -118,7 +118,7 @@ def comm_overlap(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                 continue
             comm_ns = int((se - ss)[live].sum())
             over = int((covered_before(os_, oe, se[live]) - covered_before(os_, oe, ss[live])).sum())
-            rows.append((int(rank), device, int(step), int(n), comm_ns, over, comm_ns - over))
+            rows.append((int(rank), str(device), int(step), int(n), comm_ns, over, comm_ns - over))
     return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
 
 

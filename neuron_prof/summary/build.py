@@ -35,16 +35,15 @@ from neuron_prof.run import Run
 from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
-    CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommandExit, CompileSection, CompileTime,
-    Conflict, Coverage, CustomKernel, DetailCut, DeviceSection, DeviceStep, DeviceThresholds, DeviceVerdict, Dump,
-    DumpCollective, DumpQueue, DumpThread, EfficiencySection, Fallback, FlopsRank, FlopsStep, FlopsUnknown, Fp32Op,
-    FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight, KernelEfficiency, MemoryDevice, MemoryLeak,
-    MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite, NotCaptured, OpEfficiency, OpRow, OpsSection,
-    OutOfMemory, Overlap, Peak, PeakSite, PrecisionSection, PrecisionShare, ProcessMemory,
-    RankHealth, Recompute, RunFacts, Stall,
-    Startup, DeviceComm, DeviceCommStep, CommWait, StepBreakdown, StepStats, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Straggler, StragglerSite,
-    StragglerStep, Summary, SyncSection, SyncSite,
-    TimeSplit, TopKernel, UnfusedRun, WarmupStep)
+    CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommWait, CommandExit, CompileSection,
+    CompileTime, Conflict, Coverage, CustomKernel, DetailCut, DeviceComm, DeviceCommStep, DeviceSection, DeviceStep,
+    DeviceThresholds, DeviceVerdict, Dump, DumpCollective, DumpQueue, DumpThread, EfficiencySection, Fallback,
+    FlopsRank, FlopsStep, FlopsUnknown, Fp32Op, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight,
+    KernelEfficiency, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
+    NotCaptured, OpEfficiency, OpRow, OpsSection, OutOfMemory, Overlap, Peak, PeakSite, PrecisionSection,
+    PrecisionShare, ProcessMemory, RankHealth, Recompute, RunFacts, Stall, Startup, StepBreakdown, StepStats,
+    Straggler, StragglerSite, StragglerStep, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Summary,
+    SyncSection, SyncSite, TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
 __all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "run_op_stats", "command_exit", "peak_for", "with_peak"]
 
@@ -308,7 +307,7 @@ def _device_collectives(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame) -> d
     the collectives matched by their kernels' times)."""
     found = analyze(run).device_collectives
     overlap, m, w = found.overlap, found.matched, found.waits
-    ranking, per_step = _stragglers(m, w, kinds)
+    ranking, per_step = _stragglers(m, w, kinds) if len(m) else ([], None)
     return dict(
         collectives=_rows(DeviceComm, dcoll.comm_summary(overlap, scope)),
         collective_steps=_rows(DeviceCommStep, overlap.assign(
@@ -316,8 +315,8 @@ def _device_collectives(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame) -> d
             exposed_ms=overlap["exposed_ns"] / 1e6).drop(columns=["comm_ns", "overlapped_ns", "exposed_ns"])),
         collective_waits=_rows(CommWait, dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives,
                                                           found.kernels, scope)),
-        stragglers=ranking if len(m) else [],
-        straggler_steps=_rows(StragglerStep, per_step) if len(m) else [],
+        stragglers=ranking,
+        straggler_steps=_rows(StragglerStep, per_step) if per_step is not None else [],
     )
 
 

@@ -16,7 +16,7 @@ import streamlit as st
 
 from neuron_prof.analysis.clock import to_rank0
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import findings, steps_text
+from neuron_prof.findings import device_straggler_text, findings
 from neuron_prof.summary.sections import DeviceSection
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
@@ -80,8 +80,7 @@ if isinstance(device, DeviceSection) and device.collectives:  # collectives ran 
                                    "steps": "straggler in steps", "times_last": "last in steps",
                                    "waited_ns": "waited itself (ms)", "share": "share"},
                ms=("wait_caused_ns", "waited_ns"))
-    late = [f"rank {s.rank} reached collectives last on the device in {steps_text(s.steps)}"
-            for s in device.stragglers if s.steps]
+    late = [device_straggler_text(s) for s in device.stragglers if s.steps]
     st.caption(("; ".join(late) if late else "no rank's device reached collectives last significantly in any step")
                + ". Communication hidden or exposed on the device, and the streams that waited for it: the Device "
                "page's Collectives on the device")
