@@ -1,9 +1,12 @@
 // An emulated `neuron` device: a real PrivateUse1 backend whose memory lives in host RAM and whose
 // ops go through asynchronous, fusing queues (TorchNeuron's "Adaptive Eager" execution model), one
 // per stream, with events between them. See neuron_prof/testing/neuron.py for what it emulates and
-// what it does not. It reports its queues, kernels, events and CPU fallbacks through neuron_prof's
-// backend hook API (collectors/neuron_prof_backend.h), as any backend would: it is a client of
-// that API (version 2, falling back to version 1's calls when neuron_prof is older).
+// what it does not. It reports what the device did (kernels and the ops they fused, launches, host
+// waits, copies, CPU fallbacks, events) to PyTorch's profiler, as a real backend does: a Kineto
+// activity profiler registered for PrivateUse1 (_neuron_kineto.cpp, _neuron_trace.h). Only each
+// queue's depth and latest wait, which always-on capture's dumps show between capture windows,
+// go through neuron_prof's backend hook API (collectors/neuron_prof_backend.h), of which it is a
+// client (version 2's queue_synchronized, or version 1's queue_flushed).
 //
 // Every op on neuron tensors takes one of three paths (op_path):
 //   queued   output metadata from the op's Meta kernel on the host, outputs allocated, the work
@@ -29,6 +32,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -55,6 +59,7 @@
 extern "C" void omp_set_num_threads(int);  // libgomp's, loaded with libtorch_cpu
 #include <vector>
 
+#include "_neuron_trace.h"
 #include "neuron_prof_backend.h"
 
 namespace neuron_dev {
@@ -89,8 +94,11 @@ struct Settings {
   int max_fused = 16;
 };
 Settings g_settings;
-const neuron_prof_backend_api* g_api = nullptr;
-bool g_api_v2 = false;  // g_api has version 2's fields (streams and events); else only version 1's
+// A backend bug to test against (set_trace_fault): an op name it reports with a raw quote in it,
+// which Kineto writes into the trace's JSON as it is, so the trace no longer parses.
+std::atomic<bool> g_trace_fault{false};
+const neuron_prof_backend_api* g_api = nullptr;  // reports each queue's state to (always-on dumps)
+bool g_api_v2 = false;  // g_api has version 2's queue_synchronized; else only version 1's queue_flushed
 
 inline bool capturing() { return g_api != nullptr && *g_api->capturing; }
 
@@ -195,9 +203,10 @@ enum class Kind { Pointwise, Reduction, Matmul, Copy, Other };
 
 struct Task {
   std::function<void()> run;
-  uint64_t enqueue_id;
   std::string name;
   Kind kind;
+  int32_t correlation = 0;  // its launch's in the activity trace (0: no trace recorded it)
+  uint64_t external = 0;    // the profiler's id of the host op that queued it
 };
 
 // An event (what c10::Event's handle points at: a new'd EventHandle). Its records are numbered:
@@ -210,6 +219,7 @@ struct EventState {
   int stream = 0;       // where its latest record was queued
   uint64_t recorded = 0, completed = 0;  // versions queued and reached (g_events_mu)
   int64_t completed_ns = -1;             // when the device reached the latest one
+  int32_t record_correlation = 0;        // the latest record's launch in the activity trace
 };
 using EventHandle = std::shared_ptr<EventState>;  // shared with the markers still queued
 std::mutex g_events_mu;
@@ -233,6 +243,9 @@ struct Kernel {
   Marker marker = Marker::None;
   EventHandle event;    // a marker's event and the version it records or waits for
   uint64_t version = 0;
+  int32_t correlation = 0;  // a marker's host call in the activity trace (0: not recorded)
+  int32_t record_correlation = 0;  // a wait's: the traced record it waits for (0: none)
+  int wait_on_stream = -1;         // a wait's: the stream that record was put on
 };
 
 // The compiled group the calling thread is enqueuing (neuron.kernel(name): every op enqueued
@@ -277,6 +290,7 @@ struct Queue {
 
   void run_worker();
   void run_kernel(Kernel& k);
+  void report_kernel(const Kernel& k, const std::string& name, int64_t start, int64_t end);
   void reach_record(Kernel& k);
   void reach_wait(Kernel& k);
 };
@@ -331,16 +345,52 @@ void Queue::run_kernel(Kernel& k) {
     }
   }
   int64_t end = now_ns();
-  if (!capturing()) return;
-  std::vector<uint64_t> ids;
-  std::string name = k.name;
-  for (auto& t : k.tasks) {
-    ids.push_back(t.enqueue_id);
-    if (k.group != 0) continue;
-    if (!name.empty()) name += "+";
-    name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
+  bool traced = false;
+  for (const auto& t : k.tasks) traced |= t.correlation != 0;
+  if (!traced) return;
+  std::string name = k.name;  // a group's; else the fused ops' names
+  if (k.group == 0)
+    for (const auto& t : k.tasks) {
+      if (!name.empty()) name += "+";
+      name += t.name.rfind("aten::", 0) == 0 ? t.name.substr(6) : t.name;
+    }
+  report_kernel(k, name, start, end);
+}
+
+// What the device ran while a trace recorded: kernels and their device time per (device, stream),
+// the ground truth a test holds a profiler's view of the device against (traced_kernels).
+std::mutex g_traced_mu;
+std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> g_traced;
+
+// The kernel's activity: linked to the launch of its first traced op, with the launches of all of
+// them (the ops it fused) as "queued ops".
+void Queue::report_kernel(const Kernel& k, const std::string& name, int64_t start, int64_t end) {
+  {
+    std::lock_guard<std::mutex> lock(g_traced_mu);
+    auto& n = g_traced[{int(device), stream}];
+    n.first += 1;
+    n.second += end - start;
   }
-  g_api->kernel_executed(device, stream, name.c_str(), start, end, ids.data(), int32_t(ids.size()));
+  trace::Record r;
+  r.kind = trace::Kind::Kernel;
+  r.name = name;
+  r.start = start;
+  r.end = end;
+  r.device = device;
+  r.stream = stream;
+  std::string ops = "[";
+  for (const auto& t : k.tasks) {
+    if (t.correlation == 0) continue;
+    if (r.correlation == 0) {
+      r.correlation = t.correlation;
+      r.external = t.external;
+    } else {
+      ops += ", ";
+    }
+    ops += std::to_string(t.correlation);
+  }
+  r.args.push_back(trace::raw("queued ops", ops + "]"));
+  trace::add(std::move(r));
 }
 
 // The stream reached an event's record: the event completes now (its timestamp is the device's).
@@ -354,7 +404,17 @@ void Queue::reach_record(Kernel& k) {
     }
   }
   g_events_cv.notify_all();
-  if (capturing() && g_api_v2) g_api->event_completed(device, stream, k.event->id, ts);
+  if (k.correlation != 0) {  // its record was traced: the device reached it now
+    trace::Record r;
+    r.kind = trace::Kind::EventRecord;
+    r.name = "Event Record";
+    r.start = r.end = ts;
+    r.device = device;
+    r.stream = stream;
+    r.correlation = k.correlation;
+    r.args.push_back(trace::number("event", int64_t(k.event->id)));
+    trace::add(std::move(r));
+  }
 }
 
 // The stream reached a wait: it stands idle until the event's awaited record completes.
@@ -369,8 +429,39 @@ void Queue::reach_wait(Kernel& k) {
       g_events_cv.wait(lock, [&] { return e.completed >= k.version; });
     }
   }
-  if (waited && capturing() && g_api_v2) g_api->stream_waited(device, stream, k.event->id, start, now_ns());
+  int64_t end = now_ns();
+  if (waited && k.correlation != 0) {  // its wait was traced: the stream stood idle until now
+    trace::Record r;
+    r.kind = trace::Kind::StreamWait;
+    r.name = "Stream Wait Event";
+    r.start = start;
+    r.end = end;
+    r.device = device;
+    r.stream = stream;
+    r.correlation = k.correlation;
+    r.args = {trace::text("cuda_sync_kind", "Stream Wait Event"), trace::number("wait_on_stream", k.wait_on_stream),
+              trace::number("wait_on_cuda_event_record_corr_id", k.record_correlation),
+              trace::number("wait_on_cuda_event_id", int64_t(k.event->id)), trace::number("stream idle", 1)};
+    trace::add(std::move(r));
+  }
 }
+
+// A host thread's call into the device, as the activity trace records it (PRIVATEUSE1_RUNTIME):
+// name, span on the calling thread, device, and the profiler's id of the host op open there.
+trace::Record host_call(const char* name, int64_t start, int64_t end, DeviceIndex d) {
+  trace::Record r;
+  r.kind = trace::Kind::Runtime;
+  r.name = name;
+  r.start = start;
+  r.end = end;
+  r.device = d;
+  r.tid = trace::thread_id();
+  r.external = trace::current_external();
+  return r;
+}
+
+const char* const kWaitReasons[] = {"sync", "size", "fallback", "synchronize", "other", "stream_synchronize",
+                                    "event_synchronize"};
 
 void check_device(DeviceIndex d) {
   TORCH_CHECK(d >= 0 && d < g_settings.devices, "neuron: no device neuron:", int(d), " (",
@@ -426,9 +517,23 @@ void end_group_before_wait() {
   tl_group = Group{++g_group_serial, name, -1};
 }
 
-// Reports a host wait that began at start: version 2's queue_synchronized (with the stream, -1
-// for every stream of the device, and the event), or version 1's queue_flushed.
+// Reports a host wait that began at start: to the activity trace (a host call with its stream, -1
+// for every stream of the device, its event, why and for how many ops), and as the queue's latest
+// flush to the hook API (version 2's queue_synchronized, or version 1's queue_flushed).
 void report_wait(DeviceIndex d, int stream, uint64_t event, int reason, int64_t ops, int64_t start) {
+  if (trace::on()) {
+    // a wait for the whole device, one stream or one event, with why and for how many ops
+    trace::Record r = host_call(reason == NEURON_PROF_FLUSH_EVENT_SYNCHRONIZE    ? "neuronEventSynchronize"
+                                : reason == NEURON_PROF_FLUSH_STREAM_SYNCHRONIZE ? "neuronStreamSynchronize"
+                                : stream >= 0                                   ? "neuronStreamSynchronize"
+                                                                                : "neuronDeviceSynchronize",
+                                start, now_ns(), d);
+    r.correlation = trace::next_correlation();
+    r.args = {trace::number("stream", stream), trace::text("wait reason", kWaitReasons[reason]),
+              trace::number("ops waited for", ops)};
+    if (event) r.args.push_back(trace::number("event", int64_t(event)));
+    trace::add(std::move(r));
+  }
   if (!capturing()) return;
   if (g_api_v2) {
     g_api->queue_synchronized(d, stream, event, reason, int32_t(ops), start, now_ns());
@@ -479,11 +584,19 @@ void flush_stream(Queue& q, int reason) { drain({&q}, q.stream, reason); }
 void enqueue_on(Queue& q, DeviceIndex d, const std::string& name, Kind kind, std::function<void()> run) {
   reap_device(d);
   bool full;
+  const bool traced = trace::on();
+  const int64_t start = traced ? now_ns() : 0;
+  int32_t depth;
+  Task t{std::move(run), name, kind};
+  if (traced) {
+    t.correlation = trace::next_correlation();
+    t.external = trace::current_external();
+  }
+  const int32_t correlation = t.correlation;
   {
     std::lock_guard<std::mutex> lock(q.mu);
-    int32_t depth = int32_t(q.in_flight + 1);
-    uint64_t id = capturing() ? g_api->op_enqueued(d, q.stream, name.c_str(), depth) : 0;
-    Task t{std::move(run), id, name, kind};
+    depth = int32_t(q.in_flight + 1);
+    if (capturing()) g_api->op_enqueued(d, q.stream, name.c_str(), depth);
     uint64_t group = tl_group.serial;
     Kernel* back = q.pending.empty() ? nullptr : q.pending.back().get();
     if (back && (group != 0 ? back->group == group : fusable(*back, kind))) {
@@ -502,6 +615,14 @@ void enqueue_on(Queue& q, DeviceIndex d, const std::string& name, Kind kind, std
     full = ++q.in_flight >= g_settings.max_queue;
   }
   q.work_cv.notify_one();
+  if (traced) {  // the launch: the op, its stream, the queue's depth with it
+    trace::Record r = host_call("neuronLaunchKernel", start, now_ns(), d);
+    r.correlation = correlation;
+    r.flow_start = true;
+    r.args = {trace::number("stream", q.stream), trace::text("op", g_trace_fault ? name + "\"" : name),
+              trace::number("queue depth", depth)};
+    trace::add(std::move(r));
+  }
   if (full) flush_stream(q, NEURON_PROF_FLUSH_SIZE);
 }
 
@@ -510,16 +631,35 @@ void enqueue(DeviceIndex d, const std::string& name, Kind kind, std::function<vo
   enqueue_on(current_queue(d), d, name, kind, std::move(run));
 }
 
-void enqueue_marker(Queue& q, Marker marker, const EventHandle& event, uint64_t version) {
+// Puts a record of `event` (or a wait for its record `version`) on q; `call`: its host call in the
+// activity trace (its correlation id, 0 when none), `wait_on`: a wait's record (correlation, stream).
+void enqueue_marker(Queue& q, Marker marker, const EventHandle& event, uint64_t version, int32_t call,
+                    std::pair<int32_t, int> wait_on = {0, -1}) {
   {
     std::lock_guard<std::mutex> lock(q.mu);
     auto k = std::make_unique<Kernel>();
     k->marker = marker;
     k->event = event;
     k->version = version;
+    k->correlation = call;
+    k->record_correlation = wait_on.first;
+    k->wait_on_stream = wait_on.second;
     q.pending.push_back(std::move(k));
   }
   q.work_cv.notify_one();
+}
+
+// The host call that put a record or wait of `event` on q, in the activity trace: its correlation
+// id (what the device's "Event Record" and "Stream Wait Event" activities name), 0 when no trace
+// records.
+int32_t trace_event_call(const char* name, Queue& q, const EventState& e, int64_t start) {
+  if (!trace::on()) return 0;
+  trace::Record r = host_call(name, start, now_ns(), q.device);
+  r.correlation = trace::next_correlation();
+  r.args = {trace::number("stream", q.stream), trace::number("event", int64_t(e.id))};
+  int32_t id = r.correlation;
+  trace::add(std::move(r));
+  return id;
 }
 
 // Event.record(stream): a record marker on the stream's queue; the event completes when the
@@ -537,15 +677,16 @@ void record_event(void** handle, const c10::Stream& s, DeviceIndex event_device,
     g_event_handles.insert(*handle);
   }
   EventHandle e = event_of(*handle);
+  int32_t call = trace_event_call("neuronEventRecord", q, *e, now_ns());
   uint64_t version;
   {
     std::lock_guard<std::mutex> lock(g_events_mu);
     version = ++e->recorded;
     e->device = q.device;
     e->stream = q.stream;
+    e->record_correlation = call;
   }
-  enqueue_marker(q, Marker::Record, e, version);
-  if (capturing() && g_api_v2) g_api->event_recorded(q.device, q.stream, e->id);
+  enqueue_marker(q, Marker::Record, e, version, call);
 }
 
 // Stream.wait_event(event): a wait marker on the stream's queue, for the event's latest record;
@@ -555,13 +696,15 @@ void wait_event(void* handle, const c10::Stream& s) {
   Queue& q = queue(s.device_index(), s.id());
   EventHandle e = event_of(handle);
   uint64_t version;
+  std::pair<int32_t, int> record;
   {
     std::lock_guard<std::mutex> lock(g_events_mu);
     version = e->recorded;
+    record = {e->record_correlation, e->stream};
   }
   if (version == 0) return;
-  enqueue_marker(q, Marker::Wait, e, version);
-  if (capturing() && g_api_v2) g_api->event_waited(q.device, q.stream, e->id);
+  int32_t call = trace_event_call("neuronStreamWaitEvent", q, *e, now_ns());
+  enqueue_marker(q, Marker::Wait, e, version, call, record);
 }
 
 bool event_done(void* handle) {
@@ -653,7 +796,7 @@ std::vector<int> fusion_groups(const std::vector<std::string>& ops) {
       k = Kernel();
       ++g;
     }
-    k.tasks.push_back(Task{{}, 0, name, kind});
+    k.tasks.push_back(Task{{}, name, kind});
     out.push_back(g);
   }
   return out;
@@ -962,7 +1105,8 @@ void run_queued(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
   for (const auto& v : args) cpu_args.push_back(map_tensors(v, to_host_view));
   // An out= tensor is only written: the CPU kernel gets a buffer of its own, copied into the
   // device tensor after, because some kernels resize out= on the way (mse_loss.out makes it
-  // elementwise before reducing into it), which device memory cannot be. The buffer is the
+  // elementwise before reducing into it), which device memory cannot be. The buffer starts empty,
+  // so the kernel sizes it without PyTorch's warning about resizing a non-empty out=. It is the
   // device's scratch: made and freed on the device thread, where the profiler sees neither.
   std::vector<std::pair<size_t, at::Tensor>> scratch;  // (argument, its output's meta)
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -974,7 +1118,7 @@ void run_queued(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
   c10::OperatorHandle handle = op;
   enqueue(d, name, kind_of(name), [handle, keep = args, outs, cpu_args, cpu_outs, scratch]() {
     Stack cpu = cpu_args;
-    for (const auto& [a, m] : scratch) cpu[a] = at::empty_strided(m.sizes(), m.strides(), m.options().device(at::kCPU));
+    for (const auto& [a, m] : scratch) cpu[a] = at::empty({0}, m.options().device(at::kCPU));
     handle.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cpu);
     for (size_t i = 0; i < cpu_outs.size(); ++i) {
       if (cpu_outs[i].isTensor()) {
@@ -1036,7 +1180,14 @@ void run_fallback(const c10::OperatorHandle& op, Stack* stack, DeviceIndex d) {
   size_t below = stack->size() - nargs;
   at::native::cpu_fallback(op, stack);
   int64_t from_host = neuron_bytes(Stack(stack->begin() + below, stack->end()));  // its results
-  if (capturing()) g_api->cpu_fallback(d, op.schema().name().c_str(), to_host, from_host, start, now_ns());
+  int64_t end = now_ns();
+  if (trace::on()) {  // the op ran on the host: which, and the bytes it copied each way
+    trace::Record r = host_call("neuronCpuFallback", start, end, d);
+    r.correlation = trace::next_correlation();
+    r.args = {trace::text("cpu fallback", op.schema().name()), trace::number("bytes to host", to_host),
+              trace::number("bytes from host", from_host)};
+    trace::add(std::move(r));
+  }
 }
 
 void neuron_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -1078,6 +1229,28 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   return empty_neuron(size, stride, c10::dtype_or_default(dtype), d);
 }
 
+// A copy from the device to the host memory (pageable: the host waited for it), as the activity
+// trace shows one: the host's call (neuronMemcpy) and the copy on the current stream, linked.
+void report_copy_to_host(DeviceIndex d, int64_t start, int64_t end, int64_t bytes) {
+  trace::Record call = host_call("neuronMemcpy", start, end, d);
+  call.correlation = trace::next_correlation();
+  call.flow_start = true;
+  int stream = d >= 0 && d < kMaxDevices ? tl_stream[d] : 0;
+  call.args = {trace::number("stream", stream), trace::number("bytes", bytes)};
+  trace::Record copy;
+  copy.kind = trace::Kind::Memcpy;
+  copy.name = "Memcpy DtoH (Device -> Pageable)";
+  copy.start = start;
+  copy.end = end;
+  copy.device = d;
+  copy.stream = stream;
+  copy.correlation = call.correlation;
+  copy.external = call.external;
+  copy.args = {trace::number("bytes", bytes)};
+  trace::add(std::move(call));
+  trace::add(std::move(copy));
+}
+
 // copy_ between devices ends here, on the current stream. neuron -> neuron: queued; cpu -> neuron:
 // a non_blocking copy from pinned memory is queued reading the source in place (the kernel holds
 // it; as on CUDA, the host must not change it before the copy ran), any other source is staged
@@ -1090,8 +1263,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     enqueue(dst.device().index(), "aten::copy_", Kind::Copy,
             [src, dst, to = host_alias(dst), from = to_host_view(src)]() { to.copy_(from); });
   } else {
-    flush(self.device().index(), NEURON_PROF_FLUSH_SYNC);
+    DeviceIndex d = self.device().index();
+    flush(d, NEURON_PROF_FLUSH_SYNC);
+    int64_t start = now_ns();
     dst.copy_(host_alias(self));
+    if (trace::on()) report_copy_to_host(d, start, now_ns(), int64_t(self.numel()) * int64_t(self.itemsize()));
   }
   return dst;
 }
@@ -1120,8 +1296,12 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
-  flush(self.device().index(), NEURON_PROF_FLUSH_SYNC);
-  return at::_local_scalar_dense(host_alias(self));
+  DeviceIndex d = self.device().index();
+  flush(d, NEURON_PROF_FLUSH_SYNC);
+  int64_t start = now_ns();
+  at::Scalar value = at::_local_scalar_dense(host_alias(self));
+  if (trace::on()) report_copy_to_host(d, start, now_ns(), int64_t(self.itemsize()));
+  return value;
 }
 
 // Which attention kernel scaled_dot_product_attention runs: the CPU's choice, from metadata
@@ -1387,6 +1567,16 @@ class NeuronBackend final : public c10d::Backend {
         TORCH_CHECK(is_neuron(t) && t.device().index() == d, "neuron: ", name,
                     " needs its tensors on one neuron device, got ", t.device());
     if (result.empty()) result = in;
+    // What the profiler knows of the collective, as ProcessGroupNCCL reports it: a
+    // record_param_comms range on the issuing thread (its name, sequence number, group, sizes).
+    int64_t in_n = 0, out_n = 0;
+    for (const at::Tensor& t : in) in_n += t.numel();
+    for (const at::Tensor& t : out) out_n += t.numel();
+    std::string coll(name + std::strlen("c10d::"));
+    if (!coll.empty() && coll.back() == '_') coll.pop_back();
+    RECORD_PARAM_COMMS_DATA(std::make_tuple(++seq_, false), std::make_tuple(pg_uid_, pg_desc_), in, out, rank_,
+                            std::move(coll), in_n, out_n, first.scalar_type(), std::vector<int64_t>(),
+                            std::vector<int64_t>(), 0, 0, size_);  // stride 0: the group's ranks not given
     // The inputs are ready once the issuing stream reached this point.
     void* ready = nullptr;
     record_event(&ready, stream_of(d, tl_stream[d]), d, c10::EventFlag::PYTORCH_DEFAULT);
@@ -1418,6 +1608,7 @@ class NeuronBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  int64_t seq_ = 0;  // collectives issued on neuron tensors, as ProcessGroupNCCL counts them
 };
 
 // The backend for one process group and device: `gloo` a ProcessGroupGloo over the group's store.
@@ -1452,8 +1643,12 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     return stream_of(q.device, old);
   }
   DeviceIndex deviceCount() const noexcept override { return DeviceIndex(g_settings.devices); }
-  void synchronizeDevice(DeviceIndex d) const override { flush(d, NEURON_PROF_FLUSH_SYNCHRONIZE); }
+  void synchronizeDevice(DeviceIndex d) const override {
+    RECORD_USER_SCOPE("neuron::synchronize");
+    flush(d, NEURON_PROF_FLUSH_SYNCHRONIZE);
+  }
   void synchronizeStream(const c10::Stream& s) const override {
+    RECORD_USER_SCOPE("neuron::stream_synchronize");
     flush_stream(queue(s.device_index(), s.id()), NEURON_PROF_FLUSH_STREAM_SYNCHRONIZE);
   }
   bool queryStream(const c10::Stream& s) const override {
@@ -1463,11 +1658,18 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   // Events (see record_event and wait_event).
   void record(void** event, const c10::Stream& s, DeviceIndex d, const c10::EventFlag flag) const override {
+    RECORD_USER_SCOPE("neuron::record_event");
     record_event(event, s, d, flag);
   }
-  void block(void* event, const c10::Stream& s) const override { wait_event(event, s); }
+  void block(void* event, const c10::Stream& s) const override {
+    RECORD_USER_SCOPE("neuron::wait_event");
+    wait_event(event, s);
+  }
   bool queryEvent(void* event) const override { return event_done(event); }
-  void synchronizeEvent(void* event) const override { synchronize_event(event); }
+  void synchronizeEvent(void* event) const override {
+    RECORD_USER_SCOPE("neuron::event_synchronize");
+    synchronize_event(event);
+  }
   double elapsedTime(void* from, void* to, DeviceIndex) const override { return elapsed_ms(from, to); }
   void destroyEvent(void* event, DeviceIndex) const noexcept override { destroy_event(event); }
   // Tensor.record_stream: nothing to do. A queued kernel's closure holds the tensors it uses, so
@@ -1565,7 +1767,7 @@ void connect(py::capsule capsule) {
   auto* api = static_cast<const neuron_prof_backend_api*>(
       PyCapsule_GetPointer(capsule.ptr(), NEURON_PROF_BACKEND_API_CAPSULE));
   if (api == nullptr) throw py::error_already_set();
-  // Version 1's fields are all it needs; version 2's (streams and events) are used when present.
+  // Version 1's fields are all it needs; version 2's queue_synchronized is used when present.
   constexpr size_t v1_size = offsetof(neuron_prof_backend_api, cpu_fallback) + sizeof(api->cpu_fallback);
   TORCH_CHECK(api->version >= 1 && api->size >= v1_size,
               "neuron: neuron_prof's backend API is too old (version ", api->version, ")");
@@ -1573,6 +1775,9 @@ void connect(py::capsule capsule) {
                                                   sizeof(api->queue_synchronized);
   g_api = api;
 }
+
+int device_count() { return g_settings.devices; }
+int64_t capacity_bytes() { return g_settings.capacity; }
 
 py::dict memory_stats(int d) {
   check_device(DeviceIndex(d));
@@ -1590,6 +1795,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("connect", &neuron_dev::connect);
   m.def("synchronize", [](int d) {
     py::gil_scoped_release nogil;
+    RECORD_USER_SCOPE("neuron::synchronize");
     neuron_dev::flush(c10::DeviceIndex(d), NEURON_PROF_FLUSH_SYNCHRONIZE);
   });
   m.def("current_device", []() { return int(neuron_dev::tl_device); });
@@ -1605,4 +1811,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("elapsed_time", &neuron_dev::elapsed_time_of);
   m.def("collective_backend", &neuron_dev::collective_backend);
   m.def("set_launch_ns", [](int64_t ns) { neuron_dev::g_settings.launch_ns = ns; });
+  m.def("set_trace_fault", [](bool on) { neuron_dev::g_trace_fault = on; });
+  m.def("traced_kernels", [](bool reset) {
+    std::lock_guard<std::mutex> lock(neuron_dev::g_traced_mu);
+    py::dict out;
+    for (const auto& [key, v] : neuron_dev::g_traced) out[py::make_tuple(key.first, key.second)] = py::make_tuple(v.first, v.second);
+    if (reset) neuron_dev::g_traced.clear();
+    return out;
+  });
 }

@@ -64,6 +64,7 @@ cores), and out= tensors that must be resized by the op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import types
@@ -207,6 +208,12 @@ def _device_module(ext) -> types.ModuleType:
     mod.manual_seed = lambda seed: None  # random numbers come from the CPU generator
     mod.manual_seed_all = lambda seed: None
     mod.set_launch_us = lambda us: ext.set_launch_ns(int(us * 1000))
+    # a backend bug, for tests of what a capture does with a trace it cannot read: op names reported
+    # to the profiler with a raw quote in their metadata (the trace's JSON no longer parses)
+    mod.set_trace_fault = ext.set_trace_fault
+    # the ground truth of what a profiler shows of the device: per (device, stream), the kernels that
+    # ran while a trace recorded and their device time in ns (``reset``: from zero after this call)
+    mod.traced_kernels = lambda reset=False: ext.traced_kernels(reset)
     # torch.autocast(device_type="neuron") and torch.utils.checkpoint ask this of a device module
     mod.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     mod.Stream, mod.Event, mod.stream = Stream, Event, stream
@@ -250,6 +257,33 @@ def _register_collectives(ext) -> None:
         return ext.collective_backend(dist.ProcessGroupGloo(store, rank, size, timeout), rank, size)
 
     dist.Backend.register_backend(BACKEND, create, devices=["cpu", BACKEND])
+    _accelerator_default(dist)
+
+
+def _accelerator_default(dist) -> None:
+    """``init_process_group()`` with no backend on the device: ``nccl`` is CUDA's default, and this
+    device's is its own, beside gloo for CPU tensors (``"cpu:gloo,neuron:neuron"``). PyTorch picks a
+    custom accelerator's backend alone and names gloo, which it did not create, the group's default
+    ("Could not find backend type 1 for Process Group with name gloo" once DDP asks for it), so the
+    device's module supplies the default, as a device's own package does."""
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.init_process_group
+    if getattr(original, "_neuron_default", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend is not None or not torch.accelerator.is_available() \
+                or torch.accelerator.current_accelerator().type != BACKEND:
+            return original(backend, *args, **kwargs)
+        original(f"cpu:gloo,{BACKEND}:{BACKEND}", *args, **kwargs)
+        # the group's default backend (what DDP's logger and hooks ask for): the device's
+        c10d._get_default_group()._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
+
+    init_process_group._neuron_default = True
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
 
 
 def custom_kernel(name: str, *, mutates_args: Iterable[str] | str = ()) -> Callable[[Callable], Any]:

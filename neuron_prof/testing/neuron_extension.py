@@ -14,7 +14,8 @@ import torch
 __all__ = ["CUSTOM_KERNELS", "extension", "kernel"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCE = "_neuron.cpp"
+_SOURCES = ("_neuron.cpp", "_neuron_kineto.cpp")
+_HEADERS = ("_neuron_trace.h",)
 _ext = None
 CUSTOM_KERNELS: set[str] = set()
 """Qualified names (``lib::op``) of the custom ops that run as kernels of their own on the device
@@ -28,19 +29,24 @@ def _collectors_folder() -> str:
 
 
 def extension():
-    """Build or load the device extension (keyed by its source, the API header and torch)."""
+    """Build or load the device extension (keyed by its sources, the API header and torch). Its
+    Kineto profiler (``_neuron_kineto.cpp``) builds against the libkineto headers torch ships
+    (``USE_KINETO``; fmt header-only: the wheel does not export fmt's formatting functions)."""
     global _ext
     if _ext is None:
         from torch.utils.cpp_extension import load
 
-        header = os.path.join(_collectors_folder(), "neuron_prof_backend.h")
+        sources = [os.path.join(_HERE, name) for name in _SOURCES]
         h = hashlib.sha256()
-        for path in (os.path.join(_HERE, _SOURCE), header):
+        for path in (*sources, *(os.path.join(_HERE, name) for name in _HEADERS),
+                     os.path.join(_collectors_folder(), "neuron_prof_backend.h")):
             with open(path, "rb") as f:
                 h.update(f.read())
         h.update(torch.__version__.encode())
-        _ext = load(name=f"neuron_prof_neuron_{h.hexdigest()[:16]}", sources=[os.path.join(_HERE, _SOURCE)],
-                    extra_include_paths=[_collectors_folder()], extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+        kineto = os.path.join(os.path.dirname(torch.__file__), "include", "kineto")
+        _ext = load(name=f"neuron_prof_neuron_{h.hexdigest()[:16]}", sources=sources,
+                    extra_include_paths=[_collectors_folder(), kineto],
+                    extra_cflags=["-O2", "-DNDEBUG", "-DUSE_KINETO", "-DFMT_HEADER_ONLY"], verbose=False)
     return _ext
 
 
