@@ -57,8 +57,9 @@ class HookGuard:
         self._named = set()
 
     def lost(self, table: str, exc: BaseException, n: int = 1) -> None:
-        """``n`` events of ``table`` were lost to ``exc``; ``n=0``: nothing of this capture is lost
-        yet (a side record for later processes could not be kept), but the message is."""
+        """``n`` events of ``table`` were lost to ``exc``; ``n=0``: none that can be counted (a side
+        record for later processes could not be kept; a device trace that could not be read, whose
+        stretch the collector records as a gap), but the message is."""
         rec = self._rec
         if rec is None:
             return

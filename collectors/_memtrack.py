@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from neuron_prof.torchhooks import watch_user_profilers
+
 # The native event kinds, codes into neuron_prof.schema.MEMORY_KINDS: ``alloc``/``free`` during a
 # capture window; ``baseline``: made before the window opened and still live then; ``late_free``:
 # freed outside a window, allocated (or baselined) in one; ``live``: what was live when
@@ -67,7 +69,7 @@ class MemoryTracker:
         self.dtype = np.dtype({"names": [f[0] for f in lay["fields"]], "offsets": [f[1] for f in lay["fields"]],
                                "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
         self.row_dtype = journal_rows("memory_events", ext.mem_row_layout()["fields"])
-        self._saved: dict = {}
+        self._unwatch = _nothing
 
     def start(self, max_events: int, follow_cpu: bool = True) -> None:
         """Track from now on. ``follow_cpu`` False: CPU allocations only inside windows (the CPU
@@ -75,37 +77,23 @@ class MemoryTracker:
         err = self._ext.mem_start(int(max_events), bool(follow_cpu))
         if err:
             raise RuntimeError(err)
-        import torch.autograd.profiler as autograd_profiler
+        self._unwatch = watch_user_profilers(self)
 
-        enable, disable, ext = autograd_profiler._enable_profiler, autograd_profiler._disable_profiler, self._ext
+    # ---- the job's torch.profiler (neuron_prof.torchhooks.ProfilerWatcher)
+    def profiler_starting(self, phase: str) -> None:
+        if phase == "enable":
+            self._ext.mem_suspend()
 
-        def _enable_profiler(*args, **kwargs):
-            stepped_aside = ext.mem_suspend()
-            try:
-                return enable(*args, **kwargs)
-            except BaseException:
-                if stepped_aside:
-                    ext.mem_resume()
-                raise
+    def profiler_start_failed(self) -> None:
+        self._ext.mem_resume()
 
-        def _disable_profiler(*args, **kwargs):
-            try:
-                return disable(*args, **kwargs)
-            finally:
-                ext.mem_resume()
-
-        self._saved = {"_enable_profiler": (enable, _enable_profiler), "_disable_profiler": (disable, _disable_profiler)}
-        autograd_profiler._enable_profiler = _enable_profiler
-        autograd_profiler._disable_profiler = _disable_profiler
+    def profiler_stopped(self) -> None:
+        self._ext.mem_resume()
 
     def stop(self) -> None:
         self._ext.mem_stop()
-        import torch.autograd.profiler as autograd_profiler
-
-        for name, (original, ours) in self._saved.items():
-            if getattr(autograd_profiler, name, None) is ours:
-                setattr(autograd_profiler, name, original)
-        self._saved = {}
+        self._unwatch()
+        self._unwatch = _nothing
 
     def set_detail(self, on: bool) -> None:
         """Window on: every event, attributed. Off: totals, lifetimes of emitted blocks, the ring."""
@@ -138,3 +126,7 @@ class MemoryTracker:
         """Everything live now (kind ``live``) and the last events of any kind (newest last)."""
         live, ring = self._ext.mem_snapshot()
         return np.frombuffer(live, dtype=self.dtype), np.frombuffer(ring, dtype=self.dtype)
+
+
+def _nothing() -> None:
+    pass

@@ -109,6 +109,10 @@ ThreadState* get_state() {
     std::lock_guard<std::mutex> g(r.mu);
     r.states.push_back(st);
     r.logical_to_os[st->logical_tid] = st->os_tid;
+    const pthread_t self = pthread_self();
+    int32_t kineto_tid;
+    std::memcpy(&kineto_tid, &self, sizeof kineto_tid);  // as libkineto::threadId() reads it
+    r.kineto_to_os[kineto_tid] = st->os_tid;
     char buf[32] = {0};
     if (pthread_getname_np(pthread_self(), buf, sizeof(buf)) == 0 && buf[0]) r.set_name(st->os_tid, buf);
   }
@@ -129,7 +133,10 @@ const NameEntry& lookup_name(ThreadState* st, const char* nm) {
     c.p = nm;
     c.s.assign(nm, len);
     c.id = strings().intern(c.s);
-    c.skip = c.s.rfind("profiler::_record_function", 0) == 0;
+    // torch.profiler's own ranges: the record_function machinery, and the ProfilerStep#N range
+    // its step() opens around each of the job's steps (a profiler's bookkeeping, not the job's
+    // op: counted, it would be "forward" time and the owner of every allocation in the step)
+    c.skip = c.s.rfind("profiler::_record_function", 0) == 0 || c.s.rfind("ProfilerStep#", 0) == 0;
     c.eval_fn = c.s.rfind("autograd::engine::evaluate_function", 0) == 0;
     c.alloc_op = c.s == "aten::empty" || c.s == "aten::empty_strided" || c.s == "aten::resize_";
   }
@@ -624,6 +631,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now_ns", &now_ns);
   m.def("strings_of", &py_strings_of);
   m.def("stacks_of", &py_stacks_of);
+  m.def("kineto_thread_ids", [] {  // {libkineto::threadId() of each thread the observer saw: OS tid}
+    auto& r = registry();
+    std::lock_guard<std::mutex> g(r.mu);
+    py::dict out;
+    for (const auto& [kineto_tid, os_tid] : r.kineto_to_os) out[py::int_(kineto_tid)] = py::int_(os_tid);
+    return out;
+  });
   neuron_prof::register_memory(m);
   neuron_prof::register_comms(m);
   neuron_prof::register_device(m);

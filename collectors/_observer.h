@@ -152,6 +152,9 @@ struct Registry {
   std::vector<ThreadState*> states;
   std::vector<Event> orphans;
   std::unordered_map<uint64_t, int64_t> logical_to_os;
+  // libkineto::threadId() (pthread_self()'s low 32 bits, what CUPTI names a runtime call's
+  // thread by when Kineto traces no CPU ops) -> OS tid
+  std::unordered_map<int32_t, int64_t> kineto_to_os;
   std::unordered_map<int64_t, std::string> names;  // OS tid -> thread name
   std::vector<int64_t> names_dirty;                  // tids whose name is not drained yet
   void set_name(int64_t tid, const std::string& n) {  // registry mutex held

@@ -1,93 +1,74 @@
-"""The device collector: what a device backend reports of its queues, kernels, events and CPU
-fallbacks.
+"""The device collector: what the device did in each capture window, as its backend reports it to
+PyTorch's profiler (Kineto), the path every backend already takes.
 
-Only the backend knows when its queue flushes, which enqueued ops a kernel ran and when, on which
-stream, when an event completed or a stream waited for one, and which ops fell back to the CPU. It
-reports them through the backend hook API (``collectors/neuron_prof_backend.h``, version 2; a
-backend written for version 1 reports no events and keeps working): C function pointers in a
-struct it gets once from :func:`backend_api` (a PyCapsule named ``"neuron_prof.backend_api"``),
-or, for a backend written in Python, :func:`report_enqueue`, :func:`report_flush`,
-:func:`report_kernel`, :func:`report_fallback` and version 2's :func:`report_event`,
-:func:`report_event_completed`, :func:`report_stream_wait` and :func:`report_sync`. Both feed the same buffers in the native engine (``_device.cpp``), and
-only while a capture window is open. The struct's ``*capturing`` is 1 then, and all through an
-always-on capture, whose dumps show each queue as it is (see :meth:`DeviceCollector.on_dump`),
-0 otherwise: one branch per report when nothing captures. The collector drains the buffers at
-every flush into:
+CUDA reports through CUPTI, a PrivateUse1 backend (TorchNeuron, the emulated ``neuron`` device)
+through the ``libkineto::IActivityProfiler`` it registers, XPU through PTI: whichever of
+``torch.profiler.supported_activities()`` names a device, this collector runs Kineto for it alone,
+with no CPU activity (neuron_prof's op observer records the ops), in capture windows and always-on
+capture's sampled steps. A process with no such activity type (a CPU-only job) starts nothing.
+The session's activities are saved as torch.profiler saves a trace and turned into the run's
+device tables by ``neuron_prof.device_activity`` (one conversion for a capture and an imported
+trace): kernels and the launches they ran, copies, host waits, CPU fallbacks, event records and
+waits, stream waits. Times go on the run clock; the host op and line of each launch or wait are
+joined at read time from the ops by thread and time.
 
-===================  ============================================================================
-table                one row per
-===================  ============================================================================
-``device_enqueues``  op put on a device queue: ts, tid (the host thread), id (unique, increasing,
-                     what kernels name), device (``"neuron:0"``), stream, op (as the backend
-                     named it), queue_depth (after it), and the host op open on the thread then:
-                     host_op, module, stack, bwd. ``(tid, ts)`` falls inside that op's row of
-                     ``ops``.
-``queue_flushes``    wait of a host thread for a queue to drain: ts, dur, tid, device, reason
-                     (``sync``, ``size``, ``fallback``, ``synchronize``, ``other``,
-                     ``stream_synchronize``, ``event_synchronize``), ops (queued ops it waited
-                     for), host_op, module, stack, bwd
-``device_kernels``   kernel that ran on the device: ts, dur, tid (the thread that reported it),
-                     id, device, stream, name, n_ops (enqueued ops it ran)
-``kernel_enqueues``  (kernel, enqueue): ``device_kernels.id`` and the ``device_enqueues.id`` of each
-                     op it ran, in the order the backend gave (``run.device_kernels`` shows them
-                     as the list ``enqueue_ids``)
-``fallbacks``        op that ran on the CPU instead: ts, dur, tid, device, op, bytes_to_host
-                     (inputs copied off the device), bytes_from_host (outputs copied back),
-                     host_op, module, stack, bwd
-``event_enqueues``   record of an event (kind ``record``, ``Event.record()``) or wait for one
-                     (kind ``wait``, ``Stream.wait_event()``) a host thread put on a stream: ts,
-                     tid, device, stream, event (the backend's id), kind, host_op, module, stack
-                     (the thread's user line when no op is open), bwd
-``event_completions`` the device reached an event's record: ts (the event's timestamp, what
-                     ``Event.elapsed_time`` reads), device, stream, event
-``stream_waits``     a stream stood idle at a wait for an event not yet complete: ts, dur,
-                     device, stream, event (its ``event_enqueues`` row of kind ``wait`` names the
-                     host line)
-``stream_syncs``     a version-2 host wait (``queue_synchronized``; it also makes the
-                     ``queue_flushes`` row of the same tid and ts): ts, dur, tid, device, stream
-                     (-1: every stream of the device), event (0: none), reason, ops, host_op,
-                     module, stack, bwd
-===================  ============================================================================
+A session ends at the window's end, and within a long window at the first step boundary
+``DRAIN_INTERVAL_NS`` after it started (then a new one starts), so a long capture's device rows
+reach the disk as it goes. Rows of warmup steps are dropped like the ops'.
 
-Timestamps are ns of ``CLOCK_MONOTONIC`` (the run clock; the API's ``now_ns``). A device index
-becomes ``"<backend>:<index>"`` with the PrivateUse1 backend's name
-(``torch._C._get_privateuse1_backend_name()``, ``privateuseone`` until the backend renames it);
-index -1 is the backend name alone. Rows of warmup steps are dropped like the ops'. Each kind
-buffers at most ``max_buffered_events`` rows between flushes; the rest are counted as dropped. A
-Python report the capture cannot take (a value it cannot convert) is counted as dropped too, the
-first of each table with its message in ``failures`` (``collectors/_hookguard``).
-No backend reporting, no rows: the tables are then empty in the run (the reader gives them empty).
+**The job's own torch.profiler** keeps working: Kineto serves one trace at a time, and a thread
+holds one profiler state. When the job prepares or starts torch.profiler (or ``emit_nvtx``,
+``emit_itt``) while a session of this collector runs, the session ends first (its rows kept) and
+no new one starts until the job's profiler stops; a capture window that begins while the job's
+profiler runs starts none. Each such stretch is a ``device_gaps`` row (capture health names the
+steps without device activity and why). Nothing of it raises into training.
+
+**Always-on dumps** (a hang, an exception, SIGUSR1) happen between windows, when no Kineto session
+runs: each queue's depth and latest host wait come from the backend hook API
+(``collectors/neuron_prof_backend.h``, version 3), which a backend may implement for that alone:
+:func:`backend_api` hands it the C struct, :func:`report_enqueue` and :func:`report_sync` are the
+same for a backend written in Python. The dump's ``dump_queues`` rows are those.
 """
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import queue
+import tempfile
 import threading
 import time
+from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.recording import Recorder
+from neuron_prof.torchhooks import watch_user_profilers
 
-__all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_flush", "report_kernel",
-           "report_fallback", "report_event", "report_event_completed", "report_stream_wait", "report_sync",
-           "FLUSH_REASONS"]
+if TYPE_CHECKING:
+    from neuron_prof.device_activity import DeviceTables
+
+__all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_sync", "FLUSH_REASONS", "DRAIN_INTERVAL_NS"]
 
 FLUSH_REASONS = ("sync", "size", "fallback", "synchronize", "other", "stream_synchronize", "event_synchronize")
-"""``queue_flushes.reason``: the names of ``enum neuron_prof_flush_reason``, in code order."""
+"""The hook API's flush reasons (``enum neuron_prof_flush_reason``), in code order."""
 _REASON_CODES = {r: i for i, r in enumerate(FLUSH_REASONS)}
+DRAIN_INTERVAL_NS = 2_000_000_000
+"""Within a capture window, a Kineto session's activities reach the run at the first step boundary
+this long after it started: a long window's device rows are written as it goes (what a kill -9
+loses), and Kineto's buffers stay bounded."""
+_STRING_COLUMNS = {"device_kernels": ("device", "name"), "device_enqueues": ("device", "op", "host_op", "module"),
+                   "device_copies": ("device", "kind", "name", "host_op", "module"),
+                   "queue_flushes": ("device", "reason", "host_op", "module"),
+                   "stream_syncs": ("device", "reason", "host_op", "module"),
+                   "fallbacks": ("device", "op", "host_op", "module"),
+                   "event_enqueues": ("device", "kind", "host_op", "module"), "event_completions": ("device",),
+                   "stream_waits": ("device",), "kernel_enqueues": ()}
+_USER_PROFILER = "the job's own torch.profiler was running (Kineto serves one trace at a time)"
 
-_TABLES = {  # engine kind -> table
-    "enqueues": "device_enqueues", "flushes": "queue_flushes", "kernels": "device_kernels",
-    "fallbacks": "fallbacks", "links": "kernel_enqueues", "events": "event_enqueues",
-    "completions": "event_completions", "stream_waits": "stream_waits", "syncs": "stream_syncs",
-}
-_STRINGS = {"enqueues": ("op", "host_op", "module"), "flushes": ("host_op", "module"),
-            "kernels": ("name",), "fallbacks": ("op", "host_op", "module"), "links": (),
-            "events": ("kind", "host_op", "module"), "completions": (), "stream_waits": (),
-            "syncs": ("host_op", "module")}
-
-_ext = None       # the engine extension once loaded (backend_api or a collector's install)
-_CAPTURING = False  # mirrors the API's flag (window or queue state), for the Python report functions' fast exit
+_ext = None  # the engine extension once loaded (backend_api or a collector's install)
 _ACTIVE: "DeviceCollector | None" = None  # the installed collector, if any
 
 
@@ -104,12 +85,11 @@ def backend_api():
     """The backend hook API as a PyCapsule named ``"neuron_prof.backend_api"``, holding a pointer
     to the process's ``neuron_prof_backend_api`` struct (``collectors/neuron_prof_backend.h``),
     which lives as long as the process. Builds or loads the native engine (JIT-built once, then
-    cached). A backend calls this once, at its start-up, whether or not a capture runs; one that
-    asks during a capture is reported from then on."""
+    cached). A backend calls this once, at its start-up, whether or not a capture runs."""
     capsule = _engine_ext().device_api_capsule()
     col = _ACTIVE
     if col is not None:
-        col._attach()
+        col._attach_hooks()
     return capsule
 
 
@@ -123,202 +103,277 @@ def _index(device) -> int:
     return -1 if index is None else int(index)
 
 
-def report_enqueue(device, stream: int, op: str, queue_depth: int) -> int:
-    """An op was put on a device queue by the calling (host) thread; ``queue_depth``: after it.
-    The host op open on this thread (its module and source line) is recorded with it. Returns the
-    enqueue's id (unique, increasing; what :func:`report_kernel` names), 0 when not capturing.
-    ``device``: an index, a ``torch.device`` or ``"neuron:0"``. Never raises."""
-    if not _CAPTURING:
-        return 0
+def report_enqueue(device, queue_depth: int) -> None:
+    """A Python backend put an op on ``device``'s queue: the queue's depth with it (always-on
+    dumps show it). ``device``: an index, a ``torch.device`` or ``"neuron:0"``. Never raises."""
+    if _ext is None or not _ext.device_capturing():
+        return
     try:
-        return _ext.device_enqueue(_index(device), int(stream), str(op), int(queue_depth))
+        _ext.device_enqueue(_index(device), int(queue_depth))
     except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("device_enqueues", exc)
-        return 0
+        _lost("dump_queues", exc)
 
 
-def report_flush(device, reason: str, ops: int, start_ns: int, end_ns: int) -> None:
-    """The calling (host) thread waited from ``start_ns`` to ``end_ns`` (``time.monotonic_ns()``)
-    for ``ops`` queued ops to run. ``reason``: one of :data:`FLUSH_REASONS` (anything else is
-    ``"other"``). Never raises."""
-    if not _CAPTURING:
+def report_sync(device, reason: str, ops: int, start_ns: int, end_ns: int) -> None:
+    """A Python backend's host thread waited from ``start_ns`` to ``end_ns``
+    (``time.monotonic_ns()``) for ``ops`` queued ops of ``device``: the queue's latest flush
+    (always-on dumps show it). ``reason``: one of :data:`FLUSH_REASONS`. Never raises."""
+    if _ext is None or not _ext.device_capturing():
         return
     try:
         _ext.device_flush(_index(device), _REASON_CODES.get(reason, 4), int(ops), int(start_ns), int(end_ns))
     except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("queue_flushes", exc)
-
-
-def report_kernel(device, stream: int, name: str, start_ns: int, end_ns: int, enqueue_ids=()) -> None:
-    """A kernel ran on the device from ``start_ns`` to ``end_ns``: the enqueued ops (ids from
-    :func:`report_enqueue`) it ran, fused. Any thread may report it. Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_kernel(_index(device), int(stream), str(name), int(start_ns), int(end_ns),
-                           [int(i) for i in enqueue_ids])
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("device_kernels", exc)
-
-
-def report_fallback(device, op: str, bytes_to_host: int, bytes_from_host: int, start_ns: int, end_ns: int) -> None:
-    """``op`` ran on the CPU instead, from ``start_ns`` to ``end_ns`` on the calling thread (copies
-    included): ``bytes_to_host`` copied off the device for its inputs, ``bytes_from_host`` back for
-    its outputs. Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_fallback(_index(device), str(op), int(bytes_to_host), int(bytes_from_host), int(start_ns),
-                             int(end_ns))
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("fallbacks", exc)
-
-
-def report_event(device, stream: int, event: int, wait: bool = False) -> None:
-    """The calling (host) thread put a record of ``event`` (the backend's id, nonzero) on
-    ``stream`` (``wait``: a wait for it). The host op open on this thread, or its user line, is
-    recorded with it. Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_event(_index(device), int(stream), int(event), bool(wait))
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("event_enqueues", exc)
-
-
-def report_event_completed(device, stream: int, event: int, ts_ns: int) -> None:
-    """The device reached the record of ``event`` on ``stream`` at ``ts_ns``. Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_event_completed(_index(device), int(stream), int(event), int(ts_ns))
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("event_completions", exc)
-
-
-def report_stream_wait(device, stream: int, event: int, start_ns: int, end_ns: int) -> None:
-    """``stream`` stood idle from ``start_ns`` to ``end_ns`` waiting for ``event``. Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_stream_wait(_index(device), int(stream), int(event), int(start_ns), int(end_ns))
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("stream_waits", exc)
-
-
-def report_sync(device, stream: int, event: int, reason: str, ops: int, start_ns: int, end_ns: int) -> None:
-    """The calling (host) thread waited from ``start_ns`` to ``end_ns`` for ``ops`` queued ops of
-    ``stream`` (-1: every stream of the device), for ``event`` (0: none): :func:`report_flush`
-    with the stream and event (it makes the ``queue_flushes`` row too; report one or the other).
-    Never raises."""
-    if not _CAPTURING:
-        return
-    try:
-        _ext.device_sync(_index(device), int(stream), int(event), _REASON_CODES.get(reason, 4), int(ops),
-                         int(start_ns), int(end_ns))
-    except Exception as exc:  # noqa: BLE001 - the backend's queue must go on
-        _lost("stream_syncs", exc)
+        _lost("dump_queues", exc)
 
 
 def _lost(table: str, exc: BaseException) -> None:
-    """A report the capture could not take (a value it cannot convert, an engine error): counted
-    as one dropped event of ``table``, the first with its message (``collectors/_hookguard``).
-    Called only from the report functions' handlers: their path costs nothing more when nothing
-    raises."""
     col = _ACTIVE
     if col is not None:
         col._guard.lost(table, exc)
 
 
-def now_ns() -> int:
-    """The run clock (what the report functions' times are on)."""
-    return time.monotonic_ns()
+def epoch_offset_ns() -> int:
+    """``CLOCK_REALTIME - CLOCK_MONOTONIC`` now, read between the two closest monotonic reads of a
+    few tries: Kineto's times are the Unix epoch's, the run's ``CLOCK_MONOTONIC``'s."""
+    best, out = None, 0
+    for _ in range(200):
+        a = time.monotonic_ns()
+        r = time.time_ns()
+        b = time.monotonic_ns()
+        if best is None or b - a < best:
+            best, out = b - a, r - (a + (b - a) // 2)
+    return out
 
 
-def _set_capturing(window: bool, live: bool = False) -> None:
-    """``window``: reports become rows; ``live``: they keep each queue's state for dumps (always-on
-    capture; the state kept before is not this capture's)."""
-    global _CAPTURING
-    _CAPTURING = bool(window or live)
-    if _ext is not None:
-        _ext.device_set_flags(bool(window), bool(live))
+class _ProfilerThread:
+    """The thread that holds neuron_prof's Kineto sessions. torch keeps a profiler's state per
+    thread: on the training thread it may be the job's own torch.profiler, or the memory
+    collector's tracker, and either refuses a second. Kineto itself traces the whole process, so
+    a session held here sees every thread's device work. Calls are made from any thread (a step
+    boundary, always-on capture's background thread, the capture's end at exit) and wait for
+    their result. A daemon thread: it runs during the interpreter's exit handlers."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="neuron_prof device activity", daemon=True)
+        self._thread.start()
+
+    def call(self, fn, *args):
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        done, box = threading.Event(), {}
+        self._calls.put((fn, args, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def post(self, fn, *args) -> None:
+        """``fn(*args)`` on the thread, not waited for (its result and error are dropped)."""
+        self._calls.put((fn, args, {}, threading.Event()))
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            fn, args, box, done = item
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+            done.set()
+
+
+class _Kineto:
+    """One Kineto session for the device's activity type. Prepared on the calling thread (the
+    first preparation initializes Kineto, which wants the thread that imported torch: the
+    training thread, usually), enabled and held by ``thread``."""
+
+    def __init__(self, thread: _ProfilerThread, activity, state, backend: str) -> None:
+        self.activity, self.state, self.backend = activity, state, backend
+        self.started = time.monotonic_ns()
+        import torch._C._autograd as autograd
+        from torch._C._profiler import ProfilerConfig, _ExperimentalConfig
+
+        config = ProfilerConfig(state, False, False, False, False, False, _ExperimentalConfig())
+        with _quiet_kineto() as quiet:
+            autograd._prepare_profiler(config, {activity})
+            quiet.again()  # the first preparation initializes Kineto, which sets its own level
+            thread.call(autograd._enable_profiler, config, {activity})
+
+    def stop(self) -> tuple[list, int]:
+        """End the session: its trace's events and the ns its times count from (Kineto's
+        ``baseTimeNanoseconds``, on the Unix epoch)."""
+        import torch._C._autograd as autograd
+
+        with _quiet_kineto():
+            result = autograd._disable_profiler()
+        fd, path = tempfile.mkstemp(prefix="neuron_prof-device-", suffix=".json")
+        os.close(fd)
+        try:
+            result.save(path)
+            with open(path, "rb") as f:
+                doc = json.loads(f.read(), parse_float=Decimal)  # exact ns decimals
+        finally:
+            os.unlink(path)
+        base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
+        return (doc.get("traceEvents") or [] if isinstance(doc, dict) else []), (base if isinstance(base, int) else 0)
+
+
+class _quiet_kineto:
+    """Kineto logs every trace start and stop to stderr (its USDT messages, above the ERROR level
+    torch sets): one pair per window and drain would fill a job's log. Their level is raised for
+    neuron_prof's own starts and stops only, where libkineto's level variable is found."""
+
+    _level = None
+
+    def __enter__(self):
+        self.saved = None
+        return self.again()
+
+    def again(self):
+        """Quiet from here on (after a call that may have set Kineto's level)."""
+        level = type(self)._find()
+        if level is not None:
+            if level.value != 6:
+                self.saved = level.value
+            level.value = 6  # above USDT (5): ENUM_COUNT
+        return self
+
+    def __exit__(self, *exc):
+        level = type(self)._level
+        if level is not None and self.saved is not None:
+            level.value = self.saved
+        return False
+
+    @classmethod
+    def _find(cls):
+        if cls._level is None:
+            import ctypes
+
+            try:
+                import torch
+
+                lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+                cls._level = ctypes.c_int.in_dll(lib, "_ZN9libkineto6Logger14severityLevel_E")
+            except (OSError, ValueError):
+                cls._level = False
+        return cls._level or None
+
+
+def device_activity_type():
+    """(the profiler activity, the profiler state, the backend's name) of this process's device,
+    as ``torch.autograd.profiler.profile`` picks them; None when the process has none (CPU only)."""
+    import torch
+    from torch._C._autograd import _supported_activities
+    from torch._C._profiler import ProfilerActivity, ProfilerState
+
+    supported = _supported_activities()
+    if ProfilerActivity.PrivateUse1 in supported:
+        return (ProfilerActivity.PrivateUse1, getattr(ProfilerState, "KINETO_PRIVATEUSE1", ProfilerState.KINETO),
+                torch._C._get_privateuse1_backend_name())
+    for name in ("CUDA", "XPU", "MTIA", "HPU"):
+        activity = getattr(ProfilerActivity, name, None)
+        if activity is not None and activity in supported:
+            return activity, ProfilerState.KINETO, name.lower()
+    return None
 
 
 class DeviceCollector:
-    """Collector (neuron_prof.recording) of ``device_enqueues``, ``queue_flushes``,
-    ``device_kernels``, ``kernel_enqueues``, ``fallbacks``, ``event_enqueues``,
-    ``event_completions``, ``stream_waits`` and ``stream_syncs``."""
+    """Collector (neuron_prof.recording) of the device tables (``device_kernels``,
+    ``kernel_enqueues``, ``device_enqueues``, ``device_copies``, ``queue_flushes``,
+    ``stream_syncs``, ``fallbacks``, ``event_enqueues``, ``event_completions``, ``stream_waits``),
+    ``device_gaps`` and, at always-on dumps, ``dump_queues``."""
 
     name = "device"
 
-    def __init__(self, max_buffered: int | None = None) -> None:
+    def __init__(self) -> None:
         self._rec: Recorder | None = None
-        self._ids = None
-        self._dtypes: dict[str, np.dtype] = {}  # set once attached to the engine
-        self._devices: dict[int, int] = {}  # device index -> string id, per backend name
-        self._backend = None
-        self._max = max_buffered
+        self._session: _Kineto | None = None
         self._window = False
-        self._live = False  # always-on: reports keep each queue's state, window on or off (on_dump)
-        self._lock = threading.Lock()
-        self._guard = HookGuard(self.name)  # reports the capture could not take (capture health)
+        self._window_start = 0
+        self._discard_before = 0  # rows before this are of warmup steps
+        self._pending: list[DeviceTables] = []
+        self._offset = 0
+        self._next_kernel = 1
+        self._user_profiler = False  # the job's own torch.profiler holds Kineto
+        self._gap: tuple[int, str] | None = None  # a window's stretch without a session: since, why
+        self._gaps: list[tuple[int, int, str]] = []
+        self._unwatch = None
+        self._thread: _ProfilerThread | None = None
+        self._live = False
+        self._lock = threading.RLock()
+        self._guard = HookGuard(self.name)
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
-        """Attaches to the engine if it is loaded (the eager collector loads it; so does a
-        backend's :func:`backend_api`); otherwise no backend can report yet, and the collector
-        waits for :func:`backend_api` rather than build the engine itself: without a backend a
-        capture costs nothing here, and an engine that cannot build is the op collector's failure."""
         global _ACTIVE
         from neuron_prof.collectors import _engine
 
         self._rec = rec
-        self._live = getattr(rec, "always_on", None) is not None  # always-on, the one mode that dumps
+        self._live = getattr(rec, "always_on", None) is not None  # always-on: dumps show each queue
         self._guard.attach(rec)
+        self._offset = epoch_offset_ns()
+        self._unwatch = watch_user_profilers(self)
         _ACTIVE = self
         if _ext is not None or _engine._engine is not None:
-            self._attach()
+            self._attach_hooks()
 
     def window(self, on: bool) -> None:
         with self._lock:
-            self._window = bool(on)
-            if self._dtypes:
-                _set_capturing(on, self._live)
+            self._window = on
+            if on:
+                self._window_start = self._discard_before = time.monotonic_ns()
+                self._start()
+            else:
+                self._stop()
+                self._end_gap()
 
     def flush(self, rec: Recorder, keep: bool) -> None:
-        if _ext is None or not self._dtypes:
-            return
-        rows, dropped = _ext.device_drain()
-        if not keep:
-            return
-        for kind, n in dropped.items():
-            if n:
-                rec.dropped(_TABLES[kind], int(n))
-        for kind, data in rows.items():
-            if not data:
-                continue
-            arr = np.frombuffer(data, dtype=self._dtypes[kind])
-            cols = {c: np.ascontiguousarray(arr[c]) for c in self._dtypes[kind].names}
-            for c in _STRINGS[kind]:
-                cols[c] = self._ids.map(rec, cols[c], "strings")
-            if "stack" in cols:
-                cols["stack"] = self._ids.map(rec, cols["stack"], "stacks")
-            if "bwd" in cols:
-                cols["bwd"] = cols["bwd"].astype(bool)
-            if "device" in cols:
-                cols["device"] = self._device_ids(rec, cols["device"])
-            if "reason" in cols:
-                codes = np.clip(cols["reason"], 0, len(FLUSH_REASONS) - 1)
-                lut = np.array([rec.intern(r) for r in FLUSH_REASONS], np.int32)
-                cols["reason"] = lut[codes]
-            rec.append(_TABLES[kind], cols)
+        with self._lock:
+            now = time.monotonic_ns()
+            session = self._session
+            # always-on: every sampled step's rows now, for its ring (a dump writes the ring)
+            if session is not None and (rec.closing or self._live or now - session.started >= DRAIN_INTERVAL_NS):
+                self._stop()
+                if not rec.closing and self._window:
+                    self._start()
+            elif self._window and session is None and not self._user_profiler:
+                # the job's profiler stopped, or the device's backend registered since the window
+                # opened (a script that enables its device after capture began): from this boundary
+                self._start()
+            if rec.closing:
+                self._end_gap()
+            if not keep:  # warmup: its rows go, and what still comes of it
+                self._pending.clear()
+                self._discard_before = now
+                return
+            pending, self._pending = self._pending, []
+            gaps, self._gaps = self._gaps, []
+        for tables in pending:
+            self._append(rec, tables)
+        if gaps:
+            rec.append("device_gaps", {"ts": np.array([g[0] for g in gaps], np.int64),
+                                       "dur": np.array([g[1] - g[0] for g in gaps], np.int64),
+                                       "reason": np.array([rec.intern(g[2]) for g in gaps], np.int32)})
 
     def on_dump(self, rec: Recorder, ts: int) -> None:
-        """An always-on dump: each device queue as it is now (``dump_queues``): its depth after the
-        latest enqueue (0 if a flush drained it since) and the latest flush with its reason. The
-        engine keeps both per device (index -1 to 62) from every report of this capture, window on
-        or off, so a dump between sampled steps shows the step in flight, not the last sampled one."""
-        queues = _ext.device_live_queues() if _ext is not None and self._dtypes else {}
+        """An always-on dump: the step in flight's device activity so far (a session running is
+        drained, and goes on), and each device queue as the backend hook API last heard of it
+        (``dump_queues``): its depth after the latest enqueue (0 if a flush drained it since) and
+        the latest flush with its reason."""
+        with self._lock:
+            if self._session is not None:
+                self._stop()
+                self._start()
+            pending, self._pending = self._pending, []
+        for tables in pending:
+            self._append(rec, tables)
+        queues = _ext.device_live_queues() if _ext is not None else {}
         if not queues:
             return
         index = np.array(sorted(queues), np.int32)
@@ -329,8 +384,10 @@ class DeviceCollector:
         depth_ts = np.where(drained, flush_ts + flush_dur, depth_ts)
         lut = np.array([rec.intern(r) for r in FLUSH_REASONS], np.int32)
         reason = np.where(flush_ts >= 0, lut[np.clip(reason, 0, len(FLUSH_REASONS) - 1)], 0)  # no flush: ""
+        backend = _backend_name()
+        names = [rec.intern(backend if i < 0 else f"{backend}:{i}") for i in index.tolist()]
         rec.append("dump_queues", {
-            "ts": np.full(len(index), ts, np.int64), "device": self._device_ids(rec, index),
+            "ts": np.full(len(index), ts, np.int64), "device": np.array(names, np.int32),
             "depth": depth.astype(np.int32), "depth_ts": depth_ts, "flush_ts": flush_ts, "flush_dur": flush_dur,
             "flush_reason": reason.astype(np.int32), "flush_ops": flush_ops.astype(np.int32)})
 
@@ -339,43 +396,149 @@ class DeviceCollector:
         with self._lock:
             if _ACTIVE is self:
                 _ACTIVE = None
+            session, self._session = self._session, None
+            if session is not None:
+                try:
+                    self._thread.call(session.stop)
+                except Exception:  # noqa: BLE001 - a session torch no longer holds: nothing to stop
+                    pass
+            if self._thread is not None:
+                self._thread.close()
+                self._thread = None
+            if self._unwatch is not None:
+                self._unwatch()
+                self._unwatch = None
+            if _ext is not None:
+                _ext.device_set_live(False)
             self._guard.attach(None)
-            _set_capturing(False)
-            if _ext is not None and self._dtypes:
-                _ext.device_drain()
-            self._dtypes = {}
+
+    # ---- the job's own profiler (neuron_prof.torchhooks.ProfilerWatcher)
+    def profiler_starting(self, phase: str) -> None:
+        """The job prepares or starts its own profiler: this collector's session ends first (its
+        rows kept), and no new one starts until the job's profiler stops."""
+        with self._lock:
+            self._user_profiler = True
+            self._stop()
+            if self._window and self._gap is None:
+                self._gap = (time.monotonic_ns(), _USER_PROFILER)
+
+    def profiler_start_failed(self) -> None:
+        pass  # the job's profiler state is whatever it was: its own stop says when Kineto is free
+
+    def profiler_stopped(self) -> None:
+        with self._lock:
+            self._user_profiler = False
 
     # ---- internals
-    def _attach(self) -> None:
-        from neuron_prof.collectors._engine import EngineIds, load_engine
+    def _start(self) -> None:
+        if self._session is not None:
+            return
+        if self._user_profiler or _user_profiler_running():
+            if self._gap is None:
+                self._gap = (time.monotonic_ns(), _USER_PROFILER)
+            return
+        kind = device_activity_type()
+        if kind is None:
+            return
+        if self._thread is None:
+            self._thread = _ProfilerThread()
+            # the trace's reader (pandas) loads beside the first window, not inside its first drain;
+            # never in a process without a device: starting a capture loads no pandas (test_startup)
+            self._thread.post(importlib.import_module, "neuron_prof.device_activity")
+        try:
+            self._session = _Kineto(self._thread, *kind)
+        except Exception as exc:  # noqa: BLE001 - Kineto would not start: the window goes on without it
+            self._guard.lost("device_kernels", exc, n=0)
+            if self._gap is None:
+                self._gap = (time.monotonic_ns(), f"Kineto did not start: {type(exc).__name__}: {exc}"[:300])
+            return
+        self._end_gap()
 
-        with self._lock:
-            if self._dtypes or _ACTIVE is not self:
-                return
-            engine = load_engine()  # loaded already: returns it
-            ext = _engine_ext()
-            self._ids = EngineIds(engine)
-            ext.device_set_flags(False, False)
-            ext.device_drain()  # reports from before this capture (none should be) are not its
-            max_buffered = self._max or getattr(self._rec, "max_buffered_events", None)
-            if max_buffered:
-                ext.device_set_max(int(max_buffered))
-            self._dtypes = {kind: np.dtype({"names": [f[0] for f in lay["fields"]],
-                                            "offsets": [f[1] for f in lay["fields"]],
-                                            "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
-                            for kind, lay in ext.device_layout().items()}
-            _set_capturing(self._window, self._live)
+    def _stop(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            events, base = self._thread.call(session.stop)
+            from neuron_prof.device_activity import device_tables
 
-    def _device_ids(self, rec: Recorder, index: np.ndarray) -> np.ndarray:
-        import torch
+            label = _labeler(session.backend)
+            tables = device_tables(events, label=label, shift_ns=base - self._offset,
+                                   first_kernel_id=self._next_kernel, threads=_kineto_threads())
+        except Exception as exc:  # noqa: BLE001 - a trace that could not be read: its rows are lost
+            # what it held is not known: the stretch it covered is a gap, the error its first one's
+            self._guard.lost("device_kernels", exc, n=0)
+            self._gaps.append((session.started, time.monotonic_ns(),
+                               f"the device's trace could not be read: {type(exc).__name__}: {exc}"[:300]))
+            return
+        self._next_kernel += len(tables.kernels)
+        self._pending.append(tables)
 
-        backend = torch._C._get_privateuse1_backend_name()
-        if backend != self._backend:  # renamed (rename_privateuse1_backend) since the last flush
-            self._backend, self._devices = backend, {}
-        out = np.empty(len(index), np.int32)
-        for i in np.unique(index).tolist():
-            sid = self._devices.get(i)
-            if sid is None:
-                sid = self._devices[i] = rec.intern(backend if i < 0 else f"{backend}:{i}")
-            out[index == i] = sid
-        return out
+    def _end_gap(self) -> None:
+        if self._gap is not None:
+            since, why = self._gap
+            self._gaps.append((since, time.monotonic_ns(), why))
+            self._gap = None
+
+    def _append(self, rec: Recorder, tables: DeviceTables) -> None:
+        """``tables``' rows of this window (a late kernel of an earlier trace, or a warmup step's
+        row, is dropped), strings interned."""
+        since = max(self._window_start, self._discard_before)
+        kept: np.ndarray | None = None  # the kernels kept: their links to launches go with them
+        for table, df in tables.tables().items():
+            if table == "kernel_enqueues" and kept is not None:
+                df = df[np.isin(df["kernel"].to_numpy(), kept)]
+            elif "ts" in df.columns:
+                df = df[df["ts"].to_numpy() >= since]
+            if table == "device_kernels":
+                kept = df["id"].to_numpy()
+            if not len(df):
+                continue
+            cols = {c: df[c].to_numpy() for c in df.columns}
+            for c in _STRING_COLUMNS[table]:
+                cols[c] = np.array([rec.intern(str(v)) for v in cols[c]], np.int32)
+            rec.append(table, cols)
+
+    def _attach_hooks(self) -> None:
+        """The hook API's queue state, kept all through an always-on capture."""
+        if self._live:
+            _engine_ext().device_set_live(True)
+
+
+def _kineto_threads() -> dict[int, int]:
+    """OS tids by ``libkineto::threadId()``, for the threads the op observer saw (the ones that
+    launch device work): how a session without CPU activity names CUDA's runtime calls. An id
+    that is some thread's OS tid as well is left as it is."""
+    ids = _engine_ext().kineto_thread_ids()
+    known = set(ids.values())
+    return {k: v for k, v in ids.items() if k not in known}
+
+
+def _backend_name() -> str:
+    import torch
+
+    return torch._C._get_privateuse1_backend_name()
+
+
+def _labeler(backend: str):
+    names: dict[int, str] = {}
+
+    def label(index: int) -> str:
+        name = names.get(index)
+        if name is None:
+            name = names[index] = backend if index < 0 else f"{backend}:{index}"
+        return name
+
+    return label
+
+
+def _user_profiler_running() -> bool:
+    """Whether a profiler of the job's holds torch's profiler state now (this thread's, or
+    torch.profiler's flag)."""
+    try:
+        import torch.autograd.profiler as profiler
+        from torch._C._autograd import _profiler_enabled
+
+        return bool(_profiler_enabled() or getattr(profiler, "_is_profiler_enabled", False))
+    except ImportError:
+        return False

@@ -88,6 +88,10 @@ def main(argv: list[str]) -> None:
         train()
         return
     import neuron_prof
+    from neuron_prof.testing import neuron
+    # the device comes up before the capture starts: a device enabled inside a captured step is
+    # seen from the next step boundary on (its backend's profiler was not there to start)
+    neuron.enable(launch_us=LAUNCH_US)
     with neuron_prof.profile(argv[0]) as prof:
         train(int(argv[1]) if len(argv) > 1 else 8, prof)
 

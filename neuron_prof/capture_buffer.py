@@ -33,7 +33,7 @@ the default ``max_bytes`` a capture moves its journals once, at close (about a s
 and this bound keeps an unbudgeted one's pauses as rare."""
 EVENT_TABLES = ("ops", "marks")
 DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks", "event_enqueues",
-                 "event_completions", "stream_waits", "stream_syncs")
+                 "event_completions", "stream_waits", "stream_syncs", "device_copies", "device_gaps")
 DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
 """Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
 and compiles go on)."""

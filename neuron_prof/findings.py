@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from neuron_prof.recording import went_on
-from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceSection, DumpCollective, DumpQueue,
-                                          InFlight, MemoryLeak, MemorySection, StepStats, Straggler, StragglerSite,
-                                          Summary)
+from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceGap, DeviceSection, DumpCollective,
+                                          DumpQueue, InFlight, MemoryLeak, MemorySection, Stall, StepStats, Straggler,
+                                          StragglerSite, Summary)
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
@@ -74,6 +74,8 @@ def findings(summary: Summary) -> list[Finding]:
                               f"{x.device}{where}, confidence {x.confidence:.2f}" + (f"; {note}" if note else ""))
     for cut in health.detail_cuts:
         add("medium", "overview", f"on rank {cut.rank}, {detail_cut_text(cut)}")
+    for gap in health.device_gaps:
+        add("medium", "device", device_gap_text(gap))
     colls = summary.collectives if isinstance(summary.collectives, CollectivesSection) else None
     if colls:
         for x in colls.in_flight:
@@ -161,7 +163,7 @@ def _device_findings(device: DeviceSection, steps: list[StepStats], add: Callabl
             bound = 2 * kinds.get("device-bound", 0) > sum(kinds.values())
             add("info" if bound else "medium", "device",
                 f"the host waits {wait:.2f} ms per steady step for the device on rank {rank} "
-                f"({100 * wait / step_ms:.0f}% of a step); most at {top.source or '(outside any op)'}"
+                f"({100 * wait / step_ms:.0f}% of a step); most at {stall_site(top)}"
                 f"{called_from(top)} ({top.host_op or '-'}, {top.reason}: {top.per_step_ms:.2f} ms per step)"
                 + ("; the steps are device-bound, so this is the device's own time showing on the host: a faster "
                    "device side (fusion, compiling), not fewer syncs, shortens them" if bound else
@@ -280,6 +282,20 @@ def detail_cut_text(cut: DetailCut) -> str:
     return (f"detail stopped after step {cut.step}{when}, with {format_bytes(cut.bytes)} on disk ({what} "
             f"{limit}): {tables} of the {cut.later_steps} later steps were not captured (their step times and "
             f"per-step memory were); raise with {flag}")
+
+
+def device_gap_text(gap: DeviceGap) -> str:
+    """Steps of a capture without a device trace, and why (a ``health.device_gaps`` row): their
+    device figures are unknown, so every device figure of the report leaves them out."""
+    steps = f"step {gap.first_step}" if gap.first_step == gap.last_step else f"steps {gap.first_step}-{gap.last_step}"
+    return f"rank {gap.rank}: no device trace in {steps} (device figures leave them out): {gap.reason}"
+
+
+def stall_site(x: Stall) -> str:
+    """Where the host waited (a ``device.stalls`` row): its line; else, in an op the capture or
+    trace has no stack for (a torch.profiler trace recorded without ``with_stack=True``), that it
+    has no line; else that no op was open."""
+    return x.source or ("(no line recorded)" if x.host_op else "(outside any op)")
 
 
 def user_line(x: Sited) -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from pandas.api.types import union_categoricals
 
 from neuron_prof.keys import backend_key, thread_key, thread_key_parts
+from neuron_prof.open_ops import innermost_ops, last_at_or_before
 from neuron_prof.paths import display_frame, display_path, is_user_file
 from neuron_prof.reader import RankData, read_run
 from neuron_prof.schema import (ATTRIBUTE_OF_TABLE, COLLECTIVE_STATUS, INFLIGHT_STATES, MEMORY_KINDS, REFERENCES,
@@ -342,6 +343,77 @@ def _inflight_rows(rd: RankData, table: pd.DataFrame) -> pd.DataFrame:
         **{c: "" for c in SOURCE_COLUMNS}, "stack": np.zeros(n, np.int32), "bwd": False})
 
 
+HOST_CONTEXT_AT = {"device_enqueues": "ts", "queue_flushes": "ts", "stream_syncs": "ts", "fallbacks": "ts",
+                   "event_enqueues": "ts", "device_copies": "host_ts"}
+"""Device tables whose rows have a host side, and the column of its time: a launch, a wait, a call
+into the device, on thread ``tid``."""
+HOST_CONTEXT_SINCE = 5
+"""The schema version from which a rank's device rows come from Kineto, which names a host call's
+thread and time only: their host op, module, stack and pass are the ops' (before it the backend
+hook API recorded them at capture)."""
+
+
+def _with_host_context(run: Run, df: pd.DataFrame, at: str) -> pd.DataFrame:
+    """The host op open on each row's thread at its time (``at``), with its module, source lines
+    and pass, from ``ops``: for rows of ranks whose capture (or import) took them from a profiler
+    trace. A row with no op open there keeps an empty host op; its line is the backward() call's
+    when it ran on autograd's thread of a device during a backward pass (DDP's reducer waits there
+    for its all-reduces, outside any op, where Python has no frame): the line the collectives
+    collector gave the collectives that thread issued last (``_backward_lines``), else none."""
+    joined = [rd.rank for rd in run.rank_data if rd.meta.get("schema_version", 1) >= HOST_CONTEXT_SINCE]
+    rows = np.flatnonzero(np.isin(df["rank"].to_numpy(), joined)) if joined and len(df) else np.zeros(0, np.int64)
+    if not len(rows):
+        return df
+    t = df[at].to_numpy(np.int64)[rows]
+    rank, tid = df["rank"].to_numpy()[rows], df["tid"].to_numpy()[rows]
+    ops = run.ops
+    pos = innermost_ops(rank, tid, t, ops)
+    pos[t < 0] = -1
+    for col, src in (("host_op", "name"), ("module", "module")):
+        df[col] = _take_categories(df[col], rows, ops[src], pos)
+    for col in ("stack", "bwd"):
+        values = df[col].to_numpy().copy()
+        values[rows] = np.where(pos >= 0, ops[col].to_numpy()[np.maximum(pos, 0)], values[rows])
+        df[col] = values
+    # the line: the op's, or where it has none, the backward() call's on autograd's device thread
+    lined = np.where(pos >= 0, ops["stack"].to_numpy()[np.maximum(pos, 0)], 0) != 0
+    issued = _backward_lines(run, rank, tid, t) if not lined.all() else np.full(len(rows), -1)
+    issued[lined] = -1
+    coll = run.collectives
+    for col in SOURCE_COLUMNS:
+        from_ops = _take_categories(df[col], rows, ops[col], np.where(lined, pos, -1))
+        df[col] = _take_categories(pd.Series(from_ops), rows[~lined], coll[col], issued[~lined]) if (~lined).any() \
+            else from_ops
+    return df
+
+
+def _backward_lines(run: Run, rank: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per host-side row (rank, thread, time), the position in ``collectives`` of the last
+    collective its thread issued at or before it in a backward pass with a line (its issue call
+    took the backward() call's: see ``collectors/collectives.py``), -1 where none."""
+    c = run.collectives
+    keep = np.flatnonzero(c["bwd"].to_numpy(bool) & (c["user_source"].astype(str).to_numpy() != "")) if len(c) \
+        else np.zeros(0, np.int64)
+    if not len(keep):
+        return np.full(len(t), -1, np.int64)
+    key, ts = thread_key(c["rank"].to_numpy()[keep], c["tid"].to_numpy()[keep]), c["ts"].to_numpy(np.int64)[keep]
+    order = np.lexsort((ts, key))
+    pos = last_at_or_before(key[order], ts[order], thread_key(rank, tid), t)
+    return np.where(pos >= 0, keep[order][np.maximum(pos, 0)], -1)
+
+
+def _take_categories(dst: pd.Series, rows: np.ndarray, src: pd.Series, pos: np.ndarray) -> pd.Categorical:
+    """``dst`` (categorical) with ``rows`` set to ``src``'s value at ``pos`` ("" where -1), code by
+    code: no string per row."""
+    src = src.astype("category")
+    cats = pd.Index(dst.cat.categories).union(pd.Index(src.cat.categories)).union(pd.Index([""]))
+    codes = cats.get_indexer(dst.cat.categories)[dst.cat.codes.to_numpy()]
+    taken = cats.get_indexer(src.cat.categories)[src.cat.codes.to_numpy()[np.maximum(pos, 0)]] if len(src) \
+        else np.zeros(len(pos), np.int64)
+    codes[rows] = np.where(pos >= 0, taken, cats.get_loc(""))
+    return pd.Categorical.from_codes(codes, categories=cats)
+
+
 def _device_kernels(run: Run, df: pd.DataFrame) -> pd.DataFrame:
     """Adds ``enqueue_ids``: the ``device_enqueues.id`` of the ops each kernel ran, a list."""
     links = run.kernel_enqueues
@@ -377,9 +449,9 @@ _FINISHED: dict[str, Callable[[Run, pd.DataFrame], pd.DataFrame]] = {
     "process_memory": lambda run, df: df.sort_values(["rank", "step"], ignore_index=True),
     "collectives": _collectives,
     "groups": lambda run, df: df.drop_duplicates(["rank", "group"], keep="last", ignore_index=True),
-    "device_enqueues": _by_rank_ts, "queue_flushes": _by_rank_ts, "fallbacks": _by_rank_ts,
-    "event_enqueues": _by_rank_ts, "event_completions": _by_rank_ts, "stream_waits": _by_rank_ts,
-    "stream_syncs": _by_rank_ts,
+    **{table: (lambda at: lambda run, df: _by_rank_ts(run, _with_host_context(run, df, at)))(at)
+       for table, at in HOST_CONTEXT_AT.items()},
+    "event_completions": _by_rank_ts, "stream_waits": _by_rank_ts, "device_gaps": _by_rank_ts,
     "device_kernels": _device_kernels,
 }
 

@@ -11,18 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: manifest lines carry CRC-32s of the committed bytes and of themselves (``store.sign``);
 readers verify them for runs of version 2 and read version 1 runs without. 3: always-on capture
 samples its detail, and a dump names the steps it wrote whole in ``dumped_steps`` (version 2's
 always-on ranks kept every step's detail: a dump's first_step..last_step were those steps). Tables
 added since (``dump_collectives``, ``dump_queues``) need no new version: a reader that predates
-them skips them, and reads an older run as having none. 4: ``ops.recompute`` (:data:`ADDED_COLUMNS`)."""
+them skips them, and reads an older run as having none. 4: ``ops.recompute`` (:data:`ADDED_COLUMNS`). 5: the
+device tables come from the backend's Kineto activity (``neuron_prof.device_activity``): their rows'
+host op, module, stack and pass are joined from ``ops`` at read time (an older run's backend hook API
+recorded them; the reader keeps those), ``device_copies`` and ``device_gaps`` are new, and
+``device_enqueues.queue_depth`` is -1 where the backend does not say it."""
 TABLE_SUFFIX = ".arrows"
 JOURNAL_SUFFIX = ".journal"
 JOURNALED = ("ops", "steps", "marks", "metrics", "memory_events", "memory_steps", "process_memory", "collectives",
              "device_enqueues", "queue_flushes", "device_kernels", "kernel_enqueues", "fallbacks", "event_enqueues",
-             "event_completions", "stream_waits", "stream_syncs")
+             "event_completions", "stream_waits", "stream_syncs", "device_copies")
 """Tables written at every step boundary: rows go first to ``<table>.journal`` as packed
 little-endian records (one write per step, cheap), and are moved into the Arrow stream in bulk
 (every few seconds and at close). Readers read both, each up to its committed size."""
@@ -127,11 +131,12 @@ TABLES: dict[str, pa.Schema] = {
         ("group", _i32), ("desc", _i32), ("backend", _i32), ("size", _i32), ("group_rank", _i32),
         ("ranks", pa.list_(_i32)),
     ]),
-    # device queue, kernels and CPU fallbacks, as the device backend reports them through the
-    # backend hook API (collector "device"; collectors/device.py). device: "neuron:0"-style
-    # (PrivateUse1 backend name and index); tid: the reporting OS thread; host_op/module/stack/bwd:
-    # the host op open on that thread (for an enqueue, the op that enqueued: its ops row holds ts on
-    # tid). id: unique, increasing per process. reason: sync, size, fallback, synchronize, other,
+    # what the device did, as its backend reports it to PyTorch's profiler (Kineto; collector
+    # "device", neuron_prof.device_activity; an imported trace's the same). device: "neuron:0"-style
+    # (the backend's name and index); tid: the host thread of a launch, wait or call (0 for a
+    # kernel); host_op/module/stack/bwd: the host op open on that thread at ts, joined from ``ops``
+    # at read time (0 as written since schema 5). id: an enqueue's is its launch's correlation id, a
+    # kernel's its own, unique per process. reason: sync, size, fallback, synchronize, other,
     # stream_synchronize, event_synchronize
     "device_enqueues": pa.schema([
         ("ts", _i64), ("tid", _i64), ("id", _i64), ("device", _i32), ("stream", _i32), ("op", _i32),
@@ -168,6 +173,17 @@ TABLES: dict[str, pa.Schema] = {
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("device", _i32), ("stream", _i32), ("event", _i64),
         ("reason", _i32), ("ops", _i32), ("host_op", _i32), ("module", _i32), ("stack", _i32), ("bwd", pa.bool_()),
     ]),
+    # copies and sets on the device (Kineto's gpu_memcpy, gpu_memset): kind (HtoD, DtoH, DtoD, HtoH,
+    # PtoP ... as the copy's name says; memset), bytes (-1: not said), and the host call that issued
+    # it: tid, host_ts (-1: none seen), its host op at read time
+    "device_copies": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("device", _i32), ("stream", _i32), ("kind", _i32), ("bytes", _i64),
+        ("name", _i32), ("tid", _i64), ("host_ts", _i64), ("host_op", _i32), ("module", _i32), ("stack", _i32),
+        ("bwd", pa.bool_()),
+    ]),
+    # stretches of capture windows whose device activity was not captured, and why (the job's own
+    # torch.profiler held Kineto, Kineto did not start)
+    "device_gaps": pa.schema([("ts", _i64), ("dur", _i64), ("reason", _i32)]),
     # always-on capture's dumps (neuron_prof/alwayson.py): one row per thread named by a dump;
     # first_step..last_step: the steps whose detail it wrote (last_step: the one in flight)
     "dumps": pa.schema([
@@ -240,6 +256,8 @@ _STRING_IDS = {
     "event_completions": ("device",),
     "stream_waits": ("device",),
     "stream_syncs": ("device", "reason", "host_op", "module"),
+    "device_copies": ("device", "kind", "name", "host_op", "module"),
+    "device_gaps": ("reason",),
     "dumps": ("reason",),
     "dump_collectives": ("op", "group"),
     "dump_queues": ("device", "flush_reason"),
@@ -358,6 +376,12 @@ DESCRIPTIONS: dict[str, str] = {
                     "row of the same rank, tid and ts): rank, ts, dur, tid, device, stream (-1: every stream of "
                     "the device), event (0: none), reason (as in ``queue_flushes``, and stream_synchronize, "
                     "event_synchronize), ops, host_op, module, source, ..., bwd, step.",
+    "device_copies": "Copies and sets the device ran (Kineto's gpu_memcpy and gpu_memset): rank, ts, dur, device, "
+                     "stream, kind (HtoD, DtoH, DtoD, HtoH, PtoP, memset), bytes (-1: not said), name, and the host "
+                     "call that issued it: tid, host_ts (-1: none seen), its host op (host_op, module, source, ..., "
+                     "bwd), step.",
+    "device_gaps": "Stretches of capture windows whose device activity was not captured: rank, ts, dur, reason (the "
+                   "job's own torch.profiler held Kineto, Kineto did not start), step.",
     "clock_sync": "Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's time = "
                   "ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that applies "
                   "is 0). ``analysis.clock.clock_offsets`` turns it into the offsets used.",

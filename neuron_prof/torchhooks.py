@@ -25,11 +25,12 @@ step hooks, the compiler collector's wrappers):
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from neuron_prof._bootstrap.imports import when_imported
 
-__all__ = ["when_imported", "hide_from_dynamo", "skip_frames", "without_ops"]
+__all__ = ["when_imported", "hide_from_dynamo", "skip_frames", "without_ops", "ProfilerWatcher",
+           "watch_user_profilers"]
 
 
 _record_function_switch: Callable[[bool], None] | None = None  # torch's, once torch is imported
@@ -101,3 +102,81 @@ def hide_from_dynamo(fn: types.FunctionType) -> Callable[[], None]:
             state["config"] = None
 
     return undo
+
+
+class ProfilerWatcher(Protocol):
+    """What a collector does when the job turns a torch profiler on or off (``watch_user_profilers``).
+    Each method runs inside the job's call and must not raise."""
+
+    def profiler_starting(self, phase: str) -> None:
+        """Before torch's ``_prepare_profiler`` (``phase`` "prepare": torch.profiler's warmup) or
+        ``_enable_profiler`` ("enable"), on the job's thread."""
+
+    def profiler_start_failed(self) -> None:
+        """``_enable_profiler`` raised (the job gets the exception)."""
+
+    def profiler_stopped(self) -> None:
+        """After ``_disable_profiler`` returned or raised."""
+
+
+_watchers: list[ProfilerWatcher] = []
+_profiler_originals: dict[str, Callable] = {}
+
+
+def watch_user_profilers(watcher: ProfilerWatcher) -> Callable[[], None]:
+    """Tell ``watcher`` when the job starts or stops a torch profiler: ``torch.autograd.profiler``'s
+    ``_prepare_profiler``, ``_enable_profiler`` and ``_disable_profiler`` (what ``torch.profiler``,
+    ``emit_nvtx`` and ``emit_itt`` call) are wrapped once, for every watcher: torch keeps one
+    profiler state per thread and Kineto one trace per process, so a collector that holds either
+    steps aside first. Returns the undo; torch's functions come back with the last watcher gone."""
+    import torch.autograd.profiler as profiler
+
+    if not _watchers:
+        originals = {name: getattr(profiler, name, None) for name in _WRAPPERS}
+        if any(fn is None for fn in originals.values()):
+            return lambda: None
+        _profiler_originals.update(originals)
+        for name, wrapper in _WRAPPERS.items():
+            skip_frames(wrapper, recursive=False)
+            setattr(profiler, name, wrapper)
+    _watchers.append(watcher)
+
+    def undo() -> None:
+        if watcher in _watchers:
+            _watchers.remove(watcher)
+        if not _watchers and _profiler_originals:
+            for name, wrapper in _WRAPPERS.items():
+                if getattr(profiler, name, None) is wrapper:
+                    setattr(profiler, name, _profiler_originals[name])
+            _profiler_originals.clear()
+
+    return undo
+
+
+def _prepare_profiler(*args: Any, **kwargs: Any) -> Any:
+    for w in list(_watchers):
+        w.profiler_starting("prepare")
+    return _profiler_originals["_prepare_profiler"](*args, **kwargs)
+
+
+def _enable_profiler(*args: Any, **kwargs: Any) -> Any:
+    for w in list(_watchers):
+        w.profiler_starting("enable")
+    try:
+        return _profiler_originals["_enable_profiler"](*args, **kwargs)
+    except BaseException:
+        for w in list(_watchers):
+            w.profiler_start_failed()
+        raise
+
+
+def _disable_profiler(*args: Any, **kwargs: Any) -> Any:
+    try:
+        return _profiler_originals["_disable_profiler"](*args, **kwargs)
+    finally:
+        for w in list(_watchers):
+            w.profiler_stopped()
+
+
+_WRAPPERS: dict[str, Callable] = {"_prepare_profiler": _prepare_profiler, "_enable_profiler": _enable_profiler,
+                                  "_disable_profiler": _disable_profiler}

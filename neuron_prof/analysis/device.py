@@ -3,8 +3,9 @@ what that cost the step.
 
 On an asynchronous device the host's op times say little: an op returns once it is queued, and
 the time shows up later, as a wait, on whatever line needs a value. So these analyses work from
-what the device backend reported through the backend hook API (``Run.device_enqueues``,
-``Run.queue_flushes``, ``Run.device_kernels``, ``Run.fallbacks``) and answer:
+what the device backend reported to PyTorch's profiler (Kineto: ``Run.device_kernels``,
+``Run.device_enqueues``, ``Run.queue_flushes``, ``Run.fallbacks``, ``Run.device_copies``) and
+answer:
 
 - **correlation**: which host op (``Run.ops`` row, so module path and source line) queued each
   op a kernel ran, and how long it waited in the queue;
@@ -28,10 +29,12 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from neuron_prof.analysis.device_collectives import is_collective_kernel
 from neuron_prof.analysis.intervals import covered
 from neuron_prof.analysis.ops import in_steps
 from neuron_prof.analysis.steps import captured_steps, steps_per_rank
 from neuron_prof.keys import backend_key, thread_key
+from neuron_prof.open_ops import innermost_ops, last_at_or_before
 
 DEVICE_BOUND_BUSY = 0.70
 """A step is device-bound when its busiest device ran kernels for at least this share of it:
@@ -71,44 +74,10 @@ def _str_values(col: pd.Series) -> np.ndarray:
 # --------------------------------------------------------------------------- correlation
 
 
-def _last_at_or_before(keys: np.ndarray, ts: np.ndarray, qkeys: np.ndarray, qts: np.ndarray) -> np.ndarray:
-    """Per query, the position in ``keys``/``ts`` (sorted by key, then ts) of the last element
-    with the query's key and ``ts <= qts``; -1 where there is none. One search per thread."""
-    out = np.full(len(qkeys), -1, dtype=np.int64)
-    if not len(keys):
-        return out
-    first = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))  # keys are sorted
-    uniq = keys[first]
-    bounds = np.append(first, len(keys))
-    for i, k in enumerate(uniq):
-        q = np.flatnonzero(qkeys == k)
-        if len(q):
-            lo, hi = bounds[i], bounds[i + 1]
-            pos = np.searchsorted(ts[lo:hi], qts[q], side="right") - 1
-            out[q] = np.where(pos >= 0, pos + lo, -1)
-    return out
-
-
 def enqueuing_ops(enqueues: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     """Per enqueue, the position in ``ops`` of the innermost op open on its rank and thread at its
     time (the op that queued it: its host op), -1 where none was captured."""
-    out = np.full(len(enqueues), -1, dtype=np.int64)
-    if enqueues.empty or ops.empty:
-        return out
-    okey, ots = thread_key(ops["rank"], ops["tid"]), ops["ts"].to_numpy(np.int64)
-    oend, odepth = ots + ops["dur"].to_numpy(np.int64), ops["depth"].to_numpy()
-    ekey, ets = thread_key(enqueues["rank"], enqueues["tid"]), enqueues["ts"].to_numpy(np.int64)
-    for d in range(int(odepth.max()), -1, -1):  # innermost first; ops at one depth of a thread never overlap
-        at = np.flatnonzero(odepth == d)
-        todo = np.flatnonzero(out < 0)
-        if not len(at) or not len(todo):
-            continue
-        order = at[np.lexsort((ots[at], okey[at]))]
-        pos = _last_at_or_before(okey[order], ots[order], ekey[todo], ets[todo])
-        cand = order[np.maximum(pos, 0)]
-        ok = (pos >= 0) & (oend[cand] >= ets[todo])
-        out[todo[ok]] = cand[ok]
-    return out
+    return innermost_ops(enqueues["rank"].to_numpy(), enqueues["tid"].to_numpy(), enqueues["ts"].to_numpy(), ops)
 
 
 def kernel_of(enqueues: pd.DataFrame, links: pd.DataFrame) -> np.ndarray:
@@ -169,13 +138,19 @@ DEVICE_STEP_COLUMNS = ["rank", "device", "step", "ts", "dur", "kernels", "busy_n
                        "wait_ns", "wait_pct"]
 
 
-def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def device_steps(kernels: pd.DataFrame, flushes: pd.DataFrame, steps: pd.DataFrame,
+                 gaps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank, device and step (``steps``: ``RunAnalysis.step_kinds`` or plain steps; complete steps
-    captured in detail only: the backend reports nothing outside them): ``busy_ns`` (the time within the step's wall time that some kernel of the device ran,
-    whichever step queued it), ``idle_ns``, ``kernels`` (started in the step), ``wait_ns`` (time
-    within the step that a host thread of the rank waited for the device's queue: flushes), and
-    both as a percentage of the step."""
+    captured in detail only: the backend reports nothing outside them): ``busy_ns`` (the time
+    within the step's wall time that some kernel of the device ran, whichever step queued it),
+    ``idle_ns``, ``kernels`` (started in the step), ``wait_ns`` (time within the step that a host
+    thread of the rank waited for the device's queue: flushes), and both as a percentage of the
+    step. Steps a device gap overlaps (``gaps``: ``Run.device_gaps``, no device trace for a
+    while) are left out: their kernels are unknown, not absent, and an idle device there would be
+    a false "host-bound"."""
     done = captured_steps(steps, complete_only=True)
+    if gaps is not None:
+        done = traced_steps(done, gaps)
     if kernels.empty or done.empty:
         return pd.DataFrame(columns=DEVICE_STEP_COLUMNS)
     rows = []
@@ -285,8 +260,8 @@ def sync_waits(sync: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
     sk, s0 = thread_key(sync["rank"], sync["tid"]), sync["ts"].to_numpy(np.int64)
     s1 = s0 + sync["dur"].to_numpy(np.int64)
     # the thread's flushes that start within the op: after the last one before it, up to the last by its end
-    before = _last_at_or_before(fk, fts, sk, s0 - 1)
-    last = _last_at_or_before(fk, fts, sk, s1)
+    before = last_at_or_before(fk, fts, sk, s0 - 1)
+    last = last_at_or_before(fk, fts, sk, s1)
     lo = np.where(before >= 0, before + 1, np.searchsorted(fk, sk, side="left"))
     return np.where(last >= lo, cum[last + 1] - cum[lo], 0).astype(np.int64)
 
@@ -346,7 +321,9 @@ def fusion(kernels: pd.DataFrame) -> pd.DataFrame:
     fused nothing into them) and their share, device busy time, and launch cost: a device's
     fixed cost per kernel is at most its shortest kernel (``launch_floor_us``), so
     ``launch_ms`` (kernels x that) bounds from above the device time spent on launches, and
-    ``launch_pct`` is its share of the busy time: high, and fusing or compiling pays."""
+    ``launch_pct`` is its share of the busy time: high, and fusing or compiling pays. Collective
+    kernels are left out: the communication library's, no queue fuses them."""
+    kernels = kernels[~is_collective_kernel(kernels)] if len(kernels) else kernels
     if kernels.empty:
         return pd.DataFrame(columns=FUSION_COLUMNS)
     rows = []
@@ -405,8 +382,8 @@ def _strings_at(col: pd.Series, rows: np.ndarray, hit: np.ndarray) -> np.ndarray
 
 def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame,
                       top: int = 10) -> pd.DataFrame:
-    """Runs of at least ``UNFUSED_MIN_RUN`` consecutive one-op kernels on a device, within one
-    step, grouped by what they ran (``kernels``: the first ``SIGNATURE_OPS`` kernel names, "..."
+    """Runs of at least ``UNFUSED_MIN_RUN`` consecutive one-op kernels on a stream of a device
+    (collective kernels break a run: nothing fuses them), within one step, grouped by what they ran (``kernels``: the first ``SIGNATURE_OPS`` kernel names, "..."
     after) and where (the first and last op's line): ``occurrences``, ``total_kernels``,
     ``total_ms`` (device time), ``launch_ms`` (the launch-cost bound of ``fusion``),
     ``per_step`` (occurrences per ``basis`` step; None when they are not in one) and
@@ -417,14 +394,16 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
     k = kernels.reset_index(drop=True)
     floor = k.groupby(["rank", "device"], observed=True)["dur"].transform("min").to_numpy(np.int64)
     dev_code, dev_names = _str_codes(k["device"])  # codes in the names' order: sorts as the names do
-    order = np.lexsort((k["ts"].to_numpy(), dev_code, k["rank"].to_numpy()))
+    order = np.lexsort((k["ts"].to_numpy(), k["stream"].to_numpy(), dev_code, k["rank"].to_numpy()))
     n = len(order)
-    one = (k["n_ops"].to_numpy() == 1)[order]
+    one = ((k["n_ops"].to_numpy() == 1) & ~is_collective_kernel(k))[order]
     rank = k["rank"].to_numpy(np.int64)[order]
     dev = dev_code[order]
+    stream = k["stream"].to_numpy(np.int64)[order]
     step = k["step"].to_numpy(np.int64)[order]
     brk = np.ones(n, dtype=bool)
-    brk[1:] = (~one[1:]) | (~one[:-1]) | (rank[1:] != rank[:-1]) | (dev[1:] != dev[:-1]) | (step[1:] != step[:-1])
+    brk[1:] = (~one[1:]) | (~one[:-1]) | (rank[1:] != rank[:-1]) | (dev[1:] != dev[:-1]) | \
+        (stream[1:] != stream[:-1]) | (step[1:] != step[:-1])
     # a run of one-op kernels: from a break at a one-op kernel to the next break
     bpos = np.flatnonzero(brk)
     starts = np.flatnonzero(one & brk)
@@ -475,8 +454,10 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
 def queue_depth(enqueues: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
     """Per rank and device, the queue's depth over time: rank, device, ts, depth. At each enqueue
     the depth the backend reported (ops queued and not yet run, the new one included); at each
-    kernel's end that less the ops of the kernels that ended since."""
+    kernel's end that less the ops of the kernels that ended since. Devices whose backend does not
+    say its depth (CUDA: -1) have none."""
     cols = ["rank", "device", "ts", "depth"]
+    enqueues = enqueues[enqueues["queue_depth"].to_numpy() >= 0] if len(enqueues) else enqueues
     if enqueues.empty:
         return pd.DataFrame(columns=cols)
     parts = []
@@ -559,6 +540,37 @@ def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
     return out[COVERAGE_COLUMNS]
 
 
+# --------------------------------------------------------------------------- copies
+
+
+COPY_COLUMNS = ["rank", "device", "kind", "user_source", "copies", "bytes", "total_ms", "in_steps", "bytes_per_step",
+                "per_step_ms", "gbps"]
+
+
+def copy_summary(copies: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, device, direction (``kind``: HtoD, DtoH, DtoD ... memset) and the user's line
+    that issued them (``Run.device_copies``): copies, bytes and device time over the run, and over
+    the ``basis`` steps their bytes and time per step (None when none fell in them), and the rate
+    (GB/s over their device time). Most bytes first."""
+    if copies.empty:
+        return pd.DataFrame(columns=COPY_COLUMNS)
+    n = steps_per_rank(basis)
+    hit = in_steps(copies, basis) if n else np.zeros(len(copies), dtype=bool)
+    known = np.maximum(copies["bytes"].to_numpy(np.int64), 0)
+    c = copies.assign(hit=hit, b=known, hit_b=np.where(hit, known, 0), hit_dur=np.where(hit, copies["dur"], 0),
+                      device=copies["device"].astype(str), kind=copies["kind"].astype(str),
+                      user_source=copies["user_source"].astype(str))
+    g = c.groupby(["rank", "device", "kind", "user_source"])
+    out = pd.DataFrame({"copies": g.size(), "bytes": g["b"].sum(), "total_ms": g["dur"].sum() / 1e6,
+                        "in_steps": g["hit"].sum(), "hit_b": g["hit_b"].sum(), "hit_ns": g["hit_dur"].sum(),
+                        "ns": g["dur"].sum()}).reset_index()
+    some = (out["in_steps"] > 0) & bool(n)
+    out["bytes_per_step"] = (out["hit_b"] / max(n, 1)).astype(object).where(some, None)
+    out["per_step_ms"] = (out["hit_ns"] / 1e6 / max(n, 1)).astype(object).where(some, None)
+    out["gbps"] = (out["bytes"] / out["ns"].where(out["ns"] > 0)).astype(object).where(out["ns"] > 0, None)
+    return out.sort_values(["bytes", "total_ms"], ascending=False, ignore_index=True)[COPY_COLUMNS]
+
+
 # --------------------------------------------------------------------------- custom kernels
 
 
@@ -621,3 +633,32 @@ def custom_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFram
                      "user_sources": sorted(lines), "graphs": sorted({x for x in g["graph"] if x})})
     return pd.DataFrame(rows, columns=CUSTOM_KERNEL_COLUMNS).sort_values("total_ms", ascending=False,
                                                                          ignore_index=True)
+
+
+# --------------------------------------------------------------------------- capture gaps
+
+
+GAP_COLUMNS = ["rank", "first_step", "last_step", "reason"]
+
+
+def traced_steps(steps: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` less those a device gap overlaps (``gap_steps``): the steps whose device side is
+    known, the basis of every per-step device figure."""
+    if gaps.empty or steps.empty:
+        return steps
+    lost = np.zeros(len(steps), dtype=bool)
+    for g in gap_steps(gaps, steps).itertuples():
+        lost |= (steps["rank"].to_numpy() == g.rank) & steps["step"].between(g.first_step, g.last_step).to_numpy()
+    return steps[~lost]
+
+
+def gap_steps(gaps: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per device gap (``Run.device_gaps``: a stretch of a capture window without device activity),
+    the first and last step it overlaps and why; gaps that overlap no step are left out."""
+    rows = []
+    for g in gaps.itertuples():
+        s = steps[steps["rank"] == g.rank]
+        hit = s[(s["ts"] < g.ts + g.dur) & (s["ts"] + s["dur"] > g.ts)]
+        if len(hit):
+            rows.append((int(g.rank), int(hit["step"].min()), int(hit["step"].max()), str(g.reason)))
+    return pd.DataFrame(rows, columns=GAP_COLUMNS)

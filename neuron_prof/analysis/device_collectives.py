@@ -28,8 +28,10 @@ from neuron_prof.analysis.ops import in_steps, name_mask
 from neuron_prof.analysis.steps import steps_per_rank
 from neuron_prof.analysis.streams import host_call, match_last, pick
 
-COLLECTIVE_KERNEL_PREFIX = "c10d::"
-"""How a backend names a collective's kernel: by the c10d op that issued it."""
+COLLECTIVE_KERNEL_PREFIXES = ("c10d::", "nccl", "rccl")
+"""How a collective's kernel is named: by the c10d op that issued it (a backend that queues its
+collectives, the emulated device), or by its library (NCCL's ``ncclDevKernel_AllReduce_...``,
+RCCL's)."""
 OVERLAP_COLUMNS = ["rank", "device", "step", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 SUMMARY_COLUMNS = ["rank", "device", "steps", "kernels_per_step", "comm_ms", "overlapped_ms", "exposed_ms",
                    "overlapped_pct"]
@@ -48,7 +50,7 @@ def _or_no_line(lines: np.ndarray) -> np.ndarray:
 
 def is_collective_kernel(kernels: pd.DataFrame) -> np.ndarray:
     """Mask of the kernels (``Run.device_kernels`` rows) that ran a collective."""
-    return name_mask(kernels, lambda name: name.startswith(COLLECTIVE_KERNEL_PREFIX))
+    return name_mask(kernels, lambda name: name.startswith(COLLECTIVE_KERNEL_PREFIXES))
 
 
 def _issue_of(rows: pd.DataFrame, t, collectives: pd.DataFrame) -> np.ndarray:
@@ -60,7 +62,7 @@ def _issue_of(rows: pd.DataFrame, t, collectives: pd.DataFrame) -> np.ndarray:
 
 
 def collective_kernels(kernels: pd.DataFrame, enqueues: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
-    """One row per collective kernel (``Run.device_kernels`` named ``c10d::...``) whose issue was
+    """One row per collective kernel (``Run.device_kernels`` named ``c10d::...``, ``nccl...``) whose issue was
     captured: that collective's ``Run.collectives`` row with ``ts``/``dur``/``done`` the kernel's
     (device time), ``issue_ts`` the host's issue, ``step`` the kernel's, and the kernel's
     ``device``, ``stream`` and ``kernel`` (id)."""

@@ -216,6 +216,8 @@ def _evaluate(name: str, shapes_text: str, dtypes_text: str) -> tuple[int, int, 
     """(kind, FLOPs, bytes, reason) of one registry op's recorded call."""
     from torch.utils.flop_counter import flop_registry
     packet = _registry()[name]
+    if not shapes_text:
+        return UNKNOWN, 0, math.nan, "no shapes were recorded (torch.profiler records them with record_shapes=True)"
     try:
         shapes = json.loads(shapes_text)
         dtypes = dtypes_text.split(",") if dtypes_text else []  # dtype names hold no commas
@@ -350,9 +352,9 @@ def _rates(out: pd.DataFrame, ns: pd.Series) -> pd.DataFrame:
 
 def op_efficiency(ops: pd.DataFrame, f: OpFlops, run_ns: np.ndarray, keep: np.ndarray, per_rank: int) -> pd.DataFrame:
     """Per rank and op name of the counted ``keep`` ops: calls, FLOPs, bytes and time per step
-    (``per_rank`` steps), achieved TFLOP/s and FLOPs per byte. The time is each op's run time
-    (``run_ns``: its duration less compiling), what it ran inside it included: its FLOPs are
-    that work's. Bytes NaN where some call's are unknown. Most FLOPs first."""
+    (``per_rank`` steps), achieved TFLOP/s and FLOPs per byte. The time is each op's (``run_ns``:
+    its run time, what it ran inside it included, or on a device the time of the kernels that ran
+    its work: ``op_device_ns``). Bytes NaN where some call's are unknown. Most FLOPs first."""
     mine = keep & (f.kind == COUNTED)
     if not per_rank or not mine.any():
         return pd.DataFrame(columns=OP_COLUMNS)
@@ -377,6 +379,35 @@ def _owner(f: OpFlops, parent: np.ndarray, depth: int) -> np.ndarray:
             break
         owner = np.where(inherit, owner[up], owner)
     return owner
+
+
+def op_device_ns(corr: pd.DataFrame, f: OpFlops, parent: np.ndarray, depth: int, n_ops: int) -> np.ndarray:
+    """Per op row, the device time of its counted work (``corr``: ``analysis.device.correlation``):
+    each kernel's duration shared among the counted ops whose queued work it ran, in proportion to
+    their FLOPs in it (equally where it ran none); -1 for an op whose work ran in no captured
+    kernel. On an asynchronous device an op's own (host) time is its launch, not its work: its
+    FLOP/s are rated on this instead."""
+    out = np.full(n_ops, -1.0)
+    if corr.empty or not n_ops:
+        return out
+    owner = _owner(f, parent, depth)
+    op = corr["op_index"].to_numpy(np.int64)
+    ran = (corr["kernel"].to_numpy() >= 0) & (op >= 0)
+    ran[ran] = owner[op[ran]] >= 0
+    c = corr[ran]
+    if c.empty:
+        return out
+    own = owner[c["op_index"].to_numpy(np.int64)]
+    share = pd.Series(own).groupby(own).transform("size").to_numpy()
+    weight = f.flops[own].astype(np.float64) / share
+    key = backend_key(c["rank"].to_numpy(), c["kernel"].to_numpy())
+    per_kernel = pd.DataFrame({"key": key, "w": weight})
+    total = per_kernel.groupby("key")["w"].transform("sum").to_numpy()
+    count = per_kernel.groupby("key")["w"].transform("size").to_numpy()
+    part = np.where(total > 0, weight / np.where(total > 0, total, 1), 1.0 / count)
+    ns = pd.Series(c["kernel_dur"].to_numpy(np.float64) * part).groupby(own).sum()
+    out[ns.index.to_numpy()] = ns.to_numpy()
+    return out
 
 
 def kernel_efficiency(corr: pd.DataFrame, f: OpFlops, parent: np.ndarray, depth: int, basis: pd.DataFrame,

@@ -232,9 +232,10 @@ class RunAnalysis:
 
     @functools.cached_property
     def device_steps(self) -> pd.DataFrame:
-        """Per rank, device and complete step: device busy and idle time, the host's waits for it
-        (``analysis.device.device_steps``)."""
-        return dev.device_steps(self.run.device_kernels, self.run.queue_flushes, self.step_kinds)
+        """Per rank, device and complete step with a device trace: device busy and idle time, the
+        host's waits for it (``analysis.device.device_steps``)."""
+        run = self.run
+        return dev.device_steps(run.device_kernels, run.queue_flushes, self.step_kinds, run.device_gaps)
 
     @functools.cached_property
     def device_collectives(self) -> DeviceCollectives:

@@ -36,7 +36,8 @@ from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
     CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommWait, CommandExit, CompileSection,
-    CompileTime, Conflict, Coverage, CustomKernel, DetailCut, DeviceComm, DeviceCommStep, DeviceSection, DeviceStep,
+    CompileTime, Conflict, Coverage, CustomKernel, DetailCut, DeviceComm, DeviceCommStep, DeviceCopy, DeviceGap, DeviceSection,
+    DeviceStep,
     DeviceThresholds, DeviceVerdict, Dump, DumpCollective, DumpQueue, DumpThread, EfficiencySection, Fallback,
     FlopsRank, FlopsStep, FlopsUnknown, Fp32Op, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight,
     KernelEfficiency, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
@@ -85,7 +86,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     phase_ns = phase_time(ops, analysis.op_phase, analysis.op_compile.run_self_ns, keep)
     sync = sync_points(ops, parent, exclude=inside)
     flushes = run.queue_flushes
-    measured = run.device_kernels.size or flushes.size or run.fallbacks.size
+    measured = run.device_kernels.size or flushes.size or run.fallbacks.size or run.device_copies.size
     sync_waits = dev.sync_waits(sync, flushes) if measured else None
     runs = comp.region_runs(ops, parent, compile_ns)
     scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
@@ -146,6 +147,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
             detail_cuts=_detail_cuts(run),
             failures=_rows(CollectorFailure, run.failures[["rank", "collector", "message"]]) if len(run.failures)
             else [],
+            device_gaps=_rows(DeviceGap, dev.gap_steps(run.device_gaps, run.steps)),
             stale_rank_dirs=[str(d) for d in run.stale_rank_dirs],
             missing_ranks=run.missing_ranks,
             conflicts=_rows(Conflict, run.conflicts),
@@ -173,9 +175,14 @@ def _efficiency(run: Run, top: int) -> EfficiencySection:
     f = flops.op_flops(ops, parent)
     steps = flops.step_flops(ops, f, keep, basis.steps)
     run_ns = ops["dur"].to_numpy() - analysis.op_compile.compile_ns
-    kernels = (flops.kernel_efficiency(analysis.device_correlation, f, parent, int(ops["depth"].max()), basis.steps,
-                                       basis.per_rank, top) if len(run.device_kernels) and len(ops) else
-               pd.DataFrame(columns=flops.KERNEL_COLUMNS))
+    kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
+    if len(run.device_kernels) and len(ops):
+        depth = int(ops["depth"].max())
+        kernels = flops.kernel_efficiency(analysis.device_correlation, f, parent, depth, basis.steps, basis.per_rank,
+                                          top)
+        # on a device an op's host time is its launch: rated on the device time of its work instead
+        device_ns = flops.op_device_ns(analysis.device_correlation, f, parent, depth, len(ops))
+        run_ns = np.where(device_ns >= 0, device_ns, run_ns)
     unpeaked = {"bound": None, "roof_pct": None}
     return EfficiencySection(
         basis=basis.kind, basis_steps=basis.per_rank, precision=flops.flop_precision(ops, f, keep),
@@ -268,8 +275,9 @@ def _dump_queues(rows: pd.DataFrame, ts: int) -> list[DumpQueue]:
 def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top: int) -> DeviceSection:
     """The Device section: per step what bounded it, the host's waits by line, fusion, fallbacks,
     coverage and custom kernels (``analysis.device``); per-step figures over the steady captured
-    steps."""
+    steps that have a device trace (a device gap's steps left out)."""
     analysis = analyze(run)
+    scope = dev.traced_steps(scope, run.device_gaps)
     kernels, corr = run.device_kernels, analysis.device_correlation
     verdicts = dev.step_verdicts(analysis.device_steps)
     overlap = streams.stream_overlap(kernels, analysis.device_streams, kinds)
@@ -289,6 +297,7 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         top_kernels=_rows(TopKernel, dev.top_kernels(kernels, corr, scope, top)),
         fusion=_rows(Fusion, dev.fusion(kernels)),
         unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope, top)),
+        copies=_rows(DeviceCopy, dev.copy_summary(run.device_copies, scope)),
         fallbacks=_rows(Fallback, dev.fallback_summary(run.fallbacks, scope)),
         coverage=_rows(Coverage, dev.coverage(run.device_enqueues, run.fallbacks)),
         custom_kernels=_rows(CustomKernel, dev.custom_kernels(

@@ -438,6 +438,23 @@ class UnfusedRun:
 
 
 @row
+class DeviceCopy:
+    """``analysis.device.copy_summary``: copies of one direction from one line."""
+
+    rank: int
+    device: str
+    kind: str
+    user_source: str
+    copies: int
+    bytes: int
+    total_ms: float
+    in_steps: int
+    bytes_per_step: float | None
+    per_step_ms: float | None
+    gbps: float | None
+
+
+@row
 class Fallback:
     """``analysis.device.fallback_summary``."""
 
@@ -591,8 +608,8 @@ class StreamWaitSite:
 
 @row
 class DeviceSection:
-    """What bounded each step, the host's waits by line, kernels, fusion, fallbacks, coverage,
-    custom kernels, streams (their use, overlap and waits for each other), collectives on the
+    """What bounded each step, the host's waits by line, kernels, fusion, copies by direction and
+    line, fallbacks, coverage, custom kernels, streams (their use, overlap and waits for each other), collectives on the
     device (communication hidden or exposed, streams waiting for them, stragglers on device time)."""
     captured: Literal[True] = True
     basis: str
@@ -604,6 +621,7 @@ class DeviceSection:
     top_kernels: list[TopKernel]
     fusion: list[Fusion]
     unfused: list[UnfusedRun]
+    copies: list[DeviceCopy]
     fallbacks: list[Fallback]
     coverage: list[Coverage]
     custom_kernels: list[CustomKernel]
@@ -1093,6 +1111,16 @@ class CollectorFailure:
 
 
 @row
+class DeviceGap:
+    """Steps of a capture window whose device activity was not captured, and why (the job's own
+    torch.profiler held Kineto, the device's trace could not be read)."""
+    rank: int
+    first_step: int
+    last_step: int
+    reason: str
+
+
+@row
 class Conflict:
     rank: int
     pid: int | float
@@ -1115,6 +1143,7 @@ class Health:
     ranks: list[RankHealth]
     detail_cuts: list[DetailCut]
     failures: list[CollectorFailure]
+    device_gaps: list[DeviceGap]
     stale_rank_dirs: list[str]
     missing_ranks: list[int]
     conflicts: list[Conflict]

@@ -11,10 +11,10 @@ from typing import Any, Callable, Sequence, TypeVar
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS
 from neuron_prof.analysis.stragglers import SHARE
-from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, device_straggler_text,
-                                  dump_collective_text,
-                                  dump_queue_text, findings,
-                                  in_flight_text, process_note, ranks_text, steps_text, straggler_text, user_line)
+from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, device_gap_text,
+                                  device_straggler_text, dump_collective_text, dump_queue_text, findings,
+                                  in_flight_text, process_note, ranks_text, stall_site, steps_text, straggler_text,
+                                  user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.summary.codec import ABSENT, to_json
 from neuron_prof.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
@@ -332,7 +332,7 @@ def _render_device(device: DeviceSection) -> list[str]:
     out.append("  Stalls: the host waiting for the device, by the line that waited")
     if device.stalls:
         rows = _most(device.stalls, lambda x: x.total_ms)
-        out += _table(rows, [("rank", "", lambda x: x.rank), ("source line", "", lambda x: x.source or "(outside any op)"),
+        out += _table(rows, [("rank", "", lambda x: x.rank), ("source line", "", stall_site),
                              *_called_from(rows), ("op", "", lambda x: x.host_op), ("why", "", lambda x: x.reason),
                              ("device", "", lambda x: x.device), ("waits", "d", lambda x: x.count),
                              ("ms/step", ".3f", lambda x: x.per_step_ms), ("mean ms", ".3f", lambda x: x.mean_ms),
@@ -382,6 +382,17 @@ def _render_device(device: DeviceSection) -> list[str]:
                          if any(k.graphs for k in device.custom_kernels) else [])])
     out += _render_streams(device)
     out += _render_device_collectives(device)
+    if device.copies:
+        out.append("  Copies (by direction and the line that issued them)")
+        out += _table(_most(device.copies, lambda x: x.bytes),
+                      [("rank", "", lambda x: x.rank), ("device", "", lambda x: x.device), ("kind", "", lambda x: x.kind),
+                       ("line", "", lambda x: x.user_source or "-"), ("copies", "d", lambda x: x.copies),
+                       ("bytes/step", "", lambda x: format_bytes(x.bytes_per_step) if x.bytes_per_step is not None
+                        else "-"),
+                       ("ms/step", ".3f", lambda x: x.per_step_ms), ("bytes", "", lambda x: format_bytes(x.bytes)),
+                       ("GB/s", ".2f", lambda x: x.gbps)])
+        if _more(device.copies):
+            out.append("  (" + _more(device.copies).lstrip("; ") + ")")
     cov = ", ".join(f"rank {c.rank} {c.device} {c.coverage_pct:.1f}% of {c.native_ops + c.fallback_ops}"
                     for c in device.coverage)
     out.append(f"  CPU fallbacks (coverage: the share of device ops run natively: {cov})")
@@ -613,6 +624,8 @@ def _render_health(summary: Summary) -> list[str]:
             out.append(f"  rank {x.rank}: {detail_cut_text(cut)}")
     for f in health.failures:
         out.append(f"  rank {f.rank}: collector {f.collector} failed: {f.message}")
+    for g in health.device_gaps:
+        out.append(f"  {device_gap_text(g)}")
     for rank in health.missing_ranks:
         out.append(f"  rank {rank}: no folder: the process was killed or crashed before its first step "
                    "(or never started)")

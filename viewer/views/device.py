@@ -23,7 +23,7 @@ import streamlit as st
 
 from neuron_prof.analysis import timeline as tla
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import Finding, device_straggler_text, findings, user_line
+from neuron_prof.findings import Finding, device_straggler_text, findings, stall_site, user_line
 from neuron_prof.summary.sections import DeviceSection, DeviceThresholds, DeviceVerdict, Stall
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
@@ -273,7 +273,7 @@ def _stalls(run, device: DeviceSection) -> None:
     if not stalls:
         st.caption("none: the host never waited for a queued op")
         return
-    _table(pd.DataFrame(stalls).assign(source=[x.source or "(outside any op)" for x in stalls],
+    _table(pd.DataFrame(stalls).assign(source=[stall_site(x) for x in stalls],
                                        called_from=[user_line(x) for x in stalls]),
            {"rank": "rank", "source": "source line", "called_from": "called from", "host_op": "op", "reason": "why",
             "device": "device", "count": "waits", "per_step_ms": "ms/step", "mean_ms": "mean ms", "max_ms": "max ms",
@@ -283,7 +283,7 @@ def _stalls(run, device: DeviceSection) -> None:
                "Stream./Event.synchronize(); "
                "ms/step over the steady captured steps")
     i = st.selectbox("source of the wait", range(len(stalls)), key="dev_stall",
-                     format_func=lambda i: f"{stalls[i].source or '(outside any op)'} · {stalls[i].reason} · "
+                     format_func=lambda i: f"{stall_site(stalls[i])} · {stalls[i].reason} · "
                                            f"{stalls[i].total_ms:.2f} ms in all")
     _show_stall_source(run, stalls[i])
 
@@ -456,6 +456,24 @@ def _fallbacks(device: DeviceSection) -> None:
                                "fallback_op_kinds": "kinds fallen back"})
 
 
+def _copies(device: DeviceSection) -> None:
+    st.subheader("Copies between host and device")
+    copies = device.copies
+    if not copies:
+        st.caption("none reported: the device's trace holds no copy (a backend that reports its copies as "
+                   "kernels shows them under Fusion)")
+        return
+    _table(pd.DataFrame(copies).assign(line=[x.user_source or "-" for x in copies],
+                                       size=[format_bytes(x.bytes) for x in copies],
+                                       per_step=[format_bytes(x.bytes_per_step) if x.bytes_per_step is not None
+                                                 else "-" for x in copies]),
+           {"rank": "rank", "device": "device", "kind": "direction", "line": "source line", "copies": "copies",
+            "per_step": "bytes/step", "per_step_ms": "ms/step", "size": "bytes", "total_ms": "total ms",
+            "gbps": "GB/s"})
+    st.caption("DtoH: device to host (a value the host reads, a tensor moved to the CPU), HtoD the other way, DtoD "
+               "within the device; per step over the steady captured steps")
+
+
 def _finding(f: Finding) -> None:
     """A finding of the report as a box: a warning for high and medium, a note for info."""
     if f.severity == "info":
@@ -527,4 +545,5 @@ _streams(device)
 warm = (dict(zip(mine["step"].astype(int).tolist(), mine["warmup"].fillna(False).astype(bool).tolist()))
         if len(mine) else {})
 _collectives(device, rank, warm)
+_copies(device)
 _fallbacks(device)
