@@ -15,12 +15,16 @@ MEMORY_VIZ = "https://pytorch.org/memory_viz"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a Perfetto (or Chrome JSON) trace, or a memory snapshot, of a run",
                        description="Write one trace for every rank of RUN. Open Perfetto traces in "
-                                   "ui.perfetto.dev; Chrome JSON also opens in chrome://tracing. "
+                                   "ui.perfetto.dev; Chrome JSON (the same tracks) also opens in chrome://tracing. "
+                                   "--format kineto writes the traces torch.profiler writes, one per rank in a "
+                                   "folder, for Kineto's readers (Holistic Trace Analysis, TensorBoard's profiler "
+                                   "plugin) and `neuron-prof import`. "
                                    "--format memory-snapshot writes one rank's memory (captured with the "
                                    f"memory collector) as PyTorch's memory snapshot pickle: open it in {MEMORY_VIZ}.")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("-o", "--output", type=Path,
-                   help="output file (default: RUN/trace.perfetto-trace, RUN/trace.json or RUN/memory-snapshot.pickle)")
+                   help="output file (default: RUN/trace.perfetto-trace, RUN/trace.json or "
+                        "RUN/memory-snapshot.pickle), or folder (kineto; default: RUN/kineto-trace)")
     p.add_argument("--format", choices=sorted(DEFAULT_NAME), default="perfetto", help="default: perfetto")
     p.add_argument("--rank", type=int, help="memory-snapshot: the rank (a snapshot is per process; "
                                             "default: the first with memory data)")
@@ -38,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     with Phases("export") as progress:
         out, counts = export_run(args.run, args.output, args.format, args.rank, args.step, args.force, progress)
     took = time.perf_counter() - t0
-    if args.format == "memory-snapshot":
+    if args.format == "kineto":
+        print(f"{out}  ({counts['ranks']} ranks, one torch.profiler trace each: {counts['events']} events; "
+              f"{took:.2f}s; Holistic Trace Analysis, TensorBoard and neuron-prof import read them)", file=sys.stderr)
+    elif args.format == "memory-snapshot":
         devices = ", ".join(f"{i}={name}" for i, name in counts["devices"].items())
         print(f"{out}  (rank {counts['rank']}, devices {devices}; {counts['allocations']} allocations, "
               f"{counts['frees']} frees, {counts['ooms']} OOMs; {counts['live_blocks']} blocks, "

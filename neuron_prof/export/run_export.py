@@ -9,9 +9,10 @@ from neuron_prof.errors import NeuronProfError
 
 __all__ = ["DEFAULT_NAME", "export_run"]
 
-DEFAULT_NAME = {"perfetto": "trace.perfetto-trace", "chrome": "trace.json",
+DEFAULT_NAME = {"perfetto": "trace.perfetto-trace", "chrome": "trace.json", "kineto": "kineto-trace",
                 "memory-snapshot": "memory-snapshot.pickle"}
-"""Format -> the file written in the run directory when no output is given."""
+"""Format -> the file (``kineto``: the folder of one trace per rank) written in the run directory
+when no output is given."""
 
 
 def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto", rank: int | None = None,
@@ -28,6 +29,16 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
                               "rank and step")
     run = load(run_dir)
     out = output or run_dir / DEFAULT_NAME[fmt]
+    if fmt == "kineto":  # a folder: one torch.profiler trace per rank
+        from neuron_prof.export.kineto_json import check_folder, write_kineto
+        if not out.parent.exists():
+            raise NeuronProfError(f"{out.parent}: no such directory for the traces; create it or choose another -o")
+        check_folder(out, force)
+        try:
+            return out, write_kineto(run, out, progress)
+        except OSError as exc:
+            raise NeuronProfError(f"{out}: cannot write it ({exc.strerror or exc}); choose another -o, in a folder "
+                                  "this user may write to") from None
     if out.is_dir():
         raise NeuronProfError(f"{out}: is a directory; pass a file name to -o, e.g. {out / DEFAULT_NAME[fmt]}")
     if not out.parent.exists():

@@ -64,7 +64,7 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
               "memory_samples": 0, "memory_events": 0, "large_allocations": 0, "collectives": 0,
-              "device_kernels": 0, "queue_flushes": 0, "fallbacks": 0, "queue_depth_samples": 0,
+              "device_kernels": 0, "device_copies": 0, "queue_flushes": 0, "fallbacks": 0, "queue_depth_samples": 0,
               "stream_waits": 0, "event_completions": 0, "event_flows": 0}
     trace_clock = TraceClock.of_run(run)
     collectives = CollectiveTracks(run, trace_clock)

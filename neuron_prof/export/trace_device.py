@@ -19,6 +19,9 @@ Per rank:
   ``analysis.device_collectives``;
 - a flow from each host op slice that queued work to each kernel that ran some of it, one per
   (op slice, kernel) pair, as a CUDA launch is joined to its kernel;
+- copies and sets (``device_copies``) on their stream's track beside its kernels, named as the
+  backend names them ("Memcpy DtoH (Device -> Pageable)"), with args ``kind`` and ``bytes``, and a
+  flow from the host op slice that issued each;
 - streams and events (hook API version 2), drawn as the device ran them: on the waiting stream's
   track a "wait for event <n>" slice per ``stream_waits`` row (the stream stood idle; args
   ``event``, ``recorded_on`` (the stream that recorded it, -1 where its completion was not
@@ -54,6 +57,7 @@ from neuron_prof.export.event_columns import lanes, string_args
 from neuron_prof.export.trace_collectives import last_rank_flows
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.keys import backend_key
+from neuron_prof.open_ops import innermost_ops
 from neuron_prof.run import Run
 
 OPS_SEPARATOR = ", "
@@ -261,11 +265,18 @@ class DeviceTracks:
     def __init__(self, run: Run, clock: TraceClock) -> None:
         self.clock = clock
         self.kernels = run.device_kernels
+        self.copies = run.device_copies
         self.flushes = run.queue_flushes
         self.fallbacks = run.fallbacks
         self.depth = queue_depth(run.device_enqueues, self.kernels)
         self.kernel_ids = np.full(len(self.kernels), -1, np.int64)
         """Trace event id of each kernel's slice, once its rank is written."""
+        self.copy_ids = np.full(len(self.copies), -1, np.int64)
+        """Trace event id of each copy's slice, once its rank is written."""
+        self.copy_ops = innermost_ops(self.copies["rank"].to_numpy(), self.copies["tid"].to_numpy(),
+                                      self.copies["host_ts"].to_numpy(), run.ops) if len(self.copies) \
+            else np.empty(0, np.int64)
+        """Per copy, the ``Run.ops`` row of the host op that issued it (-1: none captured)."""
         self.events = _StreamEvents(run, self.flushes)
         self.done_ids = np.full(len(self.events.done), -1, np.int64)
         """Trace event id of each event completion's instant, once its rank is written."""
@@ -299,7 +310,7 @@ class DeviceTracks:
         self.thread_names = {(int(r), int(t)): str(n) for r, t, n in zip(threads["rank"], threads["tid"],
                                                                           threads["name"])}
         self._rows = {name: df.groupby("rank").indices if len(df) else {}
-                      for name, df in (("kernels", self.kernels), ("flushes", self.flushes),
+                      for name, df in (("kernels", self.kernels), ("copies", self.copies), ("flushes", self.flushes),
                                        ("fallbacks", self.fallbacks), ("depth", self.depth),
                                        ("waits", self.events.waits), ("done", self.events.done))}
 
@@ -315,8 +326,11 @@ class DeviceTracks:
                 "queue_depth_samples": self._depth(writer, proc, rank)}
 
     def write_flows(self, writer: TraceWriter) -> int:
-        """From each host op slice to each kernel that ran ops it queued. Returns the number of flows."""
-        src, dst = self.op_ids[self.pairs[:, 0]], self.kernel_ids[self.pairs[:, 1]]
+        """From each host op slice to each kernel that ran ops it queued, and to each copy it
+        issued. Returns the number of flows."""
+        issued = self.copy_ops >= 0
+        src = np.concatenate([self.op_ids[self.pairs[:, 0]], self.op_ids[self.copy_ops[issued]]])
+        dst = np.concatenate([self.kernel_ids[self.pairs[:, 1]], self.copy_ids[issued]])
         ok = (src >= 0) & (dst >= 0)
         return writer.flows(src[ok], dst[ok]) if ok.any() else 0
 
@@ -345,17 +359,23 @@ class DeviceTracks:
         """Kernels and stream waits on their stream's tracks (one set of lanes: a stream runs
         them one after another), event completions on the recording stream's track, and a flow
         from each completion to the end of each wait it ended."""
-        ki, wi, di = (self._rank(name, rank) for name in ("kernels", "waits", "done"))
-        k, w = self.kernels.iloc[ki], self.events.waits.iloc[wi]
-        ts, dur = (np.concatenate([k[c].to_numpy(np.int64), w[c].to_numpy(np.int64)]) for c in ("ts", "dur"))
+        ki, ci, wi, di = (self._rank(name, rank) for name in ("kernels", "copies", "waits", "done"))
+        k, c, w = self.kernels.iloc[ki], self.copies.iloc[ci], self.events.waits.iloc[wi]
+        ts, dur = (np.concatenate([k[col].to_numpy(np.int64), c[col].to_numpy(np.int64), w[col].to_numpy(np.int64)])
+                   for col in ("ts", "dur"))
         start, dur = self.clock.of(rank).span(ts, dur)
-        tracks = self._lane_tracks(writer, proc, k, w, start, start + dur)
-        n = len(k)
+        tracks = self._lane_tracks(writer, proc, (k, c, w), start, start + dur)
+        n, m = len(k), len(k) + len(c)
         if n:
             self.kernel_ids[ki] = self._kernels(writer, ki, tracks[:n], start[:n], dur[:n])
+        if len(c):
+            self.copy_ids[ci] = writer.slices(tracks[n:m], start[n:m], dur[n:m], c["name"],
+                                              {"kind": c["kind"], "bytes": c["bytes"].to_numpy(np.int64),
+                                               "step": c["step"].to_numpy(np.int64)})
         self._completions(writer, proc, rank, di)
-        flows = self._stream_waits(writer, wi, tracks[n:], start[n:], dur[n:])
-        return {"device_kernels": n, "stream_waits": len(wi), "event_completions": len(di), "event_flows": flows}
+        flows = self._stream_waits(writer, wi, tracks[m:], start[m:], dur[m:])
+        return {"device_kernels": n, "device_copies": len(c), "stream_waits": len(wi), "event_completions": len(di),
+                "event_flows": flows}
 
     def _kernels(self, writer: TraceWriter, ki: np.ndarray, tracks: np.ndarray, start: np.ndarray,
                  dur: np.ndarray) -> np.ndarray:
@@ -378,13 +398,13 @@ class DeviceTracks:
                                       {**{a: v[part] for a, v in args.items()}, **extra})
         return ids
 
-    def _lane_tracks(self, writer: TraceWriter, proc: int, kernels: pd.DataFrame, waits: pd.DataFrame,
+    def _lane_tracks(self, writer: TraceWriter, proc: int, parts: tuple[pd.DataFrame, ...],
                      start: np.ndarray, end: np.ndarray) -> np.ndarray:
-        """The track of each kernel, then each stream wait (``start``/``end`` in that order): its
-        stream's, or a "... #2" lane where clock jitter makes two overlap."""
-        streams = pd.DataFrame({"device": _devices(kernels, waits),
-                                "stream": np.concatenate([kernels["stream"].to_numpy(np.int64),
-                                                          waits["stream"].to_numpy(np.int64)])})
+        """The track of each row of ``parts`` (kernels, copies, stream waits; ``start``/``end`` in
+        that order): its stream's, or a "... #2" lane where two overlap (clock jitter, or a copy
+        engine beside the compute one)."""
+        streams = pd.DataFrame({"device": _devices(*parts),
+                                "stream": np.concatenate([p["stream"].to_numpy(np.int64) for p in parts])})
         tracks = np.empty(len(streams), np.int64)
         for (device, stream), sel in streams.groupby(["device", "stream"], observed=True).indices.items():
             lane = _stream_lanes(start[sel], end[sel])
