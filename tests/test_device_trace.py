@@ -243,13 +243,15 @@ with neuron_prof.profile(sys.argv[1]) as prof:
         y = x
         for _ in range(8):  # long enough on the device that the queue still holds work
             y = y @ x
-        torch.neuron.synchronize()
+        torch.neuron.synchronize()  # SYNC-LINE
         prof.step()
 """
 
 
-def test_a_wait_outside_any_op_is_on_the_thread_track_as_recorded(tmp_path):
-    """``torch.neuron.synchronize()`` runs no op: its wait is a top-level slice of the thread."""
+def test_a_wait_outside_any_aten_op_is_on_the_thread_track_in_its_backend_range(tmp_path):
+    """``torch.neuron.synchronize()`` runs no ATen op: the backend's own range around it
+    (``neuron::synchronize``, a record_function scope, as a backend annotates its host calls)
+    holds its wait, which names the line."""
     script = write_script(tmp_path / "sync.py", SYNCHRONIZE)
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
                           timeout=600)
@@ -259,7 +261,13 @@ def test_a_wait_outside_any_op_is_on_the_thread_track_as_recorded(tmp_path):
     report = check_trace(out)
     f = run.queue_flushes
     assert len(f) == counts["queue_flushes"] > 0 and set(f["reason"].astype(str)) == {"synchronize"}
+    assert set(f["host_op"].astype(str)) == {"neuron::synchronize"}
+    assert set(f["user_source"].astype(str).map(lambda s: s.rsplit("/", 1)[-1])) == {
+        f"sync.py:{line_of(script, 'SYNC-LINE')}"}
     waits = sorted((s for s in report.slices if s.name == "wait for neuron:0 (synchronize)"), key=lambda s: s.ts)
-    assert [(s.ts, s.dur, s.depth) for s in waits] == [(t + _offset(run), d, 0) for t, d in zip(f["ts"], f["dur"])]
+    assert [(s.ts, s.dur, s.depth) for s in waits] == [(t + _offset(run), d, 1) for t, d in zip(f["ts"], f["dur"])]
+    ranges = [s for s in report.slices if s.name == "neuron::synchronize" and s.depth == 0]
+    for w in waits:  # each inside its range, on the same track
+        assert any(r.track == w.track and r.ts <= w.ts and w.ts + w.dur <= r.ts + r.dur for r in ranges), w
     thread = dict(zip(run.threads["tid"], run.threads["name"].astype(str)))
     assert {_track_names(report)[s.track] for s in waits} == {thread[t] for t in f["tid"]}

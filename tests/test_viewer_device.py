@@ -175,6 +175,21 @@ def test_the_fallbacks_table_has_the_cumsum_with_its_bytes_and_the_coverage(devi
         c["native_ops"], c["fallback_ops"], c["coverage_pct"])
 
 
+def test_the_copies_table_has_the_fallbacks_and_the_stalls_copies_to_the_host(device_run, summary, monkeypatch):
+    """The device's copies (Kineto memcpy activities) by direction and line: the CPU fallback's
+    two inputs copied to the host in every step, and the loss the stall line reads (4 bytes)."""
+    at = _page(monkeypatch, device_run)
+    rows = {r["source line"]: r for r in _table(at, "direction").to_dict("records")}
+    want = {c["user_source"]: c for c in summary.to_json()["device"]["copies"]}
+    x_bytes = ex.BATCH * ex.IN * 4
+    fallback, stall = rows[_line("FALLBACK-LINE")], rows[_line("STALL-LINE")]
+    assert (fallback["direction"], fallback["copies"], fallback["bytes"]) == (
+        "DtoH", 2 * DEVICE_STEPS, format_bytes(2 * DEVICE_STEPS * x_bytes))
+    assert (stall["direction"], stall["copies"], stall["bytes"]) == ("DtoH", DEVICE_STEPS, format_bytes(4 * DEVICE_STEPS))
+    for line, row in rows.items():
+        assert (row["copies"], row["total ms"]) == (want[line]["copies"], want[line]["total_ms"])
+
+
 def test_the_per_step_chart_shows_each_steps_verdict(device_run, summary, monkeypatch):
     at = _page(monkeypatch, device_run)
     drawn = {}
