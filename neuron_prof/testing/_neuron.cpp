@@ -371,13 +371,7 @@ void Queue::report_kernel(const Kernel& k, const std::string& name, int64_t star
     n.first += 1;
     n.second += end - start;
   }
-  trace::Record r;
-  r.kind = trace::Kind::Kernel;
-  r.name = name;
-  r.start = start;
-  r.end = end;
-  r.device = device;
-  r.stream = stream;
+  trace::Record r = trace::on_device(trace::Kind::Kernel, name, start, end, device, stream);
   std::string ops = "[";
   for (const auto& t : k.tasks) {
     if (t.correlation == 0) continue;
@@ -405,13 +399,7 @@ void Queue::reach_record(Kernel& k) {
   }
   g_events_cv.notify_all();
   if (k.correlation != 0) {  // its record was traced: the device reached it now
-    trace::Record r;
-    r.kind = trace::Kind::EventRecord;
-    r.name = "Event Record";
-    r.start = r.end = ts;
-    r.device = device;
-    r.stream = stream;
-    r.correlation = k.correlation;
+    trace::Record r = trace::on_device(trace::Kind::EventRecord, "Event Record", ts, ts, device, stream, k.correlation);
     r.args.push_back(trace::number("event", int64_t(k.event->id)));
     trace::add(std::move(r));
   }
@@ -431,14 +419,8 @@ void Queue::reach_wait(Kernel& k) {
   }
   int64_t end = now_ns();
   if (waited && k.correlation != 0) {  // its wait was traced: the stream stood idle until now
-    trace::Record r;
-    r.kind = trace::Kind::StreamWait;
-    r.name = "Stream Wait Event";
-    r.start = start;
-    r.end = end;
-    r.device = device;
-    r.stream = stream;
-    r.correlation = k.correlation;
+    trace::Record r = trace::on_device(trace::Kind::StreamWait, "Stream Wait Event", start, end, device, stream,
+                                       k.correlation);
     r.args = {trace::text("cuda_sync_kind", "Stream Wait Event"), trace::number("wait_on_stream", k.wait_on_stream),
               trace::number("wait_on_cuda_event_record_corr_id", k.record_correlation),
               trace::number("wait_on_cuda_event_id", int64_t(k.event->id)), trace::number("stream idle", 1)};
@@ -1237,14 +1219,8 @@ void report_copy_to_host(DeviceIndex d, int64_t start, int64_t end, int64_t byte
   call.flow_start = true;
   int stream = d >= 0 && d < kMaxDevices ? tl_stream[d] : 0;
   call.args = {trace::number("stream", stream), trace::number("bytes", bytes)};
-  trace::Record copy;
-  copy.kind = trace::Kind::Memcpy;
-  copy.name = "Memcpy DtoH (Device -> Pageable)";
-  copy.start = start;
-  copy.end = end;
-  copy.device = d;
-  copy.stream = stream;
-  copy.correlation = call.correlation;
+  trace::Record copy = trace::on_device(trace::Kind::Memcpy, "Memcpy DtoH (Device -> Pageable)", start, end, d, stream,
+                                        call.correlation);
   copy.external = call.external;
   copy.args = {trace::number("bytes", bytes)};
   trace::add(std::move(call));

@@ -51,6 +51,21 @@ struct Record {
   std::vector<Arg> args;
 };
 
+// A record of work on the device: `kind` on stream `stream` of device `device`, its launch's
+// `correlation` (0: none).
+inline Record on_device(Kind kind, std::string name, int64_t start, int64_t end, int32_t device, int64_t stream,
+                        int32_t correlation = 0) {
+  Record r;
+  r.kind = kind;
+  r.name = std::move(name);
+  r.start = start;
+  r.end = end;
+  r.device = device;
+  r.stream = stream;
+  r.correlation = correlation;
+  return r;
+}
+
 // Whether a trace records now: the device checks it before it builds a record of a host call.
 extern std::atomic<bool> g_on;
 inline bool on() { return g_on.load(std::memory_order_relaxed); }
