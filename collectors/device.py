@@ -306,6 +306,7 @@ class DeviceCollector:
         self._unwatch = None
         self._thread: _ProfilerThread | None = None
         self._live = False
+        self._boundary_ts = 0  # the latest step boundary: a session begun before it may be drained
         self._lock = threading.RLock()
         self._guard = HookGuard(self.name)
 
@@ -337,8 +338,11 @@ class DeviceCollector:
         with self._lock:
             now = time.monotonic_ns()
             session = self._session
-            # always-on: every sampled step's rows now, for its ring (a dump writes the ring)
-            if session is not None and (rec.closing or self._live or now - session.started >= DRAIN_INTERVAL_NS):
+            # always-on: every sampled step's rows now, for its ring (a dump writes the ring); a
+            # drain only at a step boundary (always-on's background thread flushes mid-step too):
+            # the device's records of work in flight go to the next session, started at once
+            if session is not None and (rec.closing or session.started < self._boundary_ts and (
+                    self._live or now - session.started >= DRAIN_INTERVAL_NS)):
                 self._stop()
                 if not rec.closing and self._window:
                     self._start()
@@ -360,6 +364,10 @@ class DeviceCollector:
             rec.append("device_gaps", {"ts": np.array([g[0] for g in gaps], np.int64),
                                        "dur": np.array([g[1] - g[0] for g in gaps], np.int64),
                                        "reason": np.array([rec.intern(g[2]) for g in gaps], np.int32)})
+
+    def on_step(self, step: int, ts: int) -> None:
+        """A step boundary: a session begun before it may be drained from now on."""
+        self._boundary_ts = ts
 
     def on_dump(self, rec: Recorder, ts: int) -> None:
         """An always-on dump: the step in flight's device activity so far (a session running is

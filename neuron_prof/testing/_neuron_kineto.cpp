@@ -42,8 +42,9 @@ std::mutex g_mu;               // the records and the session state below
 std::vector<Record> g_records;
 int64_t g_last_stop = 0;       // CLOCK_MONOTONIC ns of the last trace's stop (0: none yet)
 // A trace that starts within this of the last one's stop gets that trace's late device records
-// (work launched in it, run after its stop): neuron_prof's drains restart a trace right away.
-constexpr int64_t kLateGraceNs = 50'000'000;
+// (work launched in it, run after its stop): neuron_prof's drains restart a trace at once, but
+// preparing one takes tens of milliseconds, and far more on a loaded machine.
+constexpr int64_t kLateGraceNs = 1'000'000'000;
 
 thread_local std::vector<uint64_t> t_external;  // the profiler's correlation ids of the open host ops
 thread_local int64_t t_tid = 0;
