@@ -367,8 +367,9 @@ def import_trace(trace: str | os.PathLike, run_dir: str | os.PathLike,
     progress(PHASES[0])
     paths = trace_files(trace) if trace.is_dir() else [trace]
     if not paths:
-        raise NeuronProfError(f"{trace}: no torch.profiler trace in it (*.json, *.json.gz); give the folder the "
-                              "job's ranks exported their traces to")
+        raise NeuronProfError(f"{trace}: no torch.profiler trace in it (*.json, *.json.gz) and no "
+                              "dedicated_log_torch_trace_*.log (TORCH_TRACE's compile logs); give the folder the "
+                              "job's ranks wrote either to")
     docs = [read_trace(p) for p in paths]
     bases = [d.get("baseTimeNanoseconds") for d in docs]
     bases = [b if type(b) is int and b >= 0 else 0 for b in bases]

@@ -213,4 +213,11 @@ def test_the_same_job_on_cpu_and_on_the_emulated_device(tmp_path):
     assert rows["op coverage"]["b"] == pytest.approx(cov["coverage_pct"])
     assert rows["CPU fallbacks per step"]["b"] == 0
     assert rows["peak memory (busiest device)"]["detail"] == "cpu vs cpu, neuron:0"
+    # the device's rows: the CPU run has none (n/a), the device run's are its report's
+    device = run_summary(dev).device
+    assert rows["device busy (busiest device)"]["a"] is None and rows["device busy (busiest device)"]["verdict"] == "n/a"
+    steps = sum(v.steps for v in device.verdict)
+    assert steps and rows["device busy (busiest device)"]["b"] == pytest.approx(
+        sum(v.busy_pct * v.steps for v in device.verdict) / steps)
+    assert rows["host-device copies per step"]["b"] == pytest.approx(sum(c.bytes_per_step or 0 for c in device.copies))
     assert any("devices differ (cpu vs neuron)" in n for n in result["notes"])

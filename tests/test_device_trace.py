@@ -55,9 +55,18 @@ def _track_names(report) -> dict[int, str]:
     return {u: t["name"] for u, t in report.tracks.items()}
 
 
+COPY = ("Memcpy", "Memset")  # the device's copies, drawn on its stream tracks beside the kernels
+
+
 def _device_slices(report) -> list:
+    """The kernels' slices on the device's stream tracks."""
     names = _track_names(report)
-    return [s for s in report.slices if names[s.track].startswith(DEVICE)]
+    return [s for s in report.slices if names[s.track].startswith(DEVICE) and not s.name.startswith(COPY)]
+
+
+def _copy_slices(report) -> list:
+    names = _track_names(report)
+    return [s for s in report.slices if names[s.track].startswith(DEVICE) and s.name.startswith(COPY)]
 
 
 def _parent(report, s):
@@ -74,7 +83,8 @@ def _chrome_track_names(events) -> dict[tuple[int, int], str]:
 
 def _chrome_kernels(events) -> list[dict]:
     names = _chrome_track_names(events)
-    return [e for e in events if e["ph"] == "X" and names.get((e["pid"], e["tid"]), "").startswith(DEVICE)]
+    return [e for e in events if e["ph"] == "X" and names.get((e["pid"], e["tid"]), "").startswith(DEVICE)
+            and not e["name"].startswith(COPY)]
 
 
 def test_counts_match_the_run(exported):
@@ -138,15 +148,21 @@ def test_flows_join_each_host_op_to_the_kernels_that_ran_its_work(exported):
     op_names = ops["name"].astype(str).to_numpy()
     assert (op_names[known["op_index"]] == known["host_op"].astype(str).to_numpy()).all()
     pairs = known[["op_index", "kernel"]].drop_duplicates()
-    assert len(report.flows) == len(pairs)
+    to_kernels = [f for f in report.flows if not f.dst.name.startswith(COPY)]
+    assert len(to_kernels) == len(pairs)
     off, k = _offset(run), run.device_kernels.set_index("id")
     want = {(int(ops.at[i, "ts"]) + off, op_names[i], int(k.at[kid, "ts"]) + off, k.at[kid, "name"])
             for i, kid in zip(pairs["op_index"], pairs["kernel"])}
-    assert {(f.src.ts, f.src.name, f.dst.ts, f.dst.name) for f in report.flows} == want
+    assert {(f.src.ts, f.src.name, f.dst.ts, f.dst.name) for f in to_kernels} == want
+    # each copy to the host: one flow from the op that issued it (the .item()'s, the fallback's)
+    copies = run.device_copies
+    assert len(copies) and len(report.flows) - len(to_kernels) == len(copies)
+    assert sorted((f.src.name, f.dst.ts) for f in report.flows if f.dst.name.startswith(COPY)) == sorted(
+        zip(copies["host_op"].astype(str), (copies["ts"] + off).tolist()))
     for f in report.flows:
         assert report.tracks[f.src.track]["kind"] == "thread" and names[f.dst.track].startswith(DEVICE)
     arrived = {(f.dst.track, f.dst.ts) for f in report.flows}
-    assert all((s.track, s.ts) in arrived for s in _device_slices(report))
+    assert all((s.track, s.ts) in arrived for s in _device_slices(report) + _copy_slices(report))
 
 
 def test_the_chrome_export_has_the_same_flows(exported):

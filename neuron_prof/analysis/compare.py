@@ -158,6 +158,30 @@ def _coverage(summary: Summary) -> float | None:
     return float(min(vals)) if vals else None
 
 
+def _device_busy(summary: Summary) -> float | None:
+    """The busiest device's busy share of a steady step (%), over every rank's steady steps with a
+    device trace; None without a device."""
+    device = _device(summary)
+    rows = device.verdict if device else []
+    steps = sum(v.steps for v in rows)
+    return sum(v.busy_pct * v.steps for v in rows) / steps if steps else None
+
+
+def _copy_bytes(summary: Summary) -> float | None:
+    """Bytes copied between host and device per steady step, every rank and direction summed."""
+    device = _device(summary)
+    if device is None:
+        return None
+    return float(sum(x.bytes_per_step or 0 for x in device.copies))
+
+
+def _launch_pct(summary: Summary) -> float | None:
+    """The launch cost's bound as a share of device busy time (%), over every rank and device."""
+    device = _device(summary)
+    busy = sum(f.busy_ms for f in device.fusion) if device else 0.0
+    return 100 * sum(f.launch_ms for f in device.fusion) / busy if device and busy else None
+
+
 def _sync_ms(summary: Summary) -> float | None:
     vals = [x.sync_ms for x in summary.time_split if x.sync_ms is not None]
     return float(np.mean(vals)) if vals else None
@@ -227,6 +251,11 @@ def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float =
          if a.target_fallback_pct is not None else ""),
         ("op coverage", "%", "higher", _coverage(sa), _coverage(sb), False, ""),
         ("sync-point stall per step", "ms", "lower", _sync_ms(sa), _sync_ms(sb), True, ""),
+        ("device busy (busiest device)", "% of step", "higher", _device_busy(sa), _device_busy(sb), True,
+         "kernels' time on the device as its backend reports it to PyTorch's profiler"),
+        ("host-device copies per step", "bytes", "lower", _copy_bytes(sa), _copy_bytes(sb), False, ""),
+        ("launch cost (at most)", "% of device busy", "lower", _launch_pct(sa), _launch_pct(sb), True,
+         "kernels x the shortest kernel: what fusing could save"),
         ("peak memory (busiest device)", "bytes", "lower", _memory_peak(sa), _memory_peak(sb), True,
          f"{_devices(sa) or '-'} vs {_devices(sb) or '-'}"),
         ("leak growth", "bytes/step", "lower", _leak_growth(sa), _leak_growth(sb), True, ""),

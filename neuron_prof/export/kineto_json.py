@@ -39,6 +39,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -49,7 +50,7 @@ from neuron_prof.device_activity import WAIT_REASONS
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.export.clock import TraceClock
 from neuron_prof.run import Run
-from neuron_prof.safefile import atomic_output
+from neuron_prof.safefile import atomic_output, kind
 
 __all__ = ["FILE_GLOB", "write_kineto", "runtime_category"]
 
@@ -383,12 +384,19 @@ def write_kineto(run: Run, out: Path, progress: Callable[[str], None] = lambda p
 
 def check_folder(out: Path, force: bool) -> None:
     """Raise :class:`NeuronProfError` unless ``out`` is nothing yet, or a folder of rank traces an
-    export wrote (or ``force``): export never writes into a folder of other files."""
-    if not os.path.lexists(out):
+    export wrote (or ``force``): export never writes into a folder of other files, nor through a
+    link. With ``force`` a link or file there is removed (a link's target left untouched)."""
+    try:
+        mode = os.lstat(out).st_mode
+    except FileNotFoundError:
         return
-    if out.is_symlink() or not out.is_dir():
-        raise NeuronProfError(f"{out}: is not a folder; --format kineto writes one trace per rank into a folder: "
-                              "choose another -o")
+    if not stat.S_ISDIR(mode):
+        if not force:
+            raise NeuronProfError(f"{out}: is {kind(mode)}, not a folder of traces neuron_prof wrote; export does not "
+                                  "write through it: remove it, choose another -o, or pass --force to replace it (a "
+                                  "link's target is left untouched)")
+        out.unlink()
+        return
     others = [p.name for p in out.iterdir() if not p.match(FILE_GLOB)]
     if others and not force:
         raise NeuronProfError(f"{out}: holds files an export did not write ({others[0]}); choose another -o, or "
