@@ -20,6 +20,7 @@ from conftest import cli, free_port, gloo_env, script_facts
 
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.run import load
+from neuron_prof.summary.build import summarize
 
 SCRIPT = Path(__file__).with_name("kineto_device_script.py")
 STEPS = 4  # the script's windows
@@ -176,6 +177,7 @@ def test_a_folder_of_ranks_traces_is_one_distributed_run(tmp_path):
     run = load(tmp_path / "run")
     assert sorted(run.ranks) == [0, 1]
     found = analyze(run).device_collectives.overlap
+    fusion = {f.rank: f for f in summarize(run).device.fusion}
     for rank in (0, 1):
         events = trace_events(traces / f"rank{rank}.json")
         kernels = [e for e in events if e.get("cat") == "kernel"]
@@ -196,6 +198,8 @@ def test_a_folder_of_ranks_traces_is_one_distributed_run(tmp_path):
         got = found[found["rank"] == rank]
         assert int(got["comm_ns"].sum()) == comm_ns and comm_ns > 0
         assert int(got["overlapped_ns"].sum()) == hidden
+        # fusion and the launch bound are over the compute kernels: the collectives are counted apart
+        assert (fusion[rank].kernels, fusion[rank].collective_kernels) == (len(kernels) - len(comm), len(comm))
 
 
 def test_export_kineto_is_read_back_as_the_same_run(device_run, tmp_path):

@@ -313,7 +313,7 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
 
 
 FUSION_COLUMNS = ["rank", "device", "kernels", "ops", "ops_per_kernel", "one_op_kernels", "one_op_pct",
-                  "busy_ms", "launch_floor_us", "launch_ms", "launch_pct"]
+                  "busy_ms", "launch_floor_us", "launch_ms", "launch_pct", "collective_kernels"]
 
 
 def fusion(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -322,10 +322,13 @@ def fusion(kernels: pd.DataFrame) -> pd.DataFrame:
     fixed cost per kernel is at most its shortest kernel (``launch_floor_us``), so
     ``launch_ms`` (kernels x that) bounds from above the device time spent on launches, and
     ``launch_pct`` is its share of the busy time: high, and fusing or compiling pays. Collective
-    kernels are left out: the communication library's, no queue fuses them."""
-    kernels = kernels[~is_collective_kernel(kernels)] if len(kernels) else kernels
+    kernels are counted apart (``collective_kernels``) and left out of the rest: the communication
+    library's, no queue fuses them."""
     if kernels.empty:
         return pd.DataFrame(columns=FUSION_COLUMNS)
+    comm = is_collective_kernel(kernels)
+    n_comm = kernels[comm].groupby(["rank", "device"], observed=True).size()
+    kernels = kernels[~comm]
     rows = []
     for (rank, device), k in kernels.groupby(["rank", "device"], observed=True):
         n, ops = len(k), int(k["n_ops"].sum())
@@ -335,7 +338,8 @@ def fusion(kernels: pd.DataFrame) -> pd.DataFrame:
         rows.append({"rank": int(rank), "device": str(device), "kernels": n, "ops": ops, "ops_per_kernel": ops / n,
                      "one_op_kernels": one, "one_op_pct": 100 * one / n, "busy_ms": busy / 1e6,
                      "launch_floor_us": floor / 1e3, "launch_ms": n * floor / 1e6,
-                     "launch_pct": 100 * n * floor / busy if busy else 0.0})
+                     "launch_pct": 100 * n * floor / busy if busy else 0.0,
+                     "collective_kernels": int(n_comm.get((rank, device), 0))})
     return pd.DataFrame(rows, columns=FUSION_COLUMNS)
 
 

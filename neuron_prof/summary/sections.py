@@ -417,6 +417,7 @@ class Fusion:
     launch_floor_us: float
     launch_ms: float
     launch_pct: float
+    collective_kernels: int
 
 
 @row

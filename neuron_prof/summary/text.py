@@ -307,6 +307,7 @@ def _render_device(device: DeviceSection) -> list[str]:
     """The Device section (a run on a device that reports its queue)."""
     over = f"{device.basis_steps} {_basis_name(device.basis)} captured steps"
     heads = ", ".join(f"rank {f.rank} {f.device}: {f.kernels} kernels running {f.ops} ops"
+                      + (f" and {f.collective_kernels} collective kernels" if f.collective_kernels else "")
                       for f in device.fusion) or "no kernel reported"
     out = ["", f"Device ({heads}; per-step figures over {over})"]
     t = device.thresholds
