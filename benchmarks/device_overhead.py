@@ -14,7 +14,8 @@ waits), side by side in one run, modes interleaved (the order rotating per round
 Per mode: the median step (the loop's time / steps, median over rounds), its ratio to none, and
 the end-to-end time per step (start, stop and writing included). Then the kernels each capture
 holds against what the device ran while it recorded (``torch.neuron.traced_kernels``): a capture
-that lost kernels would look cheap. The model: a 4-layer MLP (Linear + GELU, 256 wide, batch 64,
+that lost kernels would look cheap. Run with neuron_prof of an earlier commit (the backend hook
+API's device path), the same script gives that path's figures. The model: a 4-layer MLP (Linear + GELU, 256 wide, batch 64,
 AdamW) on the device, the loss read every step (a sync point), each kernel costing LAUNCH_US on
 the device.
 
@@ -64,11 +65,18 @@ def train(model, opt, x, steps: int, prof=None) -> float:
     return (time.perf_counter_ns() - t0) / steps
 
 
+def _traced(reset: bool) -> int:
+    """Kernels the device ran while a trace recorded (-1: an emulator from before its Kineto
+    profiler, run for the hook API's figures)."""
+    traced = getattr(torch.neuron, "traced_kernels", None)
+    return sum(n for n, _ in traced(reset).values()) if traced is not None else -1
+
+
 def run_once(mode: str, steps: int, tmp: Path, parts) -> tuple[float, float, int, int]:
     """(step ns, end-to-end ns per step, kernels the capture holds (-1: not read), kernels the
     device ran while it recorded)."""
     torch.neuron.synchronize()
-    torch.neuron.traced_kernels(True)
+    _traced(True)
     t0 = time.perf_counter_ns()
     held = -1
     if mode == "none":
@@ -86,8 +94,7 @@ def run_once(mode: str, steps: int, tmp: Path, parts) -> tuple[float, float, int
         if mode != "neuron_prof always-on":
             held = len(neuron_prof.load(run_dir).device_kernels)
     end_to_end = (time.perf_counter_ns() - t0) / steps
-    truth = sum(n for n, _ in torch.neuron.traced_kernels(True).values())
-    return step, end_to_end, held, truth
+    return step, end_to_end, held, _traced(True)
 
 
 def main() -> None:
