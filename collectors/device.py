@@ -13,8 +13,9 @@ waits, stream waits. Times go on the run clock; the host op and line of each lau
 joined at read time from the ops by thread and time.
 
 A session ends at the window's end, and within a long window at the first step boundary
-``DRAIN_INTERVAL_NS`` after it started (then a new one starts), so a long capture's device rows
-reach the disk as it goes. Rows of warmup steps are dropped like the ops'.
+``DRAIN_INTERVAL_NS`` after it started (then a new one starts); its trace is saved and read into
+the run's rows at the window's end, or every ``READ_INTERVAL_NS`` / ``READ_BUDGET_BYTES`` of a
+long window. Rows of warmup steps are dropped like the ops'.
 
 **The job's own torch.profiler** keeps working: Kineto serves one trace at a time, and a thread
 holds one profiler state. When the job prepares or starts torch.profiler (or ``emit_nvtx``,
@@ -50,15 +51,21 @@ from neuron_prof.torchhooks import watch_user_profilers
 if TYPE_CHECKING:
     from neuron_prof.device_activity import DeviceTables
 
-__all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_sync", "FLUSH_REASONS", "DRAIN_INTERVAL_NS"]
+__all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_sync", "FLUSH_REASONS", "DRAIN_INTERVAL_NS",
+           "READ_INTERVAL_NS", "READ_BUDGET_BYTES"]
 
 FLUSH_REASONS = ("sync", "size", "fallback", "synchronize", "other", "stream_synchronize", "event_synchronize")
 """The hook API's flush reasons (``enum neuron_prof_flush_reason``), in code order."""
 _REASON_CODES = {r: i for i, r in enumerate(FLUSH_REASONS)}
 DRAIN_INTERVAL_NS = 2_000_000_000
-"""Within a capture window, a Kineto session's activities reach the run at the first step boundary
-this long after it started: a long window's device rows are written as it goes (what a kill -9
-loses), and Kineto's buffers stay bounded."""
+"""Within a capture window, a Kineto session is stopped, its trace saved to a file and a new one
+started at the first step boundary this long after it started: Kineto's buffers stay bounded."""
+READ_INTERVAL_NS = 30_000_000_000
+READ_BUDGET_BYTES = 128 << 20
+"""Saved traces are read into the run's device tables at the window's end, at always-on's sampled
+steps and dumps, and within a long window at the first boundary after they hold this long or this
+many bytes of activity: reading costs ~12 µs an event (parsing, on the training thread, between
+steps), so it comes in few stalls; a kill -9 loses what is saved and not read."""
 _STRING_COLUMNS = {"device_kernels": ("device", "name"), "device_enqueues": ("device", "op", "host_op", "module"),
                    "device_copies": ("device", "kind", "name", "host_op", "module"),
                    "queue_flushes": ("device", "reason", "host_op", "module"),
@@ -205,9 +212,9 @@ class _Kineto:
             quiet.again()  # the first preparation initializes Kineto, which sets its own level
             thread.call(autograd._enable_profiler, config, {activity})
 
-    def stop(self) -> tuple[list, int]:
-        """End the session: its trace's events and the ns its times count from (Kineto's
-        ``baseTimeNanoseconds``, on the Unix epoch)."""
+    def stop(self) -> _Saved:
+        """End the session and save its trace (as torch.profiler saves one) to a file of its own,
+        read later (``_Saved.read``): the training thread waits for Kineto's stop and save only."""
         import torch._C._autograd as autograd
 
         with _quiet_kineto():
@@ -216,12 +223,34 @@ class _Kineto:
         os.close(fd)
         try:
             result.save(path)
-            with open(path, "rb") as f:
+        except BaseException:
+            os.unlink(path)
+            raise
+        return _Saved(path, self.started, time.monotonic_ns(), self.backend, os.path.getsize(path))
+
+
+class _Saved:
+    """A stopped session's trace, saved and not read yet."""
+
+    def __init__(self, path: str, started: int, stopped: int, backend: str, size: int) -> None:
+        self.path, self.started, self.stopped, self.backend, self.size = path, started, stopped, backend, size
+
+    def read(self) -> tuple[list, int]:
+        """The trace's events and the ns its times count from (Kineto's ``baseTimeNanoseconds``, on
+        the Unix epoch); the file goes."""
+        try:
+            with open(self.path, "rb") as f:
                 doc = json.loads(f.read(), parse_float=Decimal)  # exact ns decimals
         finally:
-            os.unlink(path)
+            self.discard()
         base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
         return (doc.get("traceEvents") or [] if isinstance(doc, dict) else []), (base if isinstance(base, int) else 0)
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 class _quiet_kineto:
@@ -298,6 +327,7 @@ class DeviceCollector:
         self._window_start = 0
         self._discard_before = 0  # rows before this are of warmup steps
         self._pending: list[DeviceTables] = []
+        self._saved: list[_Saved] = []  # stopped sessions' traces, read at the window's end
         self._offset = 0
         self._next_kernel = 1
         self._user_profiler = False  # the job's own torch.profiler holds Kineto
@@ -353,9 +383,14 @@ class DeviceCollector:
             if rec.closing:
                 self._end_gap()
             if not keep:  # warmup: its rows go, and what still comes of it
+                for saved in self._saved:
+                    saved.discard()
+                self._saved.clear()
                 self._pending.clear()
                 self._discard_before = now
                 return
+            if self._saved and (rec.closing or self._live or not self._window or self._saved_due(now)):
+                self._read_saved()
             pending, self._pending = self._pending, []
             gaps, self._gaps = self._gaps, []
         for tables in pending:
@@ -378,6 +413,7 @@ class DeviceCollector:
             if self._session is not None:
                 self._stop()
                 self._start()
+            self._read_saved()
             pending, self._pending = self._pending, []
         for tables in pending:
             self._append(rec, tables)
@@ -410,6 +446,9 @@ class DeviceCollector:
                     self._thread.call(session.stop)
                 except Exception:  # noqa: BLE001 - a session torch no longer holds: nothing to stop
                     pass
+            for saved in self._saved:
+                saved.discard()
+            self._saved.clear()
             if self._thread is not None:
                 self._thread.close()
                 self._thread = None
@@ -467,20 +506,37 @@ class DeviceCollector:
         if session is None:
             return
         try:
-            events, base = self._thread.call(session.stop)
-            from neuron_prof.device_activity import device_tables
+            self._saved.append(self._thread.call(session.stop))
+        except Exception as exc:  # noqa: BLE001 - a trace Kineto could not save: its rows are lost
+            self._unreadable(session.started, time.monotonic_ns(), exc)
 
-            label = _labeler(session.backend)
-            tables = device_tables(events, label=label, shift_ns=base - self._offset,
-                                   first_kernel_id=self._next_kernel, threads=_kineto_threads())
-        except Exception as exc:  # noqa: BLE001 - a trace that could not be read: its rows are lost
-            # what it held is not known: the stretch it covered is a gap, the error its first one's
-            self._guard.lost("device_kernels", exc, n=0)
-            self._gaps.append((session.started, time.monotonic_ns(),
-                               f"the device's trace could not be read: {type(exc).__name__}: {exc}"[:300]))
-            return
-        self._next_kernel += len(tables.kernels)
-        self._pending.append(tables)
+    def _saved_due(self, now: int) -> bool:
+        """Whether the saved traces are read at this boundary although the window goes on: they
+        hold ``READ_INTERVAL_NS`` of activity, or ``READ_BUDGET_BYTES`` of trace."""
+        return now - self._saved[0].started >= READ_INTERVAL_NS or sum(x.size for x in self._saved) >= READ_BUDGET_BYTES
+
+    def _read_saved(self) -> None:
+        """The saved traces, read in order, as device tables (``_pending``)."""
+        from neuron_prof.device_activity import device_tables
+
+        saved, self._saved = self._saved, []
+        threads = _kineto_threads() if saved else {}
+        for x in saved:
+            try:
+                events, base = x.read()
+                tables = device_tables(events, label=_labeler(x.backend), shift_ns=base - self._offset,
+                                       first_kernel_id=self._next_kernel, threads=threads)
+            except Exception as exc:  # noqa: BLE001 - a trace that could not be read: its rows are lost
+                self._unreadable(x.started, x.stopped, exc)
+                continue
+            self._next_kernel += len(tables.kernels)
+            self._pending.append(tables)
+
+    def _unreadable(self, started: int, stopped: int, exc: BaseException) -> None:
+        """What a trace held is not known: the stretch it covered is a gap, the error its first
+        one's."""
+        self._guard.lost("device_kernels", exc, n=0)
+        self._gaps.append((started, stopped, f"the device's trace could not be read: {type(exc).__name__}: {exc}"[:300]))
 
     def _end_gap(self) -> None:
         if self._gap is not None:
