@@ -11,11 +11,11 @@ if TYPE_CHECKING:
 
 def _neuron() -> "Target":
     """The emulated neuron device, registered in this process: its boxed fallback leaves
-    ``neuron.UNIMPLEMENTED`` to the CPU and queues other ops by their Meta kernels."""
+    ``neuron.cpu_ops()`` to the CPU and queues other ops by their Meta kernels."""
     from neuron_prof.op_support import Target
     from neuron_prof.testing import neuron
     neuron.enable()
-    return Target(device=neuron.BACKEND, cpu_ops=frozenset(neuron.UNIMPLEMENTED))
+    return Target(device=neuron.BACKEND, cpu_ops=neuron.cpu_ops())
 
 
 TARGETS: dict[str, tuple[Callable[[], "Target"], str]] = {

@@ -92,8 +92,13 @@ struct Settings {
   int64_t capacity = int64_t(8) << 30;
   int max_queue = 256;
   int max_fused = 16;
+  // Modes that make the device behave as backends ship (neuron.enable's options; set once, before
+  // the first op): an allocator that keeps its counters (memory_stats) but does not report to the
+  // profiler, and ops of the user's choice left to the boxed CPU fallback (g_cpu_ops).
+  bool allocator_reports = true;
 };
 Settings g_settings;
+std::unordered_set<std::string> g_cpu_ops;  // ops left to the CPU fallback beside kUnimplemented
 // A backend bug to test against (set_trace_fault): an op name it reports with a raw quote in it,
 // which Kineto writes into the trace's JSON as it is, so the trace no longer parses.
 std::atomic<bool> g_trace_fault{false};
@@ -123,8 +128,9 @@ struct Block {
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   int64_t total = (g_allocated[b->device] -= int64_t(b->bytes));
-  c10::reportMemoryUsageToProfiler(b->ptr, -int64_t(b->bytes), size_t(total), size_t(total),
-                                   Device(kNeuron, b->device));
+  if (g_settings.allocator_reports)
+    c10::reportMemoryUsageToProfiler(b->ptr, -int64_t(b->bytes), size_t(total), size_t(total),
+                                     Device(kNeuron, b->device));
   std::free(b->ptr);
   delete b;
 }
@@ -151,7 +157,8 @@ struct NeuronAllocator final : c10::Allocator {
     int64_t peak = g_peak[dev].load();
     while (total > peak && !g_peak[dev].compare_exchange_weak(peak, total)) {
     }
-    c10::reportMemoryUsageToProfiler(p, int64_t(n), size_t(total), size_t(total), Device(kNeuron, dev));
+    if (g_settings.allocator_reports)
+      c10::reportMemoryUsageToProfiler(p, int64_t(n), size_t(total), size_t(total), Device(kNeuron, dev));
     return {p, new Block{p, n, dev}, &free_block, Device(kNeuron, dev)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -911,7 +918,7 @@ std::unordered_map<const void*, Path> g_paths;  // by operator (its schema's add
 Path initial_path(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   const std::string& name = schema.name();
-  if (kUnimplemented.count(name)) return Path::Fallback;
+  if (kUnimplemented.count(name) || g_cpu_ops.count(name)) return Path::Fallback;
   if (kDataDependent.count(name)) return Path::Inline;
   for (const auto& a : schema.arguments())
     if (a.type()->kind() == c10::TypeKind::OptionalType &&
@@ -1712,6 +1719,43 @@ void claim_cpu_kernels() {
   }
 }
 
+// As a backend ships (openreg, torch_npu): a kernel of its own registered for each op it runs, so
+// that only the ops it lacks reach its boxed fallback, and PyTorch's dispatcher tells which those
+// are. The kernel is the same boxed function. Ops served by a composite kernel that runs other ops
+// keep it; a structured op's functional form (CompositeExplicitAutogradNonFunctional: it writes
+// through its .out overload) gets a kernel as its .out does. Ops whose path is the fallback
+// (kUnimplemented, g_cpu_ops, views, no Meta kernel) get none, and so do factory ops (a Device
+// argument: new_empty_strided(..., device=neuron) made by the CPU kernel would be a device tensor;
+// their composites allocate through the device's empty).
+void register_kernels() {
+  static torch::Library* lib = nullptr;
+  if (lib) return;
+  lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  using c10::DispatchKey;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || op->hasKernelForDispatchKey(DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd))
+      continue;
+    bool factory = false;
+    for (const auto& a : op->schema().arguments()) factory |= a.type()->str().find("Device") != std::string::npos;
+    if (factory) continue;
+    Path p = initial_path(*op);
+    if (p == Path::Fallback || (p == Path::Queued && !op->hasKernelForDispatchKey(DispatchKey::Meta))) continue;
+    std::string base = name.name.substr(6);
+    std::string full = name.overload_name.empty() ? base : base + "." + name.overload_name;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_kernel>());
+  }
+}
+
+void set_modes(bool allocator_reports, const std::vector<std::string>& cpu_ops) {
+  TORCH_CHECK(g_settings.devices == 0, "neuron: the device's modes are set before it is enabled");
+  g_settings.allocator_reports = allocator_reports;
+  g_cpu_ops = std::unordered_set<std::string>(cpu_ops.begin(), cpu_ops.end());
+}
+
 // ------------------------------------------------------------------ Python side
 void init(int devices, int64_t launch_ns, int64_t capacity, int max_queue, int max_fused) {
   TORCH_CHECK(devices >= 1 && devices <= kMaxDevices, "neuron: devices must be 1..", kMaxDevices);
@@ -1769,6 +1813,9 @@ py::dict memory_stats(int d) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init", &neuron_dev::init);
   m.def("connect", &neuron_dev::connect);
+  m.def("set_modes", &neuron_dev::set_modes);
+  m.def("register_kernels", &neuron_dev::register_kernels);
+  m.def("set_kineto_kernels_only", [](bool on) { neuron_dev::trace::g_kernels_only = on; });
   m.def("synchronize", [](int d) {
     py::gil_scoped_release nogil;
     RECORD_USER_SCOPE("neuron::synchronize");

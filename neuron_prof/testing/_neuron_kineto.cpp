@@ -249,7 +249,16 @@ int64_t thread_id() {
   return t_tid;
 }
 
+std::atomic<bool> g_kernels_only{false};
+
 void add(Record&& r) {
+  if (g_kernels_only.load(std::memory_order_relaxed)) {
+    if (r.kind != Kind::Kernel) return;
+    r.correlation = 0;
+    r.external = 0;
+    r.flow_start = false;
+    r.args.clear();
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   g_records.push_back(std::move(r));
 }

@@ -66,6 +66,10 @@ inline Record on_device(Kind kind, std::string name, int64_t start, int64_t end,
   return r;
 }
 
+// A backend that reports its kernels only (no runtime calls, copies or events, no correlation ids,
+// no metadata), as many ship: add() keeps kernels and strips the rest (neuron.enable(kineto=...)).
+extern std::atomic<bool> g_kernels_only;
+
 // Whether a trace records now: the device checks it before it builds a record of a host call.
 extern std::atomic<bool> g_on;
 inline bool on() { return g_on.load(std::memory_order_relaxed); }

@@ -221,19 +221,49 @@ def _device_module(ext) -> types.ModuleType:
     return mod
 
 
+_modes: tuple | None = None  # the first enable()'s modes: the device keeps them for the process
+
+
 def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 << 30, max_queue: int = 256,
-           max_fused: int = 16, report: bool = True) -> types.ModuleType:
+           max_fused: int = 16, report: bool = True, *, kineto: str = "full", allocator_reports: bool = True,
+           cpu_fallback: Iterable[str] = (), registered_kernels: bool = False) -> types.ModuleType:
     """Turn the device on (idempotent in one process; the device count cannot change), register
     ``torch.compile(backend="neuron")`` (:mod:`neuron_prof.testing.neuron_compile`) and return
-    ``torch.neuron``. ``report``: hand the device's queue, kernel and fallback events to
-    neuron_prof's backend hook API (they are recorded only while a capture runs)."""
+    ``torch.neuron``. ``report``: hand the device's queue state to neuron_prof's backend hook API
+    (recorded only while a capture runs).
+
+    Modes that make the device behave as backends ship, for trying a profiler against them (fixed
+    by the first call in a process):
+
+    - ``kineto``: what its Kineto profiler reports: ``"full"`` (kernels, copies, runtime calls,
+      events, correlation ids and metadata) or ``"kernels"`` (kernels only: no runtime calls, no
+      copies or events, no correlation ids, no metadata);
+    - ``allocator_reports``: False keeps the allocator's counters (``memory_stats()``,
+      ``memory_allocated()``, ``max_memory_allocated()``) but reports no allocation to the profiler;
+    - ``cpu_fallback``: ops (``"aten::mse_loss"``) left to the boxed CPU fallback beside
+      :data:`UNIMPLEMENTED`;
+    - ``registered_kernels``: a kernel registered for each op the device runs, so that only the ops
+      it leaves to the CPU reach its boxed fallback and PyTorch's dispatcher says which those are
+      (else one boxed fallback serves every op and decides inside)."""
+    global _modes
+    if kineto not in ("full", "kernels"):
+        raise ValueError(f"kineto must be 'full' or 'kernels', not {kineto!r}")
+    modes = (kineto, bool(allocator_reports), frozenset(cpu_fallback), bool(registered_kernels))
     with _lock:
         ext = extension()
+        if _modes is None and ext.device_count() == 0:
+            ext.set_modes(modes[1], sorted(modes[2]))
+            ext.set_kineto_kernels_only(kineto == "kernels")
+            _modes = modes
+        elif _modes is not None and modes != _modes:
+            raise RuntimeError("neuron: the device's modes are fixed by the first enable() in a process")
         ext.init(devices, int(launch_us * 1000), int(capacity_bytes), int(max_queue), int(max_fused))
         if torch._C._get_privateuse1_backend_name() != BACKEND:
             torch.utils.rename_privateuse1_backend(BACKEND)
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
             torch._register_device_module(BACKEND, _device_module(ext))
+        if registered_kernels:
+            ext.register_kernels()
         neuron_compile.register()
         _register_collectives(ext)
         if report:
@@ -241,6 +271,12 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
 
             ext.connect(backend_api())
         return sys.modules.get("torch.neuron") or torch.neuron
+
+
+def cpu_ops() -> frozenset[str]:
+    """The ops the device leaves to the CPU fallback: :data:`UNIMPLEMENTED` and ``enable``'s
+    ``cpu_fallback``."""
+    return frozenset(UNIMPLEMENTED) | (_modes[2] if _modes else frozenset())
 
 
 def _register_collectives(ext) -> None:
