@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from neuron_prof.collectors._dispatch import DispatchPaths
 from neuron_prof.recording import Recorder, framework_prefixes
 
 DEFAULT_MAX_BUFFERED = 2_000_000
@@ -68,6 +69,7 @@ class EagerCollector:
         self.engine = None
         self.tracker = None
         self._new_threads: dict[int, str] = {}  # OS tid -> name, learnt but not yet appended
+        self._dispatch: DispatchPaths | None = None
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
@@ -79,6 +81,7 @@ class EagerCollector:
             cap = self.max_buffered or getattr(rec, "max_buffered_events", None) or DEFAULT_MAX_BUFFERED
             eng.start(self.skip if self.skip is not None else skip_prefixes(), int(cap))
             self.engine = eng
+            self._dispatch = DispatchPaths()
             self.tracker = ModuleTracker(eng.set_module, eng.intern, rec.training_began)
             self.tracker.install()
         except Exception as exc:  # noqa: BLE001 - training must never break
@@ -94,11 +97,16 @@ class EagerCollector:
     def flush(self, rec: Recorder, keep: bool) -> None:
         if self.engine is None:
             return
-        batch = self.engine.drain(rec.intern, rec.intern_stack)
+        batch = self.engine.drain(self._dispatch.intern(rec.intern), rec.intern_stack)
         self._new_threads.update(batch.thread_names)
         if not keep or len(batch) == 0:
             return
         rec.append("ops", batch.rows)  # already the ops journal's rows: stored as they are
+        try:
+            self._dispatch.note(rec, batch.rows)
+        except Exception as exc:  # noqa: BLE001 - the ops are kept; only what the dispatcher says is lost
+            rec.failure(self.name, exc)
+            self._dispatch = DispatchPaths()
         if self._new_threads:
             self._append_threads(rec)
         if batch.dropped:

@@ -10,7 +10,8 @@ its ``.out`` overload, an op of the same name); else the backend's boxed fallbac
 registered one (``TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(...) }``); else nothing: the
 op fails on the device. What a boxed fallback does with an op only the backend knows: it is taken
 to decide as the emulated neuron device's does, with the ops it leaves out named by a
-:class:`Target`.
+:class:`Target`; a backend neuron_prof knows nothing of (:func:`shipped_target`) is taken to have
+PyTorch's CPU fallback there, as shipped backends do.
 
 The emulated neuron device (``neuron_prof/testing/_neuron.cpp``, ``initial_path``) registers a
 boxed fallback for every op and decides inside it, per overload: an op it leaves out on purpose
@@ -25,6 +26,7 @@ tensor learning rate), the name's path is ``"mixed"`` and the overloads that fal
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -65,6 +67,27 @@ class Target:
     """Its device type, the PrivateUse1 backend's name (``"neuron"``)."""
     cpu_ops: frozenset[str]
     """Op names its boxed fallback leaves to the CPU whatever the overload (``neuron.UNIMPLEMENTED``)."""
+    fallback_on_cpu: bool = False
+    """Its boxed fallback is PyTorch's CPU fallback (``at::native::cpu_fallback``), as shipped
+    backends' are (OpenReg, torch_npu): every op without a kernel of its own runs on the CPU. False:
+    it decides as the emulated neuron device's does."""
+
+
+def shipped_target(device: str) -> Target:
+    """A PrivateUse1 backend neuron_prof knows nothing of: an op without a kernel of its own or a
+    composite reaches its boxed fallback, taken to be PyTorch's CPU fallback."""
+    return Target(device=device, cpu_ops=frozenset(), fallback_on_cpu=True)
+
+
+def process_target(device: str) -> Target:
+    """The PrivateUse1 backend this process registered as ``device``, for asking the dispatcher
+    what its ops ran on (a capture's fallbacks): the emulated neuron device where it is the one
+    turned on here (its own boxed fallback decides; found among the loaded modules, never
+    imported), else a backend as backends ship (:func:`shipped_target`)."""
+    emulator = sys.modules.get("neuron_prof.testing.neuron")
+    if emulator is not None and device == emulator.BACKEND and emulator.enabled():
+        return Target(device=device, cpu_ops=emulator.cpu_ops())
+    return shipped_target(device)
 
 
 def check_registered(target: Target) -> None:
@@ -121,7 +144,7 @@ def _overload_path(qualified: str, target: Target, fallback: bool) -> str:
         return "composite"
     if not fallback:
         return "missing"
-    if qualified.partition(".")[0] in target.cpu_ops:
+    if target.fallback_on_cpu or qualified.partition(".")[0] in target.cpu_ops:
         return "cpu"
     op = _overload(qualified)
     if op is None:

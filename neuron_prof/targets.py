@@ -12,10 +12,11 @@ if TYPE_CHECKING:
 def _neuron() -> "Target":
     """The emulated neuron device, registered in this process: its boxed fallback leaves
     ``neuron.cpu_ops()`` to the CPU and queues other ops by their Meta kernels."""
-    from neuron_prof.op_support import Target
+    from neuron_prof.op_support import process_target
     from neuron_prof.testing import neuron
-    neuron.enable()
-    return Target(device=neuron.BACKEND, cpu_ops=neuron.cpu_ops())
+    if not neuron.enabled():
+        neuron.enable()
+    return process_target(neuron.BACKEND)
 
 
 TARGETS: dict[str, tuple[Callable[[], "Target"], str]] = {

@@ -31,7 +31,7 @@ import pandas as pd
 
 from neuron_prof.analysis.device_collectives import is_collective_kernel
 from neuron_prof.analysis.intervals import covered
-from neuron_prof.analysis.ops import in_steps
+from neuron_prof.analysis.ops import in_steps, name_mask, parent_index
 from neuron_prof.analysis.steps import captured_steps, steps_per_rank
 from neuron_prof.keys import backend_key, thread_key
 from neuron_prof.open_ops import innermost_ops, last_at_or_before
@@ -101,14 +101,19 @@ CORRELATION_COLUMNS = ["rank", "id", "ts", "tid", "device", "op", "host_op", "mo
 
 
 def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFrame,
-                ops: pd.DataFrame) -> pd.DataFrame:
+                ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
     """One row per enqueued op: its enqueue (``Run.device_enqueues`` columns), ``op_index`` (its
     host op's position in ``ops``, -1: not captured), ``kernel`` (the id of the kernel that ran
     it, -1: none), that kernel's name, start and duration, and ``queued_ns`` (from enqueue to the
     kernel's start: how long the op waited in the queue). Both directions read off it: a kernel's
-    host ops are the rows with its id, a host op's kernels the rows with its ``op_index``."""
+    host ops are the rows with its id, a host op's kernels the rows with its ``op_index``. Kernels
+    no launch names (a backend that reports kernels only) are joined by thread and time
+    (:func:`kernels_by_time`; ``parent``: ``parent_index(ops)``, if the caller has it)."""
+    # a rank whose backend reports no launches at all: its kernels joined by thread and time
+    unlinked = kernels[~kernels["rank"].isin(links["rank"].unique())] if len(kernels) else kernels
+    by_time = kernels_by_time(unlinked, ops, parent) if len(unlinked) else pd.DataFrame(columns=CORRELATION_COLUMNS)
     if enqueues.empty:
-        return pd.DataFrame(columns=CORRELATION_COLUMNS)
+        return by_time
     out = enqueues[[c for c in CORRELATION_COLUMNS[:13]]].copy()
     out["op_index"] = enqueuing_ops(enqueues, ops)
     out["kernel"] = kernel_of(enqueues, links)
@@ -128,7 +133,67 @@ def correlation(enqueues: pd.DataFrame, kernels: pd.DataFrame, links: pd.DataFra
     out["kernel_name"] = pd.Categorical(kname)
     out["kernel_ts"], out["kernel_dur"] = kts, kdur
     out["queued_ns"] = np.where(kts >= 0, kts - out["ts"].to_numpy(np.int64), -1)
-    return out.reset_index(drop=True)[CORRELATION_COLUMNS]
+    out = out.reset_index(drop=True)[CORRELATION_COLUMNS]
+    return out if by_time.empty else pd.concat([out, by_time], ignore_index=True)
+
+
+def kernels_by_time(kernels: pd.DataFrame, ops: pd.DataFrame, parent: np.ndarray | None = None) -> pd.DataFrame:
+    """Correlation rows (``CORRELATION_COLUMNS``; ``id`` -1, ``queued_ns`` -1: no launch was
+    reported) for kernels no launch names, as backends that report kernels only give them: each
+    joined to its host op by thread and time. The op is the innermost op with the kernel's device
+    among its inputs open at the kernel's start on any of the rank's threads (a synchronous
+    backend runs the kernel inside the op that launched it); where none is open (a queue ran it
+    later), the outermost device op around the last device op to start before it (what the host
+    was queueing then; the line is right, the op within it a guess)."""
+    if kernels.empty or ops.empty:
+        return pd.DataFrame(columns=CORRELATION_COLUMNS)
+    k = kernels.reset_index(drop=True)
+    kts = k["ts"].to_numpy(np.int64)
+    krank = k["rank"].to_numpy()
+    kdev = k["device"].astype(str).to_numpy()
+    pos = np.full(len(k), -1, np.int64)
+    on_device = {dev: name_mask(ops, lambda d, dev=dev: dev in [x for part in d.split(",") for x in part.split("|")],
+                                column="devices") for dev in set(kdev)}
+    parent = parent_index(ops) if parent is None else parent
+    depth = int(ops["depth"].max())
+    for dev, mask in on_device.items():
+        mine = np.flatnonzero(kdev == dev)
+        dev_ops = ops[mask]
+        if not len(dev_ops):
+            continue
+        # (1) open at the kernel's start, on whichever thread: the deepest such op
+        best, best_depth = np.full(len(mine), -1, np.int64), np.full(len(mine), -1, np.int64)
+        for tid in dev_ops["tid"].unique():
+            at = innermost_ops(krank[mine], np.full(len(mine), tid), kts[mine], ops)
+            ok = (at >= 0) & mask[np.maximum(at, 0)]
+            d = np.where(ok, ops["depth"].to_numpy()[np.maximum(at, 0)], -1)
+            better = d > best_depth
+            best[better], best_depth[better] = at[better], d[better]
+        # (2) none open: the last device op to start before it, up to its outermost device op
+        rows = np.flatnonzero(mask)
+        order = rows[np.lexsort((ops["ts"].to_numpy(np.int64)[rows], ops["rank"].to_numpy()[rows]))]
+        last = last_at_or_before(ops["rank"].to_numpy()[order].astype(np.int64), ops["ts"].to_numpy(np.int64)[order],
+                                 krank[mine].astype(np.int64), kts[mine])
+        before = np.where(last >= 0, order[np.maximum(last, 0)], -1)
+        for _ in range(depth):
+            up = np.where(before >= 0, parent[np.maximum(before, 0)], -1)
+            climb = (up >= 0) & mask[np.maximum(up, 0)]
+            before = np.where(climb, up, before)
+        pos[mine] = np.where(best >= 0, best, before)
+    found = pos >= 0
+    o = ops.iloc[np.maximum(pos, 0)].reset_index(drop=True)
+
+    def take(col: str, empty):
+        return np.where(found, o[col].to_numpy(), empty)
+    return pd.DataFrame({
+        "rank": krank, "id": np.full(len(k), -1, np.int64), "ts": kts, "tid": take("tid", 0).astype(np.int64),
+        "device": k["device"].astype(str).to_numpy(), "op": take("name", "").astype(str),
+        "host_op": take("name", "").astype(str), "module": take("module", "").astype(str),
+        **{c: take(c, "").astype(str) for c in ("source", "user_source", "source_full")},
+        "bwd": take("bwd", False).astype(bool), "step": k["step"].to_numpy() if "step" in k else -1,
+        "op_index": pos, "kernel": k["id"].to_numpy(np.int64), "kernel_name": pd.Categorical(k["name"].astype(str)),
+        "kernel_ts": kts, "kernel_dur": k["dur"].to_numpy(np.int64), "queued_ns": np.full(len(k), -1, np.int64)},
+        columns=CORRELATION_COLUMNS)
 
 
 # --------------------------------------------------------------------------- device time per step
@@ -522,11 +587,12 @@ def fallback_summary(fallbacks: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFra
 COVERAGE_COLUMNS = ["rank", "device", "native_ops", "fallback_ops", "coverage_pct", "fallback_op_kinds"]
 
 
-def coverage(enqueues: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and device: ops it ran natively (queued), ops it left to the CPU, the native share
+def coverage(native: pd.DataFrame, fallbacks: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and device: ops it ran natively (``native``: a (rank, device) row each,
+    ``RunAnalysis.cpu_fallbacks.native``), ops it left to the CPU, the native share
     (``coverage_pct``) and how many distinct ops fell back."""
     parts = []
-    for df, col in ((enqueues, "native_ops"), (fallbacks, "fallback_ops")):
+    for df, col in ((native, "native_ops"), (fallbacks, "fallback_ops")):
         if len(df):
             pairs = df.groupby(["rank", "device"], observed=True, dropna=False).size().rename("n").reset_index()
             parts.append(pairs.groupby(["rank", pairs["device"].astype(str)])["n"].sum().rename(col))

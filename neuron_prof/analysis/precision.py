@@ -58,6 +58,13 @@ def op_precision(ops: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def time_basis(kernels: pd.DataFrame) -> str:
+    """What precision figures weigh each op by: "device" (the device time of the kernels that ran
+    its work) where a device backend reported kernels (``run.device_kernels``), else "host" (its
+    run-time self time)."""
+    return "device" if len(kernels) else "host"
+
+
 def device_ns_per_op(n_ops: int, corr: pd.DataFrame) -> np.ndarray:
     """Per row of the run's ops: the device time of the kernels that ran the work it queued, a
     kernel's time split evenly among its ops (``corr``: ``analysis.device.correlation``)."""

@@ -1,7 +1,10 @@
 """Sync points: ops that make the host wait for the device or read a device value.
 
 Detected by what the op is, not by how long it took: on CPU they cost little, but the same line
-stalls the host on an asynchronous device (CUDA, Neuron's eager queue).
+stalls the host on an asynchronous device (CUDA, Neuron's eager queue). Whether one did stall is
+the device's to say (:func:`stalled`): a read the device had ready (a synchronous backend's) is a
+read, not a wait. The copies of a CPU fallback are the fallback's, not reads: callers leave them
+out (``RunAnalysis.cpu_fallbacks.inside``).
 """
 from __future__ import annotations
 
@@ -81,13 +84,36 @@ def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
     return hit[SYNC_COLUMNS].sort_values(["rank", "ts"], ignore_index=True)
 
 
+def stalled(sync: pd.DataFrame, wait_ns: np.ndarray, kernels: pd.DataFrame) -> np.ndarray:
+    """Per sync point, whether the device's own activity shows the host waiting in it: a host wait
+    the backend reported inside it (``wait_ns`` > 0: ``analysis.device.sync_waits``), or a kernel of
+    its rank still running at its start (the kernel timeline runs past the read). Elsewhere it is a
+    read of a device value the device had ready: a synchronous backend's, or one after a sync."""
+    out = np.asarray(wait_ns, dtype=np.int64) > 0
+    if sync.empty or kernels.empty:
+        return out
+    s_rank, s_ts = sync["rank"].to_numpy(), sync["ts"].to_numpy(np.int64)
+    for rank in np.unique(s_rank):
+        k = kernels[kernels["rank"] == rank]
+        if not len(k):
+            continue
+        order = np.argsort(k["ts"].to_numpy(np.int64), kind="stable")
+        kts = k["ts"].to_numpy(np.int64)[order]
+        running_end = np.maximum.accumulate((kts + k["dur"].to_numpy(np.int64)[order]))
+        mine = np.flatnonzero(s_rank == rank)
+        pos = np.searchsorted(kts, s_ts[mine], side="left") - 1  # kernels started before the read
+        out[mine] |= (pos >= 0) & (running_end[np.maximum(pos, 0)] > s_ts[mine])
+    return out
+
+
 def _categories(col: pd.Series) -> tuple[list[str], np.ndarray]:
     """Distinct values and per-row codes (ops columns are categorical: no per-row work)."""
     cat = col.astype("category")
     return [str(c) for c in cat.cat.categories], cat.cat.codes.to_numpy()
 
 
-def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame, wait_ns: np.ndarray | None = None) -> pd.DataFrame:
+def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame, wait_ns: np.ndarray | None = None,
+                 stalls: np.ndarray | None = None) -> pd.DataFrame:
     """Sync points grouped by source line and op: ``count`` and ``total_ms`` over the run,
     ``in_steps`` (how many fell in ``steps``: the steady steps) and ``per_step`` (``in_steps``
     per such step, None when there are none). A sync point outside them (start-up, the first
@@ -96,23 +122,29 @@ def sync_summary(sync: pd.DataFrame, steps: pd.DataFrame, wait_ns: np.ndarray | 
     ``wait_ns``: per sync point, the host's measured wait for the device inside it
     (``analysis.device.sync_waits``), on devices whose backend reports it: adds what each sync
     point costs, ``wait_ms`` over the run and ``wait_ms_per_step`` over ``steps``, and orders
-    the lines by it (else: by how often they sync in ``steps``)."""
+    the lines by it (else: by how often they sync in ``steps``). ``stalls``: per sync point,
+    whether the device showed the host waiting in it (:func:`stalled`): adds ``stalls``, how many
+    did."""
     cols = ["source", "name", "kind", "count", "total_ms", "in_steps", "per_step"]
     if wait_ns is not None:
         cols += ["wait_ms", "wait_ms_per_step"]
+    if stalls is not None:
+        cols += ["stalls"]
     if sync.empty:
         return pd.DataFrame(columns=cols)
     n = steps_per_rank(steps)
     hit = in_steps(sync, steps) if n else np.zeros(len(sync), dtype=bool)
     waits = np.zeros(len(sync), dtype=np.int64) if wait_ns is None else np.asarray(wait_ns, dtype=np.int64)
-    g = sync.assign(hit=hit, wait=waits, hit_wait=np.where(hit, waits, 0)).groupby(["source", "name", "kind"],
-                                                                                   observed=True)
+    stall = np.zeros(len(sync), dtype=bool) if stalls is None else np.asarray(stalls, dtype=bool)
+    g = sync.assign(hit=hit, wait=waits, hit_wait=np.where(hit, waits, 0), stall=stall).groupby(
+        ["source", "name", "kind"], observed=True)
     out = pd.DataFrame({"count": g.size(), "total_ms": g["dur"].sum() / 1e6, "in_steps": g["hit"].sum(),
-                        "wait_ms": g["wait"].sum() / 1e6, "wait_ms_per_step": g["hit_wait"].sum() / 1e6 / max(n, 1)}
-                       ).reset_index()
+                        "wait_ms": g["wait"].sum() / 1e6, "wait_ms_per_step": g["hit_wait"].sum() / 1e6 / max(n, 1),
+                        "stalls": g["stall"].sum()}).reset_index()
     out = out[out["count"] > 0]
     out["per_step"] = (out["in_steps"] / n).where(out["in_steps"] > 0) if n else np.nan
     out["per_step"] = out["per_step"].astype(object).where(out["per_step"].notna(), None)
     out["wait_ms_per_step"] = out["wait_ms_per_step"].astype(object).where(out["in_steps"] > 0, None)
-    order = ["wait_ms", "in_steps", "count", "total_ms"] if wait_ns is not None else ["in_steps", "count", "total_ms"]
+    order = (["stalls"] if stalls is not None else []) + (["wait_ms"] if wait_ns is not None else []) \
+        + ["in_steps", "count", "total_ms"]
     return out.sort_values(order, ascending=False, ignore_index=True)[cols]

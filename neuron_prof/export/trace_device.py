@@ -267,7 +267,7 @@ class DeviceTracks:
         self.kernels = run.device_kernels
         self.copies = run.device_copies
         self.flushes = run.queue_flushes
-        self.fallbacks = run.fallbacks
+        self.fallbacks = analyze(run).cpu_fallbacks.table
         self.depth = queue_depth(run.device_enqueues, self.kernels)
         self.kernel_ids = np.full(len(self.kernels), -1, np.int64)
         """Trace event id of each kernel's slice, once its rank is written."""

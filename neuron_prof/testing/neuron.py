@@ -273,6 +273,11 @@ def enable(devices: int = 1, launch_us: float = 20.0, capacity_bytes: int = 8 <<
         return sys.modules.get("torch.neuron") or torch.neuron
 
 
+def enabled() -> bool:
+    """Whether :func:`enable` turned the device on in this process."""
+    return "torch.neuron" in sys.modules and torch._C._get_privateuse1_backend_name() == BACKEND
+
+
 def cpu_ops() -> frozenset[str]:
     """The ops the device leaves to the CPU fallback: :data:`UNIMPLEMENTED` and ``enable``'s
     ``cpu_fallback``."""

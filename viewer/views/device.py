@@ -136,7 +136,7 @@ def _step_slice(path: str, mtime: float, rank: int, step: int) -> dict[str, Any]
     s = kinds[(kinds["rank"] == rank) & (kinds["step"] == step)].iloc[0]
     t0, end = int(s["ts"]), int(s["ts"] + s["dur"])
     corr, flushes, falls = (df[(df["rank"] == rank) & (df["step"] == step)]
-                            for df in (analyze(run).device_correlation, run.queue_flushes, run.fallbacks))
+                            for df in (analyze(run).device_correlation, run.queue_flushes, analyze(run).cpu_fallbacks.table))
     ran = corr[corr["kernel"] >= 0]
     if len(ran):
         end = max(end, int((ran["kernel_ts"] + ran["kernel_dur"]).max()))
