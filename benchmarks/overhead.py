@@ -31,6 +31,13 @@ call (ops counted in a captured step) and the end-to-end time per step (start an
   once memory is reported, ~90 ns an event, before neuron_prof's tracker sees it): what the
   option costs.
 
+Then what reading a backend's memory counters costs a step boundary (issue 43), in a process of its
+own (the emulated ``neuron`` device with ``allocator_reports=False``, whose modes are fixed by the
+first ``enable()`` of a process): the memory collector's ``CounterSampler.rows`` for a device read
+from its counters, for a device whose allocator reports (what such a backend now pays), and the
+bare ``torch.neuron.memory_stats(0)`` under them, interleaved, µs a boundary; and in this process,
+with no PrivateUse1 backend, what every other job pays.
+
 Then the targets of issue 24, each with the figures it is read from and "met" or "NOT met":
 neuron_prof full's overhead at most half of torch.profiler full's and at most twice the
 observer+inputs one's; always-on at most 1.02x on the 512-wide model, 1.03x on the 64-wide. One
@@ -46,15 +53,19 @@ import functools
 import json
 import math
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn as nn
 
 import neuron_prof
+from neuron_prof.collectors._memcounters import CounterSampler
 
 MODES = ("none", "observer", "observer+inputs", "full-capture hooks", "torch.profiler cpu", "torch.profiler full",
          "neuron_prof eager", "neuron_prof full", "neuron_prof always-on", "always-on, CPU memory")
@@ -266,14 +277,49 @@ def checks(width: int, fig: dict[str, ModeFigures]) -> list[Check]:
     return found
 
 
+def interleaved_us(ways: dict[str, Callable[[], object]], rounds: int, calls: int = 2000) -> dict[str, float]:
+    """The median µs of a call of each of ``ways``, timed ``calls`` at a time, interleaved over
+    ``rounds`` (the order rotating)."""
+    names = list(ways)
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            call = ways[name]
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                call()
+            samples[name].append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def counter_reads(rounds: int) -> dict[str, float]:
+    """In this process (the device's modes become its own): one step boundary's counter sampling
+    (``CounterSampler.rows``) with a 16 KiB block on the device, beside the bare read, in µs."""
+    from neuron_prof.testing import neuron
+
+    mod = neuron.enable(allocator_reports=False)
+    block = torch.empty(4096, device="neuron")  # noqa: F841 - bytes on the device: its counters show them
+    counted, reported = CounterSampler(), CounterSampler()
+    tracked = [(0, 0, "neuron:0", 0, 0, 0, 0)]  # the tracker's row of a device whose allocator reports
+    counted.rows(0, 0, [])  # each decides the device at its first boundary
+    reported.rows(0, 0, tracked)
+    return interleaved_us({"torch.neuron.memory_stats(0)": lambda: mod.memory_stats(0),
+                           "a device on its counters": lambda: counted.rows(1, 1, []),
+                           "a device whose allocator reports": lambda: reported.rows(1, 1, tracked)}, rounds)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--widths", default="512,64")
     p.add_argument("--json", type=Path, help="also write every figure and check here")
+    p.add_argument("--counter-reads", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # the child's part
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.counter_reads:
+        print(json.dumps(counter_reads(args.counter_reads)))
+        return
     results = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -295,6 +341,17 @@ def main() -> None:
                       f"{f.end_to_end_ms_per_step:>13.3f}{f.end_to_end_ratio:>8.2f}")
             for c in found:
                 print(f"  {c.line()}")
+    child = subprocess.run([sys.executable, __file__, "--counter-reads", str(args.rounds)], capture_output=True,
+                           text=True, check=True)
+    cpu_only, cpu_rows = CounterSampler(), [(0, 0, "cpu", 0, 0, 0, 0)]
+    results["counter_reads_us"] = reads = {
+        **json.loads(child.stdout.splitlines()[-1]),
+        "no PrivateUse1 backend (this process)": interleaved_us({"": lambda: cpu_only.rows(1, 1, cpu_rows)},
+                                                                args.rounds)[""]}
+    print(f"A step boundary's memory-counter sampling (CounterSampler.rows; beside the device's own read, in a "
+          f"process with the emulated neuron device, allocator_reports=False), median of {args.rounds} x 2000 calls:")
+    for name, us in reads.items():
+        print(f"  {name:<40}{us:>8.2f} us")
     if args.json:
         args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, **results}, indent=2))
 

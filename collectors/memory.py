@@ -1,4 +1,5 @@
-"""The memory collector: every allocation and free, on any device that reports to the profiler.
+"""The memory collector: every allocation and free, on any device that reports to the profiler;
+per-step totals from its backend's own counters for a device that does not.
 
 Mechanism: the engine's native memory tracker (``_memory.cpp``, Python side ``_memtrack``)
 receives the allocator reports PyTorch sends to profilers (``c10::reportMemoryUsageToProfiler``:
@@ -11,7 +12,10 @@ user stack: the lines that executed). Tables:
   the window (``late_free``), so every captured allocation has its lifetime.
 * ``memory_steps`` — at every step boundary of the run, windows or not (cheap: counters), per
   device: live bytes (allocated since capture started), the peak since the previous boundary,
-  and the allocator's own totals where it reports them (CUDA). Always-on capture follows the CPU
+  and the allocator's own totals where it reports them (CUDA). A PrivateUse1 device whose
+  allocator reports nothing to the profiler has its backend's own counters here instead
+  (``_memcounters``: its allocated bytes and high-water mark; which source each device's rows
+  come from is a ``memory_sources`` row). Always-on capture follows the CPU
   allocator in its sampled steps only (unless ``follow_cpu_memory``: c10's CPU allocator pays a
   mutex and a size-table entry per block whenever memory is reported), so it has no CPU rows
   here; ``process_memory`` is the CPU's per-step figure then, and a CPU block still live when a
@@ -41,6 +45,7 @@ import weakref
 import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
+from neuron_prof.collectors._memcounters import CounterSampler
 from neuron_prof.recording import Recorder
 from neuron_prof.schema import MEMORY_KINDS, TABLES, row_dtype
 from neuron_prof.torchhooks import hide_from_dynamo
@@ -118,7 +123,7 @@ class ResidentMemory:
 
 class MemoryCollector:
     """Collector (neuron_prof.recording) of allocator events: ``memory_events``, ``memory_steps``,
-    ``memory_tensors``, ``memory_ooms``, ``process_memory``."""
+    ``memory_tensors``, ``memory_ooms``, ``memory_sources``, ``process_memory``."""
 
     name = "memory"
 
@@ -128,6 +133,8 @@ class MemoryCollector:
         self.tracker = None
         self._window = False
         self._steps: list[tuple] = []  # (step, ts, device, live, peak, allocated, reserved)
+        self._counters: CounterSampler | None = CounterSampler()  # None once its counters failed
+        self._sources: list[tuple[int, str, str, str]] = []  # (ts, device, figures_from, api)
         self._resident = ResidentMemory()
         self._process: list[tuple[int, int, int]] = []  # (step, ts, rss)
         self._tensors: list[tuple] = []  # (ts, step, addr, device, bytes, category, shape, dtype)
@@ -172,15 +179,17 @@ class MemoryCollector:
             self.tracker.set_detail(on)
 
     def on_step(self, step: int, ts: int) -> None:
-        """Every step boundary: live bytes and peak per device, the process's resident memory;
-        in windows, the known tensors."""
+        """Every step boundary: live bytes and peak per device (the backend's counters for a device
+        whose allocator does not report), the process's resident memory; in windows, the known
+        tensors."""
         if self.tracker is None:
             return
-        rows = [(step, ts, self._device(t, i), live, peak, alloc, res)
-                for t, i, live, peak, alloc, res in self.tracker.totals()]
+        rows, decided = self._counted(step, ts, [(step, ts, self._device(t, i), live, peak, alloc, res)
+                                                 for t, i, live, peak, alloc, res in self.tracker.totals()])
         rss = self._resident.read()
         with self._lock:
             self._steps.extend(rows)
+            self._sources.extend(decided)
             if rss is not None:
                 self._process.append((step, ts, rss))
         if self._window:
@@ -232,6 +241,13 @@ class MemoryCollector:
             steps, self._steps = self._steps, []
             tensors, self._tensors = self._tensors, []
             process, self._process = self._process, []
+            sources, self._sources = self._sources, []
+        if sources:
+            c = list(zip(*sources))
+            rec.append("memory_sources", {
+                "ts": np.array(c[0], np.int64), "device": np.array([rec.intern(d) for d in c[1]], np.int32),
+                "figures_from": np.array([rec.intern(s) for s in c[2]], np.int32),
+                "api": np.array([rec.intern(s) for s in c[3]], np.int32)})
         # every step's rows, made in their journals' layout at once: written as they are
         if process:
             rec.append("process_memory", np.array(process, dtype=_PROCESS_ROW))
@@ -267,6 +283,18 @@ class MemoryCollector:
                 self.tracker.stop()
             finally:
                 self.tracker = None
+
+    def _counted(self, step: int, ts: int, tracked: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+        """``CounterSampler.rows``; a backend whose counters fail is not read again (the boundary's
+        row of it is counted lost, with its message, in Capture health)."""
+        if self._counters is None:
+            return tracked, []
+        try:
+            return self._counters.rows(step, ts, tracked)
+        except Exception as exc:  # noqa: BLE001 - a backend's counters must never break training
+            self._counters = None
+            self._guard.lost("memory_steps", exc)
+            return tracked, []
 
     def _device(self, device_type: int, index: int) -> str:
         key = (device_type, index)

@@ -1,9 +1,11 @@
 """Memory analyses: allocations with lifetimes and categories, timeline, peaks, leaks, diffs.
 
 Pandas in, pandas out; inputs are ``Run.memory_events``, ``Run.memory_tensors``,
-``Run.memory_steps``, ``Run.process_memory`` and ``Run.steps``. Every byte figure is what the
-allocator was asked for (the CPU allocator and CUDA's caching allocator report requested sizes),
-per device, except the process's resident memory (:func:`process_growth`).
+``Run.memory_steps``, ``Run.memory_sources``, ``Run.process_memory`` and ``Run.steps``. Every byte
+figure is what the allocator was asked for (the CPU allocator and CUDA's caching allocator report
+requested sizes), per device, except the process's resident memory (:func:`process_growth`) and the
+per-step figures of a device whose allocator does not report to the profiler: its backend's own
+counters (:func:`figures_from`), totals without lines.
 
 Each allocation names the line that made it (``source``, possibly inside a library) and the
 innermost line of the user's own files on the way there (``user_source``: the call that led to
@@ -37,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.steps import captured_steps
+from neuron_prof.schema import MEMORY_FIGURES
 
 CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
 NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended
@@ -369,6 +372,21 @@ PROCESS_MIN_BOUNDARIES = 8
 _MAX_SLOPE_POINTS = 256  # boundaries the pairwise slopes are taken over (evenly spaced)
 
 
+FIGURES_COLUMNS = ["rank", "device", "figures_from", "api"]
+
+
+def figures_from(memory_steps: pd.DataFrame, memory_sources: pd.DataFrame) -> pd.DataFrame:
+    """Where each rank's device's ``memory_steps`` rows come from: ``figures_from`` is ``allocator
+    events`` or ``backend counters`` (``schema.MEMORY_FIGURES``), ``api`` the function its counters
+    were read with. A device without a ``memory_sources`` row (the CPU; every device of a run
+    older than that table) is followed by allocator events."""
+    pairs = memory_steps[["rank", "device"]].astype({"device": str}).drop_duplicates()
+    said = memory_sources[FIGURES_COLUMNS].astype({c: str for c in FIGURES_COLUMNS[1:]})
+    out = pairs.merge(said.drop_duplicates(["rank", "device"]), on=["rank", "device"], how="left")
+    out = out.fillna({"figures_from": MEMORY_FIGURES[0], "api": ""})
+    return out.sort_values(["rank", "device"], ignore_index=True)[FIGURES_COLUMNS]
+
+
 def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
     """Step-over-step growth of live bytes at step boundaries, per rank and device.
 
@@ -428,7 +446,8 @@ def process_growth(process_memory: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
 
 
 def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
-          process_memory: pd.DataFrame | None = None, min_steps: int = 3) -> pd.DataFrame:
+          process_memory: pd.DataFrame | None = None, min_steps: int = 3,
+          figures: pd.DataFrame | None = None) -> pd.DataFrame:
     """Live memory that grows step over step, and the allocation sites that account for it.
 
     A device leaks when, over at least ``min_steps`` step-to-step differences (after the first),
@@ -439,6 +458,10 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
     ``steps_seen`` of ``steps_checked``; ``confidence`` (0..1) = how much of the measured growth
     the device's sites account for (capped at 1) x the share of growing differences; ``grad``:
     most of the site's surviving blocks belong to an autograd graph.
+
+    With ``figures`` (:func:`figures_from`): a device read from its backend's counters has no
+    allocation to name, so no site; its one row's ``confidence`` is the share of growing differences
+    alone (where allocator events name no site, it is 0).
 
     With ``process_memory``: ``process_growth_per_step`` (:func:`process_growth`, NaN where not
     known), ``process_outgrows`` = the process grows at least :data:`PROCESS_FACTOR` times as fast
@@ -451,10 +474,14 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
     horizon = memory_steps.groupby("rank")["ts"].max()
     proc = (process_growth(process_memory, steps).set_index("rank")["growth_per_step"]
             if process_memory is not None and len(process_memory) else pd.Series(dtype=float))
+    counted = (set() if figures is None else
+               set(figures.loc[figures["figures_from"] == MEMORY_FIGURES[1], ["rank", "device"]].itertuples(
+                   index=False, name=None)))
     for _, g in g_all.iterrows():
         if g["checked"] < min_steps or g["growth_per_step"] <= 0 or g["growing"] < 0.75 * g["checked"]:
             continue
         rank, device = g["rank"], g["device"]
+        lines = (rank, device) not in counted
         done = captured_steps(steps[steps["rank"] == rank], complete_only=True)["step"]
         last = memory_steps[memory_steps["rank"] == rank]["step"].max()
         candidates = sorted(s for s in done if s < last)
@@ -468,7 +495,8 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         sites = sites[sites["steps_seen"] >= max(1, len(candidates) / 2)].reset_index()
         sites = sites.sort_values("bytes_per_step", ascending=False, ignore_index=True)
         explained = float(sites["bytes_per_step"].sum())
-        share = min(explained, g["growth_per_step"]) / max(explained, g["growth_per_step"]) if explained else 0.0
+        share = (min(explained, g["growth_per_step"]) / max(explained, g["growth_per_step"]) if explained
+                 else 0.0 if lines else 1.0)
         p = float(proc.get(rank, np.nan))
         outgrows = bool(p >= max(PROCESS_FACTOR * g["growth_per_step"], PROCESS_MIN_BYTES))  # False when NaN
         device_row = {"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
@@ -481,6 +509,6 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
                         "grad": bool(s["grad"] >= 0.5), "bytes_per_step": int(s["bytes_per_step"]),
                         "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
         if sites.empty:
-            out.append({**device_row, "confidence": 0.0, "source": "", "user_source": "", "module": "", "op": "",
+            out.append({**device_row, "source": "", "user_source": "", "module": "", "op": "",
                         "category": "", "grad": False, "bytes_per_step": 0, "blocks_per_step": 0, "steps_seen": 0})
     return pd.DataFrame(out, columns=LEAK_COLUMNS)

@@ -20,9 +20,10 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import captured_steps
 from neuron_prof.analysis.timeline import memory_window
-from neuron_prof.findings import called_from, process_note
+from neuron_prof.findings import LINES_NOTE, called_from, figures_text, process_note
 from neuron_prof.summary.sections import MemoryLeak, MemoryPeak
 from neuron_prof.units import format_bytes
+from neuron_prof.schema import MEMORY_FIGURES
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md
 
@@ -91,6 +92,15 @@ def _leaks(path: str, mtime: float) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
+def _figures(path: str, mtime: float, rank: int, device: str) -> tuple[str, str]:
+    """Where the device's per-step figures come from (``analysis.memory.figures_from``): figures_from, api."""
+    run = _run(path)
+    f = mem.figures_from(run.memory_steps, run.memory_sources)
+    f = f[(f["rank"] == rank) & (f["device"] == device)]
+    return (str(f["figures_from"].iloc[0]), str(f["api"].iloc[0])) if len(f) else (MEMORY_FIGURES[0], "")
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
 def _process(path: str, mtime: float) -> pd.DataFrame:
     return mem.process_growth(_run(path).process_memory, _run(path).steps)
 
@@ -136,13 +146,21 @@ devices = _devices(key, mtime)
 left, right = st.columns(2)
 rank = left.selectbox("rank", sorted(devices), key="mem_rank")
 device = right.selectbox("device", devices[rank], key="mem_device")
-if _sampled_only(key, mtime, rank, device):
+figures, api = _figures(key, mtime, rank, device)
+counted = figures == MEMORY_FIGURES[1]
+no_lines = f"{LINES_NOTE[:1].upper()}{LINES_NOTE[1:]}." if counted else ""
+if counted:
+    st.caption("Bytes the backend counts on this device, read at each step boundary: its allocator does not report "
+               "allocations to the profiler, so live is all of the device's allocated bytes (not only since capture "
+               "began) and peak its high-water mark; there is no timeline, peak site or leaking line.")
+elif _sampled_only(key, mtime, rank, device):
     st.caption("Bytes the allocator was asked for in the sampled steps: always-on capture follows this device's "
                "allocator inside them only (`follow_cpu_memory=True` follows it at every step), so live bytes "
                "count what each sampled step allocated, from zero; the process's resident memory below is every "
                "step's.")
 else:
     st.caption("Bytes the allocator was asked for since capture began, per device.")
+st.caption(f"Figures from {md(figures_text(figures, api))}.")
 
 # ------------------------------------------------------------------ timeline
 st.subheader("Live memory over time")
@@ -154,7 +172,7 @@ chosen = None if span == WHOLE else int(span)
 tl = _timeline(key, mtime, rank, device, chosen)
 if tl.empty:
     data.no_data(f"allocations on rank {rank} {device} in this range",
-                 "Allocations are recorded in captured steps.")
+                 no_lines or "Allocations are recorded in captured steps.")
 else:
     if chosen is None:
         origin = int(r_steps["ts"].min()) if len(r_steps) else int(tl["ts"].min())
@@ -177,7 +195,7 @@ st.subheader("Peak")
 peaks = _peaks(key, mtime)
 peaks = peaks[(peaks["rank"] == rank) & (peaks["device"].astype(str) == device)].reset_index(drop=True)
 if peaks.empty:
-    data.no_data("captured steps with allocations on this device", "Peaks are found in captured steps.")
+    data.no_data("captured steps with allocations on this device", no_lines or "Peaks are found in captured steps.")
 else:
     st.dataframe(_plain(peaks[["step", "bytes", "op", "source", "user_source", "module", "alloc_bytes", "category"]]),
                  hide_index=True, key="mem_peaks_table",
@@ -224,6 +242,8 @@ else:
     g = float(x["growth_per_step"])
     st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {md(device)}: it grew at "
              f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
+    if counted:
+        st.info(no_lines)
     note = process_note(_row(MemoryLeak, x))
     if note:
         st.warning(note[:1].upper() + note[1:] + ".")
@@ -246,7 +266,8 @@ if len(ms):
                   labels={"bytes": "bytes", "what": "", "step": "step boundary (end of step)"})
     fig.update_layout(margin={"t": 30})
     st.plotly_chart(fig, width="stretch", key="mem_steps_chart")
-    st.caption("live: allocated bytes at each step boundary; peak: the highest since the boundary before")
+    st.caption("live: allocated bytes at each step boundary; peak: "
+               + ("the backend's high-water mark" if counted else "the highest since the boundary before"))
 pm = run.process_memory
 pm = pm[pm["rank"] == rank]
 if len(pm):
