@@ -33,7 +33,7 @@ def check_new(run_dir: Path) -> None:
 @dataclass
 class ImportedRun:
     """The run an import writes: ``source`` (the file or folder it came from) and ``kind`` name it
-    in the run's command, ``host``/``device`` when the source says them."""
+    in the run's command, ``host``/``device``/``torch_version`` when the source says them."""
 
     run_dir: Path
     source: Path
@@ -41,6 +41,7 @@ class ImportedRun:
     world_size: int = 1
     host: str = "unknown"
     device: str = "unknown"
+    torch_version: str = "unknown"
 
     def __post_init__(self) -> None:
         self.run_id = uuid.uuid4().hex
@@ -50,15 +51,15 @@ class ImportedRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_run_meta(self.run_dir, {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "run_id_scope": "process",
-            "command": [self.kind, str(self.source.resolve())], "cwd": os.getcwd(), "torch_version": "unknown",
-            "device": self.device, "world_size": self.world_size, "hostname": self.host,
-            "imported_from": str(self.source.resolve()),
+            "command": [self.kind, str(self.source.resolve())], "cwd": os.getcwd(),
+            "torch_version": self.torch_version, "device": self.device, "world_size": self.world_size,
+            "hostname": self.host, "imported_from": str(self.source.resolve()),
             **({"start_time_ns": start_time_ns} if start_time_ns is not None else {})})
 
     def rank(self, rank: int, start_ns: int, clock_offset_ns: int = 0) -> RankWriter:
         """The writer of one rank's folder, its rank.json written."""
         return RankWriter(self.run_dir / rank_dir_name(rank), {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "rank": rank, "world_size": self.world_size,
-            "pid": 0, "hostname": self.host, "device": self.device, "torch_version": "unknown", "python": "unknown",
-            "clock_offset_ns": clock_offset_ns, "start_ns": max(start_ns, 0), "collectors": [f"{self.kind} import"],
-            "schedule": None, "stepless": False})
+            "pid": 0, "hostname": self.host, "device": self.device, "torch_version": self.torch_version,
+            "python": "unknown", "clock_offset_ns": clock_offset_ns, "start_ns": max(start_ns, 0),
+            "collectors": [f"{self.kind} import"], "schedule": None, "stepless": False})

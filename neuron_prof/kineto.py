@@ -16,7 +16,8 @@ job on the new device. What the trace holds becomes the run's tables:
   open on its thread, a free matched to its allocation by address;
 * the device's activity (kernels, copies and sets, runtime and driver calls, their flows, stream
   waits) is the device tables, as a capture's is (``neuron_prof.device_activity``), the device
-  named as the trace names it (its PrivateUse1 backend's device labels, ``cuda``, ``xpu``);
+  named as the trace names it (``device_backend``: its device tracks' labels, ``cuda``, ``xpu``);
+* a top-level ``torch_version`` (torch.profiler writes none; a job may add it) is the run's;
 * ``distributedInfo`` is the rank, the world size and the process groups (``groups``); the
   collectives are ``collectives`` rows: from ``record_param_comms`` (collective, group, sequence
   number, element counts and dtype, as NCCL traces hold them), else from the ``c10d::`` ops, whose
@@ -61,6 +62,8 @@ _DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10
 _NOT_TENSORS = ("", "Scalar", "ScalarList", "TensorList", "GenericList", "None")
 _ENGINE = "autograd::engine::evaluate_function"
 _DEVICE_LABEL = re.compile(r"^(\S+) \d+$")  # a device track's label: "neuron 0", "GPU 0"
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, a [memory] event's "Device Type"
+_PRIVATEUSE1_NAME = "privateuseone"  # PyTorch's name for a PrivateUse1 backend not renamed
 _COLLECTIVE_KINDS = {  # c10d op (its name less "c10d::") or record_param_comms's "Collective name" -> kind
     "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
     "allgather_base": "all_gather", "allgather_coalesced": "all_gather", "allgather_into_tensor": "all_gather",
@@ -160,36 +163,57 @@ def _inputs(args: dict[str, Any]) -> tuple[str, str]:
 
 
 def device_backend(doc: dict[str, Any]) -> str:
-    """The device a trace's activity ran on, as the trace names it: a PrivateUse1 backend by its
-    device tracks' label (its profiler's ``neuron 0``), ``cuda``, ``xpu``, ``mtia``; ``cpu`` when
-    the trace holds no device activity."""
-    cats, labels = set(), []
+    """The device a trace's job ran on, as the trace names it. Kineto labels a device's track
+    with the name its backend's profiler gives it (``neuron 0``; ``GPU 0`` when the backend names
+    none), whether or not the backend reported any activity (OpenReg's plugin reports none, many
+    backends kernels only), so a label names the device; then CUDA's, XPU's or MTIA's runtime
+    activity; ``profile_memory``'s allocations on a device (a PrivateUse1 one the trace never
+    names is ``privateuseone``, PyTorch's name for it, never ``cpu``); ``device`` for activity
+    no label names; ``cpu`` only when the trace holds nothing of a device."""
+    cats, labels, memory = set(), [], set()
     for e in doc["traceEvents"]:
         if not isinstance(e, dict):
             continue
         cat = e.get("cat")
         if isinstance(cat, str):
             cats.add(cat)
-        elif e.get("ph") == "M" and e.get("name") == "process_labels":
+        if e.get("ph") == "M" and e.get("name") == "process_labels":
             m = _DEVICE_LABEL.match(str(_args(e).get("labels", "")))
             if m and m.group(1) not in ("GPU", "CPU"):
                 labels.append(m.group(1).lower())
+        elif e.get("name") == "[memory]":
+            memory.add(number(_args(e).get("Device Type"), 0))
+    if labels:
+        return labels[0]
     if cats & {"privateuse1_runtime", "privateuse1_driver"}:
-        return labels[0] if labels else "privateuseone"
+        return _PRIVATEUSE1_NAME
     for prefix, name in (("cuda_", "cuda"), ("xpu_", "xpu"), ("mtia_", "mtia")):
         if any(c.startswith(prefix) for c in cats):
             return name
+    kinds = sorted(memory - {0})
+    if kinds:
+        return _device_type(_PRIVATEUSE1 if _PRIVATEUSE1 in kinds else kinds[0], _PRIVATEUSE1_NAME)
     if cats & {"kernel", "gpu_memcpy", "gpu_memset"}:
-        return labels[0] if labels else "device"
+        return "device"
     return "cpu"
+
+
+def _device_type(kind: int, backend: str) -> str:
+    """The name of a c10 ``DeviceType`` code other than the CPU's (``backend``: PrivateUse1's)."""
+    return {1: "cuda", 12: "xpu", 19: "mtia", _PRIVATEUSE1: backend}.get(kind, f"device{kind}")
+
+
+def torch_version(docs: list[dict[str, Any]]) -> str:
+    """The torch version the traces carry, else ``unknown``: torch.profiler writes none of its own,
+    so it is the top-level ``torch_version`` a job adds (``prof.add_metadata("torch_version",
+    torch.__version__)``) that the report's header shows."""
+    found = (d.get("torch_version") for d in docs)
+    return next((v.strip() for v in found if isinstance(v, str) and v.strip()), "unknown")
 
 
 def _memory_device(args: dict[str, Any], backend: str) -> str:
     kind, index = number(args.get("Device Type"), 0), number(args.get("Device Id"), 0)
-    if kind == 0:
-        return "cpu"
-    name = {1: "cuda", 12: "xpu", 19: "mtia", 20: backend}.get(kind, f"device{kind}")
-    return f"{name}:{max(index, 0)}"
+    return "cpu" if kind == 0 else f"{_device_type(kind, backend)}:{max(index, 0)}"
 
 
 class _Tables:
@@ -387,7 +411,7 @@ def import_trace(trace: str | os.PathLike, run_dir: str | os.PathLike,
     devices = [device_backend(r.doc) for r in ranks.values()]
     device = next((d for d in devices if d != "cpu"), "cpu")
     run = ImportedRun(run_dir, trace, "torch.profiler trace", world_size=world, device=device,
-                      host=str(docs[0].get("host_name") or socket.gethostname()))
+                      host=str(docs[0].get("host_name") or socket.gethostname()), torch_version=torch_version(docs))
     starts = [min([*r.tables.ops["ts"], *r.tables.steps["ts"]], default=0) for r in ranks.values()]
     start = min(starts, default=0)
     run.write_meta(start + first if first and start + first >= 0 else None)

@@ -30,9 +30,10 @@ memory_events           ``[memory]`` instants (``Device Type``, ``Addr``, ``Byte
 ======================  =======================================================================
 
 and at the top ``distributedInfo`` (rank, world size, backend, the process groups),
-``deviceProperties`` and ``baseTimeNanoseconds``: times are ``ts`` microseconds (nanosecond
-decimals) after it, every rank on rank 0's clock (``TraceClock``). The metadata keys beyond
-Kineto's own are ``neuron_prof.device_activity.METADATA``'s.
+``deviceProperties``, ``torch_version`` (as ``prof.add_metadata`` writes it) and
+``baseTimeNanoseconds``: times are ``ts`` microseconds (nanosecond decimals) after it, every rank
+on rank 0's clock (``TraceClock``). The metadata keys beyond Kineto's own are
+``neuron_prof.device_activity.METADATA``'s.
 """
 from __future__ import annotations
 
@@ -325,7 +326,9 @@ class _Rank:
                           "wait_on_cuda_event_id": int(row.event), "stream idle": 1})
 
     def header(self) -> dict[str, Any]:
-        """The top-level fields: distributedInfo, deviceProperties, baseTimeNanoseconds."""
+        """The top-level fields: distributedInfo, deviceProperties, baseTimeNanoseconds, and the
+        run's torch version as a job adds it (``torch_version``: torch.profiler writes none), so
+        an import of the trace says it."""
         run = self.run
         groups = self.mine(run.collective_groups)
         pg = [{"pg_name": str(g.group), "pg_desc": str(g.desc), "backend_config": str(g.backend),
@@ -334,8 +337,10 @@ class _Rank:
         dist = {"backend": default["backend_config"].rsplit(":", 1)[-1] if default else "", "rank": self.rank,
                 "world_size": int(run.meta.get("world_size") or len(run.ranks)), "pg_count": len(pg), "pg_config": pg}
         props = [{"id": i, "name": self.backend} for i in sorted(self._device_indices())]
+        version = str(run.meta.get("torch_version") or "unknown")
         return {"schemaVersion": 1, "deviceProperties": props, "distributedInfo": dist,
-                "baseTimeNanoseconds": self.base, "displayTimeUnit": "ms"}
+                "baseTimeNanoseconds": self.base, "displayTimeUnit": "ms",
+                **({"torch_version": version} if version != "unknown" else {})}
 
 
 def _index(device: str) -> int:
