@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from neuron_prof.recording import went_on
+from neuron_prof.schema import MEMORY_FIGURES
+from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceGap, DeviceSection, DumpCollective,
                                           DumpQueue, InFlight, MemoryLeak, MemorySection, Stall, StepStats, Straggler,
-                                          StragglerSite, Summary)
+                                          StragglerSite, Summary, SyncSection)
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
@@ -63,13 +65,14 @@ def findings(summary: Summary) -> list[Finding]:
     for o in memory.ooms if memory else []:
         add("high", "memory", f"out of memory on rank {o.rank} {o.device} in step {o.step}: {o.message}")
     seen: set[tuple] = set()
+    counted = counted_devices(memory) if memory else set()
     for x in memory.leaks if memory else []:
         key = (x.rank, x.device)
         if key in seen:
             continue
         seen.add(key)
         where = f" from {x.source} ({x.op}){called_from(x)}" if x.source else ""
-        note = process_note(x)
+        note = "; ".join(n for n in (LINES_NOTE if key in counted else "", process_note(x)) if n)
         add("high", "memory", f"memory grows {format_bytes(x.growth_per_step)} per step on rank {x.rank} "
                               f"{x.device}{where}, confidence {x.confidence:.2f}" + (f"; {note}" if note else ""))
     for cut in health.detail_cuts:
@@ -106,10 +109,7 @@ def findings(summary: Summary) -> list[Finding]:
         _device_findings(device, summary.steps, add)
     sync = summary.sync_points
     if sync.by_source and not (device and device.stalls):
-        site = sync.by_source[0]
-        rate = f"{site.per_step:.1f}/step" if site.per_step is not None else "one-off"
-        add("medium", "timeline", f"{sync.events} sync points (the host waits for the device); most at "
-                                  f"{site.source or '?'} ({site.name}, {rate})")
+        _sync_finding(sync, add)
     for st in summary.steps:
         if st.basis == "steady" and st.steady >= 4 and st.p90_ms > 1.5 * st.median_ms:
             add("medium", "overview", f"step time varies on rank {st.rank}: p90 {st.p90_ms:.1f} ms vs "
@@ -139,6 +139,25 @@ def findings(summary: Summary) -> list[Finding]:
         add("info", "ops", f"top op {o.name}" + (f" in {o.module}" if o.module else "") +
             f": {o.self_pct:.0f}% of op self time")
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _sync_finding(sync: SyncSection, add: Callable[[str, str, str], None]) -> None:
+    """Sync points: a stall ("!") only where the device's activity showed the host waiting;
+    reads of values the device had ready, or reads on a run without a device, are said as such."""
+    stalls = None if sync.stalls is ABSENT else sync.stalls
+    stalled = [x for x in sync.by_source if x.stalls is not ABSENT and x.stalls]
+    site = stalled[0] if stalled else sync.by_source[0]
+    rate = f"{site.per_step:.1f}/step" if site.per_step is not None else "one-off"
+    where = f"most at {site.source or '?'} ({site.name}, {rate})"
+    if stalls:
+        add("medium", "timeline", f"{stalls} sync points where the host waited for the device (of {sync.events} "
+                                  f"reads of device values); {where}")
+    elif stalls is None:
+        add("info", "timeline", f"{sync.events} reads of tensor values (.item(), a copy to the host ...): on an "
+                                f"asynchronous device the host waits for the device there; {where}")
+    else:
+        add("info", "timeline", f"{sync.events} reads of device values, none waiting for the device (it had the "
+                                f"values ready); {where}")
 
 
 def _device_findings(device: DeviceSection, steps: list[StepStats], add: Callable[[str, str, str], None]) -> None:
@@ -308,6 +327,24 @@ def user_line(x: Sited) -> str:
 def called_from(x: Sited) -> str:
     """``", called from LINE"`` with :func:`user_line`, or nothing."""
     return f", called from {user_line(x)}" if user_line(x) else ""
+
+
+LINES_NOTE = ("its figures are the backend's counters: naming the lines needs the device's allocator to report to "
+              "the profiler (c10::reportMemoryUsageToProfiler)")
+"""Said of a leak on a device read from its backend's counters (no allocation seen, so no site)."""
+
+
+def figures_text(figures_from: str, api: str) -> str:
+    """Where a device's memory figures come from (``MemoryDevice.figures_from``, ``counters_api``),
+    as the report and the viewer say it."""
+    if figures_from == MEMORY_FIGURES[1]:
+        return f"the backend's counters: totals only, no lines ({api})"
+    return figures_from
+
+
+def counted_devices(memory: MemorySection) -> set[tuple[int, str]]:
+    """(rank, device) of the devices read from their backend's counters."""
+    return {(d.rank, d.device) for d in memory.devices if d.figures_from == MEMORY_FIGURES[1]}
 
 
 def process_note(x: MemoryLeak) -> str:

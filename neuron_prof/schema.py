@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2: manifest lines carry CRC-32s of the committed bytes and of themselves (``store.sign``);
 readers verify them for runs of version 2 and read version 1 runs without. 3: always-on capture
 samples its detail, and a dump names the steps it wrote whole in ``dumped_steps`` (version 2's
@@ -112,6 +112,10 @@ TABLES: dict[str, pa.Schema] = {
     "memory_ooms": pa.schema([
         ("ts", _i64), ("step", _i32), ("device", _i32), ("bytes", _i64), ("message", _i32),
     ]),
+    # where each PrivateUse1 device's memory_steps figures come from (collector "memory"), decided
+    # once per device: figures_from (MEMORY_FIGURES), api (the function its counters were read with;
+    # empty for allocator events); a device without a row is followed by allocator events
+    "memory_sources": pa.schema([("ts", _i64), ("device", _i32), ("figures_from", _i32), ("api", _i32)]),
     # the process's resident memory at every step boundary (collector "memory"; Linux)
     "process_memory": pa.schema([("step", _i32), ("ts", _i64), ("rss", _i64)]),
     # collectives (collector "collectives"): one row per collective this rank issued. ts/dur: the
@@ -184,6 +188,10 @@ TABLES: dict[str, pa.Schema] = {
     # stretches of capture windows whose device activity was not captured, and why (the job's own
     # torch.profiler held Kineto, Kineto did not start)
     "device_gaps": pa.schema([("ts", _i64), ("dur", _i64), ("reason", _i32)]),
+    # what the dispatcher says an op that ran with the PrivateUse1 device's tensors ran on there
+    # (collectors/_dispatch.py): device (the backend's name), op, path (op_support.PATHS: kernel,
+    # composite, device, host, cpu, mixed, missing, unknown); once per op name
+    "op_dispatch": pa.schema([("device", _i32), ("op", _i32), ("path", _i32)]),
     # always-on capture's dumps (neuron_prof/alwayson.py): one row per thread named by a dump;
     # first_step..last_step: the steps whose detail it wrote (last_step: the one in flight)
     "dumps": pa.schema([
@@ -245,6 +253,7 @@ _STRING_IDS = {
     "memory_steps": ("device",),
     "memory_tensors": ("device", "category", "shape", "dtype"),
     "memory_ooms": ("device", "message"),
+    "memory_sources": ("device", "figures_from", "api"),
     "collectives": ("op", "call", "group", "dtype", "module"),
     "groups": ("group", "desc", "backend"),
     "clock_sync": ("phase",),
@@ -258,6 +267,7 @@ _STRING_IDS = {
     "stream_syncs": ("device", "reason", "host_op", "module"),
     "device_copies": ("device", "kind", "name", "host_op", "module"),
     "device_gaps": ("reason",),
+    "op_dispatch": ("device", "op", "path"),
     "dumps": ("reason",),
     "dump_collectives": ("op", "group"),
     "dump_queues": ("device", "flush_reason"),
@@ -288,6 +298,10 @@ INFLIGHT_STATES = {1: "in_flight", 2: "completed", 3: "failed"}
 MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent", "unfollowed")
 """``memory_events.kind`` codes. All but ``recent`` are the native tracker's (collectors/_memtrack.py
 says what each means); ``recent`` marks the allocator events written out with an OOM."""
+MEMORY_FIGURES = ("allocator events", "backend counters")
+"""``memory_sources.figures_from``: a device's ``memory_steps`` rows are the allocator reports the
+tracker received (live bytes since capture began, the peak between boundaries), or the backend's own
+counters read at each boundary (its allocated bytes, its high-water mark: totals only, no lines)."""
 
 
 def row_dtype(schema: pa.Schema) -> np.dtype:
@@ -338,9 +352,16 @@ DESCRIPTIONS: dict[str, str] = {
     "memory_events": "Allocator events: kind (alloc, free, baseline, late_free, live, oom, recent, unfollowed), bytes "
                      "(negative for frees), device, addr, alloc_ts (pairs a free with its allocation), op, top_op, "
                      "module, source; see collectors/memory.py.",
-    "memory_steps": "Live bytes (allocated since capture began) and peak per device at every step boundary.",
+    "memory_steps": "Live bytes (allocated since capture began) and peak per device at every step boundary; for a "
+                    "device read from its backend's counters (``memory_sources``), its allocated bytes and its "
+                    "high-water mark.",
     "memory_tensors": "Parameters, gradients and optimizer state by storage address at captured step boundaries.",
     "memory_ooms": "Out-of-memory errors that ended the capture: message, requested bytes, device, step.",
+    "memory_sources": "Where each PrivateUse1 device's ``memory_steps`` figures come from: rank, ts (when it was "
+                      "decided), device, figures_from (``allocator events``: its allocator reports to the profiler; "
+                      "``backend counters``: it does not, and the backend's own counters were read at each step "
+                      "boundary: totals only, no lines), api (the function read, e.g. "
+                      "``torch.neuron.memory_stats``). A device without a row is followed by allocator events.",
     "process_memory": "The process's resident memory (RSS) at every step boundary, per rank (Linux).",
     "collectives": "One row per collective per rank (collector ``collectives``): ts/dur (the issue call on thread "
                    "tid, the rank's own clock), done (completed, -1: not known), op, call (the c10d op), group, "
@@ -382,6 +403,9 @@ DESCRIPTIONS: dict[str, str] = {
                      "bwd), step.",
     "device_gaps": "Stretches of capture windows whose device activity was not captured: rank, ts, dur, reason (the "
                    "job's own torch.profiler held Kineto, Kineto did not start), step.",
+    "op_dispatch": "What PyTorch's dispatcher said, at capture, each op that ran with the PrivateUse1 device's "
+                   "tensors ran on there: rank, device (the backend's name), op, path (kernel, composite, device, "
+                   "host, cpu: the CPU fallback, mixed: some overloads fall back, missing, unknown).",
     "clock_sync": "Each rank's clock against rank 0's, measured at capture start and end (phase): rank 0's time = "
                   "ts + offset, to within rtt/2; same_clock: both ranks read one clock (the offset that applies "
                   "is 0). ``analysis.clock.clock_offsets`` turns it into the offsets used.",

@@ -19,6 +19,7 @@ import pandas as pd
 
 from neuron_prof.analysis import clock, collective_match, comm_cost
 from neuron_prof.analysis import device as dev
+from neuron_prof.analysis import fallbacks as fb
 from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import precision, streams
@@ -29,6 +30,20 @@ from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
 
 if TYPE_CHECKING:
     from neuron_prof.run import Run
+
+
+@dataclass(frozen=True)
+class CpuFallbacks:
+    """``RunAnalysis.cpu_fallbacks``."""
+
+    table: pd.DataFrame
+    """One row per op a device left to the CPU, ``run.fallbacks``' columns."""
+    inside: np.ndarray
+    """Per row of ``run.ops``: it is, or runs inside, such an op (its copies are the fallback's,
+    not reads of device values)."""
+    native: pd.DataFrame
+    """(rank, device) per op a device ran itself: its reported launches, or where a rank's backend
+    reports none, the ops the dispatcher said it has kernels for: coverage's native side."""
 
 
 @dataclass(frozen=True)
@@ -113,15 +128,9 @@ class RunAnalysis:
         return precision.op_precision(self.run.ops)
 
     @functools.cached_property
-    def precision_basis(self) -> str:
-        """What precision figures weigh each op by: "device" (the device time of the kernels that
-        ran its work) where a device backend reported kernels, else "host" (its run-time self time)."""
-        return "device" if len(self.run.device_kernels) else "host"
-
-    @functools.cached_property
     def _precision_time(self) -> np.ndarray:
-        """Each op's weight in the precision figures (``precision_basis``), ns."""
-        if self.precision_basis == "device":
+        """Each op's weight in the precision figures (``analysis.precision.time_basis``), ns."""
+        if precision.time_basis(self.run.device_kernels) == "device":
             return precision.device_ns_per_op(len(self.run.ops), self.device_correlation)
         return self.op_compile.run_self_ns.astype(np.float64)
 
@@ -175,9 +184,11 @@ class RunAnalysis:
 
     @functools.cached_property
     def memory_leaks(self) -> pd.DataFrame:
-        """Step-over-step growth of live memory and the sites whose allocations survive."""
+        """Step-over-step growth of live memory and the sites whose allocations survive (none on a
+        device read from its backend's counters: ``analysis.memory.figures_from``)."""
         run = self.run
-        return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory)
+        return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory,
+                         figures=mem.figures_from(run.memory_steps, run.memory_sources))
 
     def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
         """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,
@@ -228,7 +239,33 @@ class RunAnalysis:
         """Each enqueued op with its host op (``op_index``: its ``run.ops`` row) and the kernel
         that ran it (``analysis.device.correlation``)."""
         run = self.run
-        return dev.correlation(run.device_enqueues, run.device_kernels, run.kernel_enqueues, run.ops)
+        return dev.correlation(run.device_enqueues, run.device_kernels, run.kernel_enqueues, run.ops, self.op_parent)
+
+    @functools.cached_property
+    def cpu_fallbacks(self) -> CpuFallbacks:
+        """The ops the devices left to the CPU (``analysis.fallbacks``): as each device reported
+        them, and on ranks whose device reported none (backends as they ship), as the dispatcher
+        named them at capture; which ops lie inside one; and the ops the devices ran themselves."""
+        run = self.run
+        path = fb.dispatch_paths(run.ops, run.op_dispatch)
+        owner = fb.fallback_ops(run.ops, path, self.op_parent)
+        reported = run.fallbacks
+        found = fb.dispatch_fallbacks(run.ops, self.op_parent, owner)
+        found = found[~found["rank"].isin(reported["rank"].unique())] if len(reported) else found
+        if not len(found):
+            table = reported
+        elif not len(reported):
+            table = found.astype({c: "category" for c in fb.STRING_COLUMNS})
+        else:
+            strings = [c for c in reported.columns if reported[c].dtype == "category"]
+            table = pd.concat([reported.astype({c: str for c in strings}), found], ignore_index=True)[
+                list(reported.columns)].sort_values(["rank", "ts"], ignore_index=True).astype(
+                {c: "category" for c in strings})
+        launched = run.device_enqueues[["rank", "device"]].astype({"device": str})
+        native = fb.native_ops(run.ops, path, self.op_parent, owner)
+        native = native[~native["rank"].isin(launched["rank"].unique())].astype({"device": str})
+        return CpuFallbacks(table=table, inside=owner >= 0,
+                            native=pd.concat([launched, native], ignore_index=True) if len(native) else launched)
 
     @functools.cached_property
     def device_steps(self) -> pd.DataFrame:

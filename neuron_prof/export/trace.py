@@ -4,7 +4,8 @@ One process per rank, a thread track per thread with nested op and mark slices, 
 a Sync points track of instants, a Compile track (frame compiles with their phases nested, graph
 breaks and recompiles as instants carrying reason and user line, a flow from each compile to the
 first run of the graph it produced) and, where the memory collector ran, memory tracks: live bytes
-per device (total and per category) as counters, a Memory events track with each step's peak and any
+per device (total and per category) as counters (a device read from its backend's counters: its
+allocated bytes at each step boundary), a Memory events track with each step's peak and any
 out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as slices spanning their
 lifetime; where the collectives collector ran, collective tracks per process group with flows
 across ranks (``trace_collectives``); where a device backend reported its queue, a track per
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.compile import first_region_runs, normalize_compile_id
-from neuron_prof.analysis.memory import CATEGORIES, NEVER, timeline
+from neuron_prof.analysis.memory import CATEGORIES, NEVER, figures_from, timeline
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work
 from neuron_prof.analysis.sync import sync_points
@@ -32,6 +33,7 @@ from neuron_prof.export.trace_collectives import CollectiveTracks
 from neuron_prof.export.trace_device import DeviceTracks
 from neuron_prof.export.tracewriter import TraceWriter
 from neuron_prof.run import Run
+from neuron_prof.schema import MEMORY_FIGURES
 from neuron_prof.units import format_bytes
 
 OP_ARGS = {"module": "module", "source": "source_full", "shapes": "shapes", "dtypes": "dtypes", "devices": "devices"}
@@ -59,7 +61,7 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     progress("loading ops and steps")
     analysis = analyze(run)
     ops, marks, steps, threads = run.ops, run.marks, analysis.step_kinds, run.threads
-    sync = sync_points(ops, analysis.op_parent, exclude=analysis.op_compile.inside)
+    sync = sync_points(ops, analysis.op_parent, exclude=analysis.op_compile.inside | analysis.cpu_fallbacks.inside)
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,
@@ -74,6 +76,9 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     # timeline() keeps every bucket's min and max, so the exported peak is the exact peak
     mem_timeline = timeline(allocs, max_points=EXPORT_TIMELINE_POINTS)
     peaks, ooms = analysis.memory_peaks, run.memory_ooms
+    counted = figures_from(run.memory_steps, run.memory_sources)
+    counted = counted[counted["figures_from"] == MEMORY_FIGURES[1]]
+    counted_steps = run.memory_steps.astype({"device": str}).merge(counted[["rank", "device"]], on=["rank", "device"])
     used_pids: set[int] = set()
     for rd in run.rank_data:
         rank = rd.rank
@@ -118,6 +123,8 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
                              "why": r_sync["kind"].astype(str).to_numpy(dtype=object)})
         counts["memory_samples"] += _write_memory_counters(writer, proc, clock,
                                                            mem_timeline[mem_timeline["rank"] == rank])
+        counts["memory_samples"] += _write_counted_memory(writer, proc, clock,
+                                                          counted_steps[counted_steps["rank"] == rank])
         counts["memory_events"] += _write_memory_events(writer, proc, clock, peaks[peaks["rank"] == rank], r_ooms)
         counts["large_allocations"] += _write_large_allocations(
             writer, proc, clock, r_allocs, last_event)
@@ -203,6 +210,15 @@ def _write_memory_counters(writer: TraceWriter, proc: int, clock: RankClock, tl:
             writer.counters(writer.counter_track(proc, name, "bytes"), ts[changed], values[changed])
             written += int(changed.sum())
     return written
+
+
+def _write_counted_memory(writer: TraceWriter, proc: int, clock: RankClock, ms: pd.DataFrame) -> int:
+    """Allocated bytes at each step boundary of the devices read from their backend's counters
+    (``memory_steps`` rows): no allocation event to draw a timeline from."""
+    for device, g in ms.groupby("device", sort=True):
+        writer.counters(writer.counter_track(proc, f"Memory {device} (allocated bytes, backend counters)", "bytes"),
+                        clock.at(g["ts"]), g["live"].to_numpy(np.int64))
+    return len(ms)
 
 
 def _write_memory_events(writer: TraceWriter, proc: int, clock: RankClock, peaks: pd.DataFrame,

@@ -21,6 +21,7 @@ from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import flops
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
+from neuron_prof.analysis import precision
 from neuron_prof.analysis import streams
 from neuron_prof.analysis.collective_match import in_flight
 from neuron_prof.analysis.comm_cost import bandwidth, group_bandwidth, overlap_by_rank
@@ -30,7 +31,7 @@ from neuron_prof.analysis.recompute import recompute_by_module
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import step_breakdown, step_stats, steps_per_rank, time_split
 from neuron_prof.analysis.stragglers import SHARE, steady_steps, straggler_steps, stragglers
-from neuron_prof.analysis.sync import sync_points, sync_summary
+from neuron_prof.analysis.sync import stalled, sync_points, sync_summary
 from neuron_prof.run import Run
 from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
@@ -84,10 +85,11 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     stats = run_op_stats(run).head(top)
     top_level = analysis.scoped_ops(top_level=True)
     phase_ns = phase_time(ops, analysis.op_phase, analysis.op_compile.run_self_ns, keep)
-    sync = sync_points(ops, parent, exclude=inside)
+    sync = sync_points(ops, parent, exclude=inside | analysis.cpu_fallbacks.inside)  # a fallback's copies: its own
     flushes = run.queue_flushes
-    measured = run.device_kernels.size or flushes.size or run.fallbacks.size or run.device_copies.size
+    measured = run.device_kernels.size or flushes.size or analysis.cpu_fallbacks.table.size or run.device_copies.size
     sync_waits = dev.sync_waits(sync, flushes) if measured else None
+    stalls = stalled(sync, sync_waits, run.device_kernels) if measured else None
     runs = comp.region_runs(ops, parent, compile_ns)
     scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
     sites = comp.graph_break_sites(run.graph_breaks, scope_runs, n_scope)
@@ -115,13 +117,14 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
                                                exposed, flushes if measured else None)),
         ops=OpsSection(captured_steps=n_scope, basis=basis, events=int(len(ops)), compile_events=int(inside.sum()),
                        top_by_self_time=_rows(OpRow, stats)),
-        precision=PrecisionSection(time=analysis.precision_basis, mix=_rows(PrecisionShare, analysis.precision_mix),
+        precision=PrecisionSection(time=precision.time_basis(run.device_kernels), mix=_rows(PrecisionShare, analysis.precision_mix),
                                    left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32(top))),
         recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_compile.run_self_ns, keep,
                                                        analysis.op_basis.per_rank)),
         efficiency=_efficiency(run, top),
         sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured),
-                                by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits))),
+                                by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits, stalls)),
+                                stalls=int(stalls.sum()) if stalls is not None else ABSENT),
         device=_device(run, kinds, scope, basis, top) if measured else NotCaptured(),
         compile=CompileSection(
             frames_compiled=int(len(run.compiles)),
@@ -298,8 +301,8 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
         fusion=_rows(Fusion, dev.fusion(kernels)),
         unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope, top)),
         copies=_rows(DeviceCopy, dev.copy_summary(run.device_copies, scope)),
-        fallbacks=_rows(Fallback, dev.fallback_summary(run.fallbacks, scope)),
-        coverage=_rows(Coverage, dev.coverage(run.device_enqueues, run.fallbacks)),
+        fallbacks=_rows(Fallback, dev.fallback_summary(analysis.cpu_fallbacks.table, scope)),
+        coverage=_rows(Coverage, dev.coverage(analysis.cpu_fallbacks.native, analysis.cpu_fallbacks.table)),
         custom_kernels=_rows(CustomKernel, dev.custom_kernels(
             kernels, corr, scope, lambda rows: comp.compiled_graph_of(run.ops, analysis.op_parent, rows))),
         streams=_rows(StreamUse, streams.stream_summary(analysis.device_streams, scope)),
@@ -393,9 +396,12 @@ def _memory(run: Run, top: int) -> MemorySection | NotCaptured:
     allocs = analysis.memory_allocations
     peaks = analysis.memory_peaks
     devices = []
+    figures = mem.figures_from(ms, run.memory_sources).set_index(["rank", "device"])
     for _, g in mem.growth(ms).iterrows():
+        said = figures.loc[(g["rank"], g["device"])]
         device = MemoryDevice(
-            rank=int(g["rank"]), device=g["device"], live_first=int(g["first"]), live_last=int(g["last"]),
+            rank=int(g["rank"]), device=g["device"], figures_from=str(said["figures_from"]),
+            counters_api=str(said["api"]), live_first=int(g["first"]), live_last=int(g["last"]),
             growth_per_step=float(g["growth_per_step"]), boundaries=int(g["boundaries"]),
             peak_between_boundaries=int(ms[(ms["rank"] == g["rank"]) & (ms["device"].astype(str) == g["device"])]
                                         ["peak"].max()))

@@ -310,6 +310,10 @@ class SyncSite:
     wait_ms: float | None | Absent = ABSENT
     """Present when the device reported its queue (``SyncSection.waits_measured``)."""
     wait_ms_per_step: float | None | Absent = ABSENT
+    stalls: int | Absent = ABSENT
+    """Of ``count``, the sync points in which the device showed the host waiting
+    (``analysis.sync.stalled``); present where the device was measured. The others read a value
+    the device had ready."""
 
 
 @row
@@ -319,6 +323,9 @@ class SyncSection:
     events: int
     waits_measured: bool
     by_source: list[SyncSite]
+    stalls: int | Absent = ABSENT
+    """Of ``events``, those in which the device showed the host waiting (present where the device
+    was measured): only these are stalls."""
 
 
 # ---------------------------------------------------------------- device
@@ -782,6 +789,13 @@ class MemoryDevice:
 
     rank: int
     device: str
+    figures_from: str
+    """``allocator events``, or ``backend counters`` (``analysis.memory.figures_from``): the allocator
+    does not report to the profiler, so live bytes are the backend's allocated bytes (all of them,
+    not since capture began) and the peak its high-water mark; no lines."""
+    counters_api: str
+    """The function the backend's counters were read with (``torch.neuron.memory_stats``); empty
+    for allocator events."""
     live_first: int
     live_last: int
     growth_per_step: float

@@ -11,10 +11,10 @@ from typing import Any, Callable, Sequence, TypeVar
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS
 from neuron_prof.analysis.stragglers import SHARE
-from neuron_prof.findings import (Sited, called_from, detail_cut_text, detail_steps_text, device_gap_text,
-                                  device_straggler_text, dump_collective_text, dump_queue_text, findings,
-                                  in_flight_text, process_note, ranks_text, stall_site, steps_text, straggler_text,
-                                  user_line)
+from neuron_prof.findings import (LINES_NOTE, Sited, called_from, counted_devices, detail_cut_text,
+                                  detail_steps_text, device_gap_text, device_straggler_text, dump_collective_text,
+                                  dump_queue_text, figures_text, findings, in_flight_text, process_note, ranks_text,
+                                  stall_site, steps_text, straggler_text, user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.summary.codec import ABSENT, to_json
 from neuron_prof.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
@@ -199,16 +199,23 @@ def render_text(summary: Summary) -> str:
     out += _render_precision(summary, basis)
     out += _render_efficiency(summary.efficiency, basis)
     sync = summary.sync_points
-    out += ["", f"Sync points ({sync.events} events: the host waits for the device here)"]
+    stalls = _given(sync.stalls)
+    out += ["", f"Sync points ({sync.events} events: " + (
+        "reads of tensor values; on an asynchronous device the host waits for the device here)" if stalls is None
+        else f"reads of device values; the host waited for the device in {stalls}: the device's activity shows it)")]
     if sync.by_source:
         out += _table(sync.by_source,
                       [("source line", "", lambda x: x.source or "?"), ("op", "", lambda x: x.name),
                        ("count", "d", lambda x: x.count), (f"/{basis} step", ".1f", lambda x: x.per_step),
                        ("elsewhere", "d", lambda x: x.count - x.in_steps), ("total ms", ".3f", lambda x: x.total_ms),
+                       *([("stalled", "d", lambda x: _given(x.stalls))] if stalls is not None else []),
                        *([("waited ms/step", ".3f", lambda x: _given(x.wait_ms_per_step)),
                           ("waited ms", ".3f", lambda x: _given(x.wait_ms))] if sync.waits_measured else []),
                        ("why", "", lambda x: x.kind)])
         out.append("  (elsewhere: in start-up, warm-up steps or set-up, never a per-step rate"
+                   + ("; stalled: the host waited for the device in it (a wait the backend reported, or a kernel "
+                      "still running at the read); the others read a value the device had ready"
+                      if stalls is not None else "")
                    + ("; waited: the host's measured wait for the device inside them" if sync.waits_measured else "")
                    + ")")
     else:
@@ -456,12 +463,17 @@ def _render_compile(compiled: CompileSection) -> list[str]:
 def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
     if not isinstance(memory, MemorySection):
         return ["", "Memory", "  not captured (the `memory` collector was off; it is on by default)"]
-    out = ["", "Memory (bytes allocated since capture began, per device)"]
+    counted = counted_devices(memory)
+    out = ["", "Memory (bytes allocated since capture began, per device"
+           + ("; a backend's counters count all of its device's" if counted else "") + ")"]
     for d in memory.devices:
-        out.append(f"  rank {d.rank} {d.device}: live {format_bytes(d.live_first)} -> "
+        mine = (d.rank, d.device) in counted
+        out.append(f"  rank {d.rank} {d.device} ({figures_text(d.figures_from, d.counters_api)}): "
+                   + ("allocated" if mine else "live") + f" {format_bytes(d.live_first)} -> "
                    f"{format_bytes(d.live_last)} over "
                    f"{d.boundaries} step boundaries ({format_bytes(d.growth_per_step)}/step), "
-                   f"highest peak between boundaries {format_bytes(d.peak_between_boundaries)}")
+                   + ("high-water mark" if mine else "highest peak between boundaries")
+                   + f" {format_bytes(d.peak_between_boundaries)}")
         p = d.peak
         if p:
             out.append(f"  peak of the captured steps: {format_bytes(p.bytes)} in step {p.step}, reached with "
@@ -490,6 +502,8 @@ def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
             x = rows[0]
             out.append(f"  !! LEAK on rank {rank} {device}: +{format_bytes(x.growth_per_step)} per step "
                        f"(grew in {x.steps_growing} of the step boundaries checked), confidence {x.confidence:.2f}")
+            if (rank, device) in counted:
+                out.append(f"     {LINES_NOTE}")
             if process_note(x):
                 out.append(f"     {process_note(x)}")
             sites = [r for r in rows if r.source or r.op]
@@ -499,7 +513,7 @@ def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
                     ("bytes/step", "", lambda r: format_bytes(r.bytes_per_step)),
                     ("blocks/step", "d", lambda r: r.blocks_per_step),
                     ("steps", "", lambda r: f"{r.steps_seen}/{r.steps_checked}")]
-            out += ["  " + line for line in _table(sites, cols)]
+            out += ["  " + line for line in _table(sites, cols)] if sites or (rank, device) not in counted else []
     else:
         out.append("  no leak: live memory does not grow step over step")
     for o in memory.ooms:
