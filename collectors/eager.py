@@ -59,7 +59,8 @@ def _os_thread_name(tid: int) -> str:
 
 
 class EagerCollector:
-    """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``)."""
+    """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``, and ``op_dispatch``
+    for the ops that ran on a PrivateUse1 device: ``_dispatch``)."""
 
     name = "eager"
 
@@ -97,16 +98,18 @@ class EagerCollector:
     def flush(self, rec: Recorder, keep: bool) -> None:
         if self.engine is None:
             return
-        batch = self.engine.drain(self._dispatch.intern(rec.intern), rec.intern_stack)
+        dispatch = self._dispatch
+        batch = self.engine.drain(dispatch.intern(rec.intern) if dispatch else rec.intern, rec.intern_stack)
         self._new_threads.update(batch.thread_names)
         if not keep or len(batch) == 0:
             return
         rec.append("ops", batch.rows)  # already the ops journal's rows: stored as they are
-        try:
-            self._dispatch.note(rec, batch.rows)
-        except Exception as exc:  # noqa: BLE001 - the ops are kept; only what the dispatcher says is lost
-            rec.failure(self.name, exc)
-            self._dispatch = DispatchPaths()
+        if dispatch is not None:
+            try:
+                dispatch.note(rec, batch.rows)
+            except Exception as exc:  # noqa: BLE001 - the ops are kept; what the dispatcher says is not asked again
+                rec.failure(self.name, exc)
+                self._dispatch = None
         if self._new_threads:
             self._append_threads(rec)
         if batch.dropped:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -145,11 +145,15 @@ def _device(summary: Summary) -> DeviceSection | None:
     return summary.device if isinstance(summary.device, DeviceSection) else None
 
 
-def _fallbacks_per_step(summary: Summary) -> float | None:
+def _device_sum(summary: Summary, rows: Callable[[DeviceSection], list], value: Callable[[Any], float | None]
+                ) -> float | None:
+    """``value`` summed over a Device section's ``rows`` (a row without one counts 0); None without a device."""
     device = _device(summary)
-    if device is None:
-        return None
-    return float(sum(x.calls_per_step or 0 for x in device.fallbacks))
+    return None if device is None else float(sum(value(x) or 0 for x in rows(device)))
+
+
+def _fallbacks_per_step(summary: Summary) -> float | None:
+    return _device_sum(summary, lambda d: d.fallbacks, lambda x: x.calls_per_step)
 
 
 def _coverage(summary: Summary) -> float | None:
@@ -169,10 +173,7 @@ def _device_busy(summary: Summary) -> float | None:
 
 def _copy_bytes(summary: Summary) -> float | None:
     """Bytes copied between host and device per steady step, every rank and direction summed."""
-    device = _device(summary)
-    if device is None:
-        return None
-    return float(sum(x.bytes_per_step or 0 for x in device.copies))
+    return _device_sum(summary, lambda d: d.copies, lambda x: x.bytes_per_step)
 
 
 def _launch_pct(summary: Summary) -> float | None:

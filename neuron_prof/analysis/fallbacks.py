@@ -95,6 +95,8 @@ def fallback_ops(ops: pd.DataFrame, kind: np.ndarray, parent: np.ndarray) -> np.
         return np.full(len(ops), -1, np.int64)
     flagged = kind == "cpu"
     mixed = np.flatnonzero(kind == "mixed")
+    if not flagged.any() and not len(mixed):  # a run with no device, or none that fell back
+        return np.full(len(ops), -1, np.int64)
     if len(mixed):  # a mixed op counts where it made the fallback's copy to the host
         to_cpu = np.flatnonzero(name_mask(ops, lambda n: n == TO_CPU))
         flagged[np.intersect1d(mixed, parent[to_cpu])] = True
@@ -108,6 +110,8 @@ def native_ops(ops: pd.DataFrame, kind: np.ndarray, parent: np.ndarray, owner: n
     own, or its fallback running it there), outermost and outside any CPU fallback: coverage's
     native ops where the backend reports no launches."""
     native = np.isin(kind, NATIVE_PATHS) & (owner < 0)
+    if not native.any():
+        return pd.DataFrame({"rank": np.zeros(0, np.int32), "device": np.zeros(0, object)})
     mine = np.flatnonzero(native & ~has_ancestor(parent, native, int(ops["depth"].to_numpy().max(initial=0))))
     devices = ops["devices"].iloc[mine].astype("category").cat
     labels = np.array([_device_of(str(d)) for d in devices.categories] + [""], dtype=object)
