@@ -45,6 +45,18 @@ def _device_of(devices: str) -> str:
     return ""
 
 
+def _copy_ends(name: str, devices: list[str]) -> tuple[str, str]:
+    """(source, destination) device types of a copy op from its recorded devices: ``copy_(dst,
+    src)``, ``_copy_from(src, dst)``, ``_to_copy(src, ..., device=dst)`` (no device: no move)."""
+    def kind(d: str) -> str:
+        return d.split("|")[0].partition(":")[0]
+    if name == "aten::copy_":
+        return kind(devices[1]) if len(devices) > 1 else "", kind(devices[0])
+    if name == "aten::_to_copy":
+        return kind(devices[0]), kind(next((d for d in reversed(devices[1:]) if d), devices[0]))
+    return kind(devices[0]), kind(devices[1]) if len(devices) > 1 else ""
+
+
 def _source_bytes(name: str, shapes: str, dtypes: str) -> int:
     """Bytes of a copy's source tensor, from its recorded shape and dtype (0 where not recorded)."""
     import torch
@@ -130,17 +142,20 @@ def dispatch_fallbacks(ops: pd.DataFrame, parent: np.ndarray, owner: np.ndarray)
     outermost = np.flatnonzero(copy & ~has_ancestor(parent, copy, depth))
     to_host = np.zeros(len(ops), np.int64)
     from_host = np.zeros(len(ops), np.int64)
-    sizes: dict[tuple[str, str, str, str], tuple[bool, int]] = {}  # a few distinct copies, many times
+    sizes: dict[tuple[str, str, str, str], tuple[np.ndarray | None, int]] = {}  # a few distinct copies, many times
     cols = [ops[c].to_numpy() for c in ("name", "shapes", "dtypes", "devices")]
     for i in outermost:
         key = tuple(str(c[i]) for c in cols)
         if key not in sizes:
             name, shapes, dtypes, devices = key
-            devs = _devices(devices)
-            src = devs[1] if name == "aten::copy_" and len(devs) > 1 else devs[0]
-            sizes[key] = (src.split("|")[0] == "cpu", _source_bytes(name, shapes, dtypes))
-        back, nbytes = sizes[key]
-        (from_host if back else to_host)[owner[i]] += nbytes
+            src, dst = _copy_ends(name, _devices(devices))
+            # only a move between the host and a device: the CPU kernel's own copies are neither
+            way = to_host if src not in ("cpu", "") and dst == "cpu" else \
+                from_host if src == "cpu" and dst not in ("cpu", "") else None
+            sizes[key] = (way, _source_bytes(name, shapes, dtypes))
+        way, nbytes = sizes[key]
+        if way is not None:
+            way[owner[i]] += nbytes
     f = ops.iloc[rows]
     return pd.DataFrame({
         "rank": f["rank"].to_numpy(), "ts": f["ts"].to_numpy(np.int64), "dur": f["dur"].to_numpy(np.int64),
