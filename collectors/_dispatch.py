@@ -15,12 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from neuron_prof.op_devices import device_types
 from neuron_prof.recording import Recorder
-
-
-def device_types(devices: str) -> set[str]:
-    """The device types of an op's ``devices`` metadata (``"neuron:0,,neuron:0|cpu"``)."""
-    return {d.partition(":")[0] for part in devices.split(",") for d in part.split("|") if d}
 
 
 class DispatchPaths:

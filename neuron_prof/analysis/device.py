@@ -34,6 +34,7 @@ from neuron_prof.analysis.intervals import covered
 from neuron_prof.analysis.ops import in_steps, name_mask, parent_index
 from neuron_prof.analysis.steps import captured_steps, steps_per_rank
 from neuron_prof.keys import backend_key, thread_key
+from neuron_prof.op_devices import input_devices
 from neuron_prof.open_ops import innermost_ops, last_at_or_before
 
 DEVICE_BOUND_BUSY = 0.70
@@ -152,8 +153,7 @@ def kernels_by_time(kernels: pd.DataFrame, ops: pd.DataFrame, parent: np.ndarray
     krank = k["rank"].to_numpy()
     kdev = k["device"].astype(str).to_numpy()
     pos = np.full(len(k), -1, np.int64)
-    on_device = {dev: name_mask(ops, lambda d, dev=dev: dev in [x for part in d.split(",") for x in part.split("|")],
-                                column="devices") for dev in set(kdev)}
+    on_device = {dev: name_mask(ops, lambda d, dev=dev: dev in input_devices(d), column="devices") for dev in set(kdev)}
     parent = parent_index(ops) if parent is None else parent
     depth = int(ops["depth"].max())
     for dev, mask in on_device.items():

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.ops import has_ancestor, name_mask
+from neuron_prof.op_devices import device_types, input_devices
 
 FALLBACK_PATHS = ("cpu", "mixed")
 """``op_dispatch.path`` values of an op its device leaves to the CPU fallback (``mixed``: some
@@ -38,11 +39,7 @@ def _devices(text: str) -> list[str]:
 
 def _device_of(devices: str) -> str:
     """The first device of an op's inputs that is not the CPU (``"neuron:0"``)."""
-    for part in _devices(devices):
-        for d in part.split("|"):
-            if d and d.partition(":")[0] != "cpu":
-                return d
-    return ""
+    return next((d for d in input_devices(devices) if d.partition(":")[0] != "cpu"), "")
 
 
 def _copy_ends(name: str, devices: list[str]) -> tuple[str, str]:
@@ -92,8 +89,7 @@ def dispatch_paths(ops: pd.DataFrame, dispatch: pd.DataFrame) -> np.ndarray:
     pairs, inverse = np.unique(combo, return_inverse=True)  # a few hundred (op, devices) pairs, millions of ops
 
     def path_of(name: str, devices: str) -> str:
-        types = {d.partition(":")[0] for part in _devices(devices) for d in part.split("|") if d}
-        return next((paths[t][name] for t in sorted(types & paths.keys()) if name in paths[t]), "")
+        return next((paths[t][name] for t in sorted(device_types(devices) & paths.keys()) if name in paths[t]), "")
 
     return np.array([path_of(str(name_cat.categories[p // width]), str(dev_cat.categories[p % width]))
                      for p in pairs], dtype=object)[inverse]
