@@ -15,6 +15,7 @@ import numpy as np
 
 from neuron_prof.interner import Interner
 from neuron_prof.recording import batch_since
+from neuron_prof.source_files import source_rows
 from neuron_prof.store import RankWriter
 
 log = logging.getLogger("neuron_prof")
@@ -72,9 +73,12 @@ class CaptureBuffer:
 
     def write(self, writer: RankWriter, interner: Interner, step_num: int, final: bool) -> None:
         """Everything pending (and the strings, frames and stacks interned since the last
-        write) to ``writer``, then a commit, a compaction, or (``final``) the rank's close."""
+        write, with the size and hash of each file first named) to ``writer``, then a commit, a compaction, or (``final``) the rank's close."""
         for table, rows in interner.take_new().items():
             writer.append(table, rows)
+        files = interner.take_new_files()
+        if files:  # once per file, at a flush: off the ops' path
+            writer.append("source_files", source_rows(files))
         pending, self.pending = self.pending, defaultdict(list)
         metrics = pending.pop("metrics", None)
         if metrics and not final and time.monotonic_ns() - self.metrics_written < IDLE_FLUSH_INTERVAL_NS:

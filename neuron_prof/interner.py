@@ -20,6 +20,8 @@ class Interner:
         self._new_strings: list[str] = [""]
         self._new_frames: list[tuple[int, int, int]] = []
         self._new_stacks: list[tuple[int, ...]] = []
+        self._files: set[int] = set()  # string ids a frame names as its file
+        self._new_files: list[tuple[int, str]] = []
 
     def string(self, s: str) -> int:
         sid = self.strings.get(s)
@@ -36,6 +38,9 @@ class Interner:
             if fid is None:
                 fid = self.frames[key] = len(self.frames) + 1
                 self._new_frames.append(key)
+                if key[0] not in self._files:
+                    self._files.add(key[0])
+                    self._new_files.append((key[0], file))
             fids.append(fid)
         key = tuple(fids)
         sid = self.stacks.get(key)
@@ -62,3 +67,10 @@ class Interner:
                               "value": self._new_strings}
         self._new_strings, self._new_frames, self._new_stacks = [], [], []
         return out
+
+    def take_new_files(self) -> list[tuple[int, str]]:
+        """(string id, name) of the files frames named for the first time since the last call: a
+        capture hashes each once (``neuron_prof.source_files``); importers, whose files ran
+        elsewhere, never ask."""
+        new, self._new_files = self._new_files, []
+        return new

@@ -146,7 +146,7 @@ def test_compile_page_reads_no_source_inside_the_run(tmp_path, monkeypatch):
     script.symlink_to(secret)  # what the run's maker can ship: the recorded file is a link to a secret
     at = viewer_page(monkeypatch, run_dir, "compile", "Graph breaks / Compile")
     assert not [c.value for c in at.code if "hunter2" in c.value]
-    assert any("train.py is not readable here" in shown(c.value) for c in at.caption)
+    assert any("train.py is not shown: not the recorded file" in shown(c.value) for c in at.caption)
     script.unlink()
     script.write_text(BREAKING_SCRIPT.lstrip("\n"))  # a regular file in the run is the run's text too: not read
     at = viewer_page(monkeypatch, run_dir, "compile")

@@ -155,8 +155,8 @@ def test_a_stall_whose_source_is_gone_says_so(tmp_path, monkeypatch):
     at = _page(monkeypatch, tmp_path / "run")
     assert _table(at, "ops waited for").iloc[0]["source line"].endswith(f"waits.py:{waited}")
     assert not [c for c in at.code if ">>" in c.value]
-    assert any(shown(c.value) == f"source of {script} is not readable here (moved, changed, not a regular .py file, "
-               "or inside the run directory)" for c in at.caption)
+    assert any(shown(c.value) == f"source of {script} is not shown: it is not here any more (moved or deleted since "
+               "the run)" for c in at.caption)
 
 
 def test_the_fallbacks_table_has_the_cumsum_with_its_bytes_and_the_coverage(device_run, summary, monkeypatch):

@@ -58,7 +58,7 @@ def _show_site(run, site: BreakSite) -> None:
             return
         file, _, line = frames[0]
         allowed = _recorded_files(run, rows[["rank", "stack"]].drop_duplicates().itertuples(index=False))
-        show_source(file, line, allowed, run.meta.get("cwd"), run.path)
+        show_source(run, int(rank), file, line, allowed)
 
 
 run = data.load()

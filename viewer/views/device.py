@@ -264,7 +264,7 @@ def _show_stall_source(run, stall: Stall) -> None:
         st.caption("this wait was outside any op of the user's: there is no source line to show")
         return
     allowed = {fr for sid in rows["stack"].unique() for fr, _, _ in run.stack(int(stall.rank), int(sid))}
-    show_source(file, int(line), allowed, run.meta.get("cwd"), run.path)
+    show_source(run, int(stall.rank), file, int(line), allowed)
 
 
 def _stalls(run, device: DeviceSection) -> None:
@@ -348,7 +348,7 @@ def _streams(device: DeviceSection) -> None:
                             "kernels_per_step": "kernels/step", "busy_ms": "busy ms/step", "busy_pct": "busy %",
                             "waiting_ms": "idle waiting on another stream ms/step"})
     for o in device.stream_overlap:
-        st.caption(f"rank {o.rank} {o.device}: streams ran kernels at once {o.overlap_ms:.3f} ms a step "
+        st.caption(f"rank {o.rank} {md(o.device)}: streams ran kernels at once {o.overlap_ms:.3f} ms a step "
                    f"({o.overlap_pct:.1f}% of its {o.busy_ms:.3f} ms busy): copies or compute hidden under others")
     if device.stream_steps:
         st.plotly_chart(_stream_step_chart(pd.DataFrame(device.stream_steps)), width="stretch")
