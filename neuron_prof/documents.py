@@ -64,7 +64,7 @@ _COMMON = {"schema_version": _int(1), "run_id": _str, "hostname": _str, "device"
 
 RUN_META: dict[str, Check] = {
     **_COMMON, "run_id_scope": _str, "neuron_prof_version": _str, "command": lambda v: _str(v) or _str_list(v),
-    "cwd": _str, "start_time_ns": _int(0), "end_time_ns": _int(0), "exit": _exit,
+    "cwd": _str, "start_time_ns": _int(0), "end_time_ns": _int(0), "exit": _exit, "check": _int(0, (1 << 32) - 1),
 }
 RANK_META: dict[str, Check] = {
     **_COMMON, "rank": _int(0, MAX_RANKS - 1), "pid": _int(0), "python": _str, "clock_offset_ns": _int(),
