@@ -179,7 +179,7 @@ def _straggled(late: dict[int, tuple[int, int]], n_steps: int = 9, step_ms: int 
 
 def test_the_straggler_needs_real_waiting_not_jitter():
     m, w, steps = _straggled({3: (1, 40 * MS), 5: (1, 30 * MS), 0: (0, 90 * MS)})
-    per = stragglers.straggler_steps(m, steps)
+    per = stragglers.straggler_steps(w, steps)
     assert list(per["step"]) == list(range(1, 9))  # step 0 is warm-up: left out
     assert per.loc[per["significant"], ["step", "rank"]].values.tolist() == [[3, 1], [5, 1]]
     r = stragglers.stragglers(m, w, steps)
@@ -191,7 +191,7 @@ def test_the_straggler_needs_real_waiting_not_jitter():
     assert r.set_index("rank").loc[0, "steps"] == [] and r.iloc[0]["share"] > 0.99
     # 5 ms is 5% of a step: below SHARE, so no step is significant however quiet the rest is
     m, w, steps = _straggled({4: (1, 5 * MS)})
-    assert not stragglers.straggler_steps(m, steps)["significant"].any()
+    assert not stragglers.straggler_steps(w, steps)["significant"].any()
 
 
 def test_steps_read_as_a_list():
@@ -213,6 +213,11 @@ def test_bandwidth_uses_nccl_tests_bus_factors():
     assert bw.loc["all_gather", "algbw"] == pytest.approx(1.0) and bw.loc["all_gather", "busbw"] == pytest.approx(0.75)
     g = comm_cost.group_bandwidth(bw.reset_index()).set_index("op")
     assert g.loc["all_reduce", "calls"] == 1 and g.loc["all_gather", "bytes"] == 2000
+    # two all-reduces whose transfers overlap: the link moved both in the union of their times
+    both = _coll([{"rank": r, "seq": q, "ts": 0, "done": 1000 + 500 * q} for r in range(2) for q in (1, 2)])
+    g = comm_cost.group_bandwidth(comm_cost.bandwidth(collective_match.matched(both, _one_clock(range(2)))))
+    assert (g.loc[0, "calls"], g.loc[0, "transfer_ns"]) == (2, 2000)
+    assert g.loc[0, "algbw"] == pytest.approx(4096 * 2 / 2000)
 
 
 # ---------------------------------------------------------------- a real 2-rank job
@@ -297,11 +302,13 @@ def test_real_ddp_straggler_is_rank_1_in_exactly_the_slow_steps(ddp_run):
     assert (grads.groupby("step")["bytes"].sum() == param_bytes).all()  # every bucket, both ranks
     assert all(r == [0, 1] for r in grads["ranks_seen"]) and grads["complete"].all()
 
-    per = stragglers.straggler_steps(m, analyze(run).step_kinds)
+    per = stragglers.straggler_steps(analyze(run).collective_waits, analyze(run).step_kinds,
+                                     collective_match.own_spans(run.steps, analyze(run).collective_offsets))
     sig = per[per["significant"]]
     assert set(SLOW_STEPS) <= set(sig["step"]) and set(sig.loc[sig["step"].isin(SLOW_STEPS), "rank"]) == {1}
     assert _slow(per) == [(s, 1) for s in SLOW_STEPS]
-    ranking = stragglers.stragglers(m, analyze(run).collective_waits, analyze(run).step_kinds)
+    ranking = stragglers.stragglers(m, analyze(run).collective_waits, analyze(run).step_kinds,
+                                    collective_match.own_spans(run.steps, analyze(run).collective_offsets))
     assert ranking.iloc[0]["rank"] == 1 and set(SLOW_STEPS) <= set(ranking.iloc[0]["steps"])
     assert (m["own_ns"] <= m["wait_ns"]).all()
 
@@ -488,8 +495,13 @@ def test_a_delay_passed_on_through_a_subgroup_is_blamed_on_its_root():
     world = {0: t + late + 1.2 * MS, 1: t + late + 1.1 * MS, 2: t + 1.2 * MS, 3: t + 1.1 * MS}
     rows += [{"rank": r, "group": "0", "group_size": 4, "seq": 1, "step": 1, "ts": int(at), "done": t + late + 3 * MS}
              for r, at in world.items()]
-    m = collective_match.matched(_coll(rows), _one_clock([0, 1, 2, 3])).set_index("group")
+    coll = _coll(rows)
+    m = collective_match.matched(coll, _one_clock([0, 1, 2, 3]))
+    w = collective_match.waits(coll, m, _one_clock([0, 1, 2, 3]))
+    m = m.set_index("group")
     assert m.loc["tp", "last_rank"] == 1 and m.loc["tp", "root_rank"] == 1
     assert m.loc["0", "last_rank"] == 0 and m.loc["0", "root_rank"] == 1
-    per = stragglers.straggler_steps(m.reset_index(), _steps({r: [100 * MS, 100 * MS] for r in range(4)}))
+    per = stragglers.straggler_steps(w, _steps({r: [100 * MS, 100 * MS] for r in range(4)}))
     assert per.loc[per["step"] == 1, "rank"].tolist() == [1]
+    # ranks 0, 2 and 3 waited for rank 1 at the same time (rank 3 longest, 30.1 ms): one wait, not 30 + 30.1
+    assert per.loc[per["step"] == 1, "wait_caused_ns"].tolist() == [late + MS // 10]

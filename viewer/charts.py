@@ -85,12 +85,12 @@ def collective_lanes(rows: pd.DataFrame, zero: int) -> go.Figure:
     return fig
 
 
-def wait_heatmap(waits: pd.DataFrame) -> go.Figure:
+def wait_heatmap(waited: pd.DataFrame) -> go.Figure:
     """Rank x step: the ms each rank waited in collectives for the last rank to arrive
-    (``analysis.collective_match.waits``' wait_ns, summed per step). A straggler's steps are the
-    columns where every other rank's cell is hot."""
-    w = waits[waits["step"] >= 0]
-    z = w.pivot_table(index="rank", columns="step", values="wait_ns", aggfunc="sum", fill_value=0) / 1e6
+    (``analysis.stragglers.waited``: each instant once, however many collectives it waited for at
+    the time). A straggler's steps are the columns where every other rank's cell is hot."""
+    w = waited[waited["step"] >= 0]
+    z = w.pivot_table(index="rank", columns="step", values="waited_ns", aggfunc="sum", fill_value=0) / 1e6
     fig = go.Figure(go.Heatmap(z=z.to_numpy(), x=[str(s) for s in z.columns], y=[f"rank {r}" for r in z.index],
                                colorscale="Reds", zmin=0, colorbar={"title": {"text": "ms"}},
                                hovertemplate="%{y}, step %{x}: waited %{z:.2f} ms<extra></extra>"))

@@ -105,20 +105,26 @@ MATCHED_COLUMNS = ["group", "seq", "op", "step", "bytes", "out_bytes", "dtype", 
                    "complete"]
 
 
-def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame) -> np.ndarray:
-    """Per matched row: how much of its wait the last rank spent in neuron_prof's own work at a
-    step boundary (``analysis.steps.own_work``: flushing the step), which delays that rank's
-    arrival; the first flush of a run can take a second."""
-    own = np.zeros(len(out), dtype=np.int64)
-    if steps is None or steps.empty:
-        return own
-    gaps = own_work(steps)
+def own_spans(steps: pd.DataFrame | None, offsets: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """neuron_prof's own work at each rank's step boundaries (``analysis.steps.own_work``: flushing
+    the step) on rank 0's clock, as (rank, start, end) of disjoint intervals: what delays that
+    rank's arrival at its next collective without being the rank's doing."""
+    gaps = own_work(steps) if steps is not None and not steps.empty else pd.DataFrame()
     if gaps.empty:
-        return own
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
     ranks = gaps["rank"].to_numpy(np.int64)
     start = to_rank0(gaps["ts"].to_numpy(np.int64), ranks, offsets)
     end = to_rank0((gaps["ts"] + gaps["dur"]).to_numpy(np.int64), ranks, offsets)
-    key, gs, ge = union_by_key(ranks, start, end)
+    return union_by_key(ranks, start, end)
+
+
+def _own_ns(out: pd.DataFrame, steps: pd.DataFrame | None, offsets: pd.DataFrame) -> np.ndarray:
+    """Per matched row: how much of its wait the last rank spent in neuron_prof's own work at a
+    step boundary (``own_spans``), which delays that rank's arrival; the first flush of a run can
+    take a second."""
+    own = np.zeros(len(out), dtype=np.int64)
+    key, gs, ge = own_spans(steps, offsets)
     last = out["last_rank"].to_numpy()
     for rank in np.unique(key):
         us, ue = gs[key == rank], ge[key == rank]
@@ -202,8 +208,10 @@ def matched(coll: pd.DataFrame, offsets: pd.DataFrame, groups: pd.DataFrame | No
 
 def waits(coll: pd.DataFrame, matched: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
     """``coll`` plus ``start``/``end`` (aligned; end -1 while in flight), ``wait_ns`` (this rank's
-    wait for the last arrival: from its arrival to the last, never past its own end) and
-    ``late_rank`` (who arrived last)."""
+    wait for the last arrival: from its arrival to the last, never past its own end),
+    ``late_rank`` (who arrived last) and ``root_rank`` (whom the wait traces back to:
+    ``matched.root_rank``). Waits of one rank at collectives under way together overlap: what
+    the rank waited is their union (``analysis.stragglers.waited``), not their sum."""
     start, end = _aligned(coll, offsets)
     key = matched.set_index(["group", "seq"])
     idx = pd.MultiIndex.from_arrays([coll["group"].astype(str), coll["seq"].to_numpy(np.int64)])
@@ -213,6 +221,7 @@ def waits(coll: pd.DataFrame, matched: pd.DataFrame, offsets: pd.DataFrame) -> p
     out = coll.copy()
     out["start"], out["end"], out["wait_ns"] = start, end, wait
     out["late_rank"] = key["last_rank"].reindex(idx).fillna(-1).to_numpy(np.int64)
+    out["root_rank"] = key["root_rank"].reindex(idx).fillna(-1).to_numpy(np.int64)
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.collective_match import OPEN_STATUS
-from neuron_prof.analysis.intervals import covered_before, union_by_key
+from neuron_prof.analysis.intervals import covered_before, length_by_key, union_by_key
 from neuron_prof.analysis.ops import COMM_PREFIXES, name_mask
 from neuron_prof.analysis.stragglers import steady_steps
 from neuron_prof.keys import step_key, step_key_parts, thread_key
@@ -101,7 +101,7 @@ def bandwidth(matched: pd.DataFrame) -> pd.DataFrame:
     """Achieved bandwidth per completed collective with a known transfer time: ``size`` (bytes
     of the larger of a rank's input and output, as NCCL-tests counts them), ``algbw`` (size /
     transfer time, GB/s) and ``busbw`` (algbw x ``BUS_FACTORS``)."""
-    cols = ["group", "seq", "op", "step", "group_size", "size", "transfer_ns", "algbw", "busbw"]
+    cols = ["group", "seq", "op", "step", "group_size", "size", "last_arrival", "transfer_ns", "algbw", "busbw"]
     m = matched[(matched["transfer_ns"] > 0) & matched["complete"]]
     if m.empty:
         return pd.DataFrame(columns=cols)
@@ -113,13 +113,19 @@ def bandwidth(matched: pd.DataFrame) -> pd.DataFrame:
 
 def group_bandwidth(bw: pd.DataFrame) -> pd.DataFrame:
     """Per group and op (from ``bandwidth``): ``calls``, ``bytes`` (sizes summed), ``transfer_ns``
-    and the bandwidth over all of them (``algbw``, ``busbw``: total size over total time)."""
+    (the time a transfer was under way: the union of theirs, so that two transfers at once count
+    their time once) and the bandwidth over all of them (``algbw``, ``busbw``: total size over
+    that time)."""
     cols = ["group", "op", "group_size", "calls", "bytes", "transfer_ns", "algbw", "busbw"]
     if bw.empty:
         return pd.DataFrame(columns=cols)
     g = bw.assign(bus_bytes=bw["busbw"] * bw["transfer_ns"]).groupby(["group", "op"], sort=True)
     out = g.agg(group_size=("group_size", "max"), calls=("seq", "size"), bytes=("size", "sum"),
-                transfer_ns=("transfer_ns", "sum"), bus_bytes=("bus_bytes", "sum")).reset_index()
+                bus_bytes=("bus_bytes", "sum")).reset_index()
+    codes, keys = pd.MultiIndex.from_frame(bw[["group", "op"]]).factorize()
+    start = bw["last_arrival"].to_numpy(np.int64)
+    k, ns = length_by_key(codes, start, start + bw["transfer_ns"].to_numpy(np.int64))
+    out["transfer_ns"] = pd.Series(ns, index=keys[k]).reindex(pd.MultiIndex.from_frame(out[["group", "op"]])).to_numpy()
     out["algbw"] = out["bytes"] / out["transfer_ns"]
     out["busbw"] = out["bus_bytes"] / out["transfer_ns"]
     return out[cols]

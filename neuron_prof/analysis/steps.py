@@ -73,14 +73,33 @@ def basis_steps(kinds: pd.DataFrame, captured_only: bool = False) -> Basis:
     return Basis(steps, kind, steps_per_rank(steps))
 
 
+SLOW_STEP = 1.5
+"""A basis step longer than this many medians, and above their noise (``noise_floor``), is slow
+(``step_stats.slow_steps``): the "step time varies" finding names these steps, and the finding
+that explains them (a straggler's)."""
+NOISE = 3.0
+"""An outlier among steps is more than this many robust standard deviations above their median."""
+
+
+def noise_floor(values: np.ndarray) -> float:
+    """Median + ``NOISE`` robust standard deviations (1.4826 x MAD) of per-step ``values``: what
+    the jitter every step has does not exceed, however large it is on a loaded host."""
+    values = np.asarray(values, dtype=np.float64)
+    if not len(values):
+        return 0.0
+    mid = float(np.median(values))
+    return mid + NOISE * 1.4826 * float(np.median(np.abs(values - mid)))
+
+
 def step_stats(steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank: ``steps`` (complete), ``warmup`` and ``steady`` counts, ``captured`` (in detail),
-    ``compile_ms`` (compiling inside steps), ``basis`` (see ``basis_steps``) and the step time
-    mean/median/p90/min/max/std in ms over the basis steps. ``steps`` from ``step_kinds`` (plain
-    steps are read as if nothing compiled)."""
+    ``compile_ms`` (compiling inside steps), ``basis`` (see ``basis_steps``), the step time
+    mean/median/p90/min/max/std in ms over the basis steps, and ``slow_steps`` (the basis steps
+    over ``SLOW_STEP`` medians and their noise). ``steps`` from ``step_kinds`` (plain steps are read as if nothing
+    compiled)."""
     kinds = steps if "steady" in steps.columns else step_kinds(steps)
     cols = ["rank", "steps", "warmup", "steady", "captured", "compile_ms", "basis",
-            "mean_ms", "median_ms", "p90_ms", "min_ms", "max_ms", "std_ms"]
+            "mean_ms", "median_ms", "p90_ms", "min_ms", "max_ms", "std_ms", "slow_steps"]
     rows = []
     for rank, k in kinds[kinds["complete"]].groupby("rank"):
         basis = basis_steps(k)
@@ -89,7 +108,9 @@ def step_stats(steps: pd.DataFrame) -> pd.DataFrame:
                      "steady": int(k["steady"].sum()), "captured": int(k["active"].sum()),
                      "compile_ms": float(k["compile_ns"].sum() / 1e6), "basis": basis.kind,
                      "mean_ms": ms.mean(), "median_ms": ms.median(), "p90_ms": ms.quantile(0.9),
-                     "min_ms": ms.min(), "max_ms": ms.max(), "std_ms": ms.std(ddof=0)})
+                     "min_ms": ms.min(), "max_ms": ms.max(), "std_ms": ms.std(ddof=0),
+                     "slow_steps": sorted(map(int, basis.steps.loc[(ms > SLOW_STEP * ms.median())
+                                                                   & (ms > noise_floor(ms)), "step"]))})
     return pd.DataFrame(rows, columns=cols)
 
 

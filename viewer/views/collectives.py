@@ -16,6 +16,7 @@ import streamlit as st
 
 from neuron_prof.analysis.clock import to_rank0
 from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.analysis.stragglers import waited
 from neuron_prof.findings import device_straggler_text, findings
 from neuron_prof.summary.sections import DeviceSection
 from neuron_prof.viewer import data
@@ -88,9 +89,9 @@ if isinstance(device, DeviceSection) and device.collectives:  # collectives ran 
 
 waits = analyze(run).collective_waits
 st.subheader("Wait per rank and step")
-st.plotly_chart(wait_heatmap(waits), width="stretch")
-st.caption("ms each rank waited inside collectives for the last rank to arrive: a straggler's steps are the columns "
-           "where the other ranks are hot")
+st.plotly_chart(wait_heatmap(waited(waits, run.steps)), width="stretch")
+st.caption("ms each rank waited inside collectives for the last rank to arrive, each moment once however many "
+           "collectives it waited for at the time: a straggler's steps are the columns where the other ranks are hot")
 
 st.subheader("A step's collectives, rank by rank")
 steps = sorted(int(x) for x in waits["step"].unique())
@@ -99,7 +100,7 @@ step = st.selectbox("step", steps, index=steps.index(worst.step) if worst else 0
 rows = waits[waits["step"] == step]
 ranks = sorted(int(r) for r in rows["rank"].unique())
 if len(ranks) > MAX_LANES:
-    late = rows.groupby("late_rank")["wait_ns"].sum().sort_values(ascending=False).index
+    late = rows.groupby("late_rank")["wait_ns"].max().sort_values(ascending=False).index
     first = [int(r) for r in late if int(r) in ranks][:MAX_LANES // 4]
     shown = st.multiselect("ranks", ranks, default=first + [r for r in ranks if r not in first][:MAX_LANES - len(first)],
                            max_selections=MAX_LANES, key="coll_ranks")
