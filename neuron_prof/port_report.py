@@ -6,7 +6,9 @@ they are now: a file moved or changed since the run is named, never a crash) and
 CUDA-only call sites (``analysis.port.call_sites``); a site "ran" if one of its lines is in the
 run's stacks. What the ops need: every op the run executed outside torch.compile's compiles is
 asked of the target's dispatcher (``op_support.op_paths``), and the ops that fall back to the CPU
-are priced by their run-time self time (``RunAnalysis.op_compile.run_self_ns``).
+are priced by their run-time self time (``RunAnalysis.op_compile.run_self_ns``). What waits: the
+host reads of tensor values the run made (``analysis.sync``: ``.item()``, ``bool()``, a copy to the
+host ...), each a wait for the target's queue, by line with its count per step.
 
 These files are the user's code, outside the run: they are read as the run's own files are
 (``safefile``: regular files only, a symbolic link not followed, at most ``SOURCE_LIMIT`` bytes),
@@ -18,7 +20,7 @@ import io
 import os
 import tokenize
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -26,6 +28,7 @@ import pandas as pd
 from neuron_prof.analysis.port import SITE_COLUMNS, SITE_KINDS, call_sites, mark_ran, op_costs, verdict
 from neuron_prof.analysis.records import records
 from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.analysis.sync import run_sync_points, sync_summary
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.op_support import PATHS, Target, op_paths
 from neuron_prof.paths import is_user_file
@@ -36,6 +39,7 @@ SOURCE_LIMIT = 16 << 20
 """A source file larger than this is not read (no hand-written module is)."""
 SHOWN = 3
 """Lines of an op shown in the text (--json has them all)."""
+READ_COLUMNS = ["source", "name", "kind", "count", "in_steps", "per_step"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class PortCheck:
     """Ops outside aten with no kernel for the target: op, path."""
     unknown: list[str]
     """Op names this process has not registered (custom ops whose module is not imported)."""
+    host_reads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=READ_COLUMNS))
+    """The run's host reads of tensor values, each a wait on the target: ``analysis.sync.sync_summary``'s
+    :data:`READ_COLUMNS` (``per_step`` over the ``read_basis`` steps). Empty: none."""
+    read_basis: str = "none"
+    """The steps ``per_step`` is over (``analysis.steps.Basis.kind``: steady, all, none)."""
 
 
 def port_check(run: Run, target: Target) -> PortCheck:
@@ -68,7 +77,8 @@ def port_check(run: Run, target: Target) -> PortCheck:
     if run.ops.empty:
         raise NeuronProfError(f"{run.path}: no op was captured (the eager collector was off, or no step was "
                               "captured in detail); record the job with the eager collector to check it")
-    compiled = analyze(run).op_compile
+    analysis = analyze(run)
+    compiled = analysis.op_compile
     ran = ~compiled.inside  # ops run while compiling were traced, not run
     executed, self_ns = run.ops.loc[ran, ["name", "user_source"]], compiled.run_self_ns[ran]
     paths = op_paths([str(name) for name in executed["name"].unique()], target)
@@ -79,9 +89,11 @@ def port_check(run: Run, target: Target) -> PortCheck:
     no_kernel = custom[custom["path"].isin(["device", "host", "cpu", "mixed", "missing"])][["op", "path"]]
     unknown = sorted(custom.loc[custom["path"] == "unknown", "op"])
     sites, files = _sites(run)
+    reads = sync_summary(run_sync_points(analysis), analysis.op_basis.steps)
     return PortCheck(str(run.path), target.device,
                      verdict(len(sites), costs["cpu"], len(no_kernel), len(unknown), target.device),
-                     sites, files, paths, costs["cpu"], mixed, no_kernel.reset_index(drop=True), unknown)
+                     sites, files, paths, costs["cpu"], mixed, no_kernel.reset_index(drop=True), unknown,
+                     reads[READ_COLUMNS], analysis.op_basis.kind)
 
 
 def _sites(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -141,6 +153,7 @@ def to_json(check: PortCheck) -> dict[str, Any]:
             "call_sites": records(check.call_sites), "files": records(check.files),
             "ops_checked": len(check.ops), "fallbacks": records(check.fallbacks), "mixed": records(check.mixed),
             "no_kernel": records(check.no_kernel), "unknown": check.unknown,
+            "host_reads": records(check.host_reads), "read_basis": check.read_basis,
             "ops": records(check.ops)}
 
 
@@ -184,7 +197,24 @@ def render_text(check: PortCheck, display_path=lambda p: p) -> str:
     if check.unknown:
         out.append(f"  not registered in this process (--import the module that registers them): "
                    f"{', '.join(check.unknown)}")
+    out += _reads_text(check)
     return "\n".join(out) + "\n"
+
+
+def _reads_text(check: PortCheck) -> list[str]:
+    """The host reads of tensor values, each of which waits for the target's queue to reach it."""
+    reads = check.host_reads
+    out = ["", f"What would wait on {check.target} ({int(reads['count'].sum()) if len(reads) else 0} host reads of "
+               f"tensor values: the host stops at each until {check.target} has computed the value)"]
+    if not len(reads):
+        return out + ["  none"]
+    rows = [[r.source or "?", r.name, str(r.count), "-" if r.per_step is None else f"{r.per_step:.1f}",
+             str(r.count - r.in_steps)] for r in reads.itertuples()]
+    out += _aligned(["line", "op", "count", "/step", "elsewhere"], rows, right=(2, 3, 4))
+    per = {"steady": "per steady step", "all": "per step (no steady step: over all)"}.get(check.read_basis,
+                                                                                         "no step completed")
+    return out + [f"  (/step: {per}; elsewhere: start-up, warm-up steps or set-up; a read moved out of the loop, or "
+                  "made less often, waits less)"]
 
 
 def _cost_rows(costs: pd.DataFrame) -> list[list[str]]:

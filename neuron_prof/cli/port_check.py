@@ -18,7 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "flash-attn) in the source files the run executed, with whether each ran; "
                                    "the ops the run executed that the target leaves to the CPU, asked of its "
                                    "dispatcher in this process, with their share of op time and their lines; "
-                                   "custom ops without a kernel for it; and a verdict.")
+                                   "custom ops without a kernel for it; the host reads of tensor values (.item(), "
+                                   "bool(), a copy to the host) that would wait on it, by line with their count "
+                                   "per step; and a verdict.")
     p.add_argument("run", type=Path, help="run directory")
     p.add_argument("--target", required=True, choices=sorted(TARGETS),
                    help="; ".join(f"{name}: {what}" for name, (_, what) in TARGETS.items()))
