@@ -113,8 +113,9 @@ def test_leak_names_the_library_line_and_the_users_call(library_run):
     report = cli("report", run_dir)
     assert report.returncode == 0, report.stderr
     out = report.stdout
-    # the finding (first lines of the report, and the Overview's cards) names both lines
-    assert f"from {lib_line} (aten::mean), called from {user_line}" in out
+    # the finding (first lines of the report, and the Overview's cards) names both lines: the user's
+    # call in the loop where the leaked blocks were made, then the library line that allocated them
+    assert f"from {user_line} via {lib_line} aten::mean, kept alive by " in out
     summary = json.loads(cli("report", run_dir, "--json").stdout)
     (leak,) = [x for x in summary["memory"]["leaks"] if x["source"] == lib_line]
     assert leak["user_source"] == user_line
@@ -135,7 +136,7 @@ def test_viewer_shows_short_sources_and_the_users_line(library_run, monkeypatch)
     overview = viewer_page(monkeypatch, run_dir, "overview")
     texts = shown(" ".join(str(e.value) for e in (*overview.markdown, *overview.error, *overview.warning,
                                                   *overview.info)))
-    assert f"from {lib_line} (aten::mean), called from {user_line}" in texts
+    assert f"from {user_line} via {lib_line} aten::mean, kept alive by " in texts
     assert str(lib.parents[1]) not in texts
 
 
