@@ -521,6 +521,19 @@ py::list mem_totals() {
   return out;
 }
 
+// The bytes the allocator reported for each live block at (device type, index, address); 0 for a
+// block not live here (not reported, or allocated before tracking). What neuron_prof alone keeps
+// alive is taken off a boundary's totals at its reported size (CUDA's rounded block, not nbytes).
+py::list mem_block_bytes(const std::vector<std::tuple<int, int, int64_t>>& blocks) {
+  py::list out;
+  std::lock_guard<std::mutex> g(g_mu);
+  for (const auto& [type, index, addr] : blocks) {
+    Live* l = g_live->find(key_of(addr, (int8_t)type, (int8_t)index));
+    out.append(l ? l->bytes : (int64_t)0);
+  }
+  return out;
+}
+
 // Everything live now (kind LIVE, attribution where it was captured) and the last events (ring).
 py::tuple mem_snapshot() {
   std::vector<MemEvent> live, ring;
@@ -686,6 +699,7 @@ void register_memory(py::module_& m) {
   m.def("mem_drain", &mem_drain);
   m.def("mem_totals", &mem_totals);
   m.def("mem_snapshot", &mem_snapshot);
+  m.def("mem_block_bytes", &mem_block_bytes);
   m.def("mem_layout", &mem_layout);
   m.def("mem_unmapped", &mem_unmapped);
   m.def("mem_pack", &mem_pack);

@@ -79,6 +79,10 @@ class Recorder(Protocol):
         """A scalar of the current step (``metrics``): a float, or a one-element tensor detached
         from its graph, which the session reads at a step boundary (never inside the step)."""
 
+    def kept_for_us(self) -> list[Any]:
+        """Device tensors that nothing but neuron_prof keeps alive now (the scalars it has not
+        read yet): the memory collector charges their blocks to neuron_prof, not to the user."""
+
     def dropped(self, table: str, n: int) -> None:
         """Count ``n`` events of ``table`` lost to the buffer cap (shown as capture health)."""
 

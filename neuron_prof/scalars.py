@@ -14,6 +14,7 @@ is off on the thread meanwhile, so it is no op of the user's.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -61,11 +62,37 @@ class ScalarBuffer:
         self._lock = threading.Lock()
         self._new: list[tuple[int, int, int, Any]] = []  # (ts, tid, name id, float or tensor)
         self._on_device: list[tuple[int, int, int, Any]] = []  # device tensors, oldest first
+        self._unsure: list[Any] = []  # device tensors waiting that the user may still hold
+        self._ours: list[Any] = []  # device tensors waiting that nothing but this buffer keeps alive
+
+    def ours_alone(self) -> list[Any]:
+        """The device tensors waiting here that nothing but this buffer keeps alive (the user's
+        loss of a step that ended, which the loop dropped after ``loss.item()``): their memory is
+        neuron_prof's, not the user's, and the memory collector takes it off a boundary's live
+        bytes, or a loop that keeps nothing would show a leak of one loss a step until the batch
+        is read. A storage no tensor of the user's can reach stays so: each is asked until it is.
+        (``untyped_storage()`` makes one reference of its own, the alias here the other.) On the
+        training thread, at a step boundary (where device values are read, too)."""
+        if not self._unsure:
+            return self._ours
+        import torch  # here: capture can begin before torch is imported (record)
+
+        with self._lock:
+            unsure, self._unsure = self._unsure, []
+        still = []
+        for t in unsure:
+            (self._ours if torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2 else still).append(t)
+        with self._lock:
+            self._unsure[:0] = still
+        return self._ours
 
     def add(self, name_id: int, value: Any) -> None:
         row = (time.monotonic_ns(), threading.get_native_id(), name_id, value)
+        mine = not isinstance(value, float) and not value.is_cpu and type(value) is sys.modules["torch"].Tensor
         with self._lock:
             self._new.append(row)
+            if mine:  # a plain device tensor: ours_alone asks about it
+                self._unsure.append(value)
 
     def device_due(self) -> bool:
         """The device values waiting are due to be read (at a step boundary)."""
@@ -87,6 +114,7 @@ class ScalarBuffer:
         if waiting and not host_only and (final or self.device_due()):
             ready += waiting
             self._on_device = []
+            self._ours, self._unsure = [], []  # read now: released below, with the rows
         if not ready:
             return None
         values = _read(ready) if all(isinstance(r[3], float) for r in ready) else without_ops(_read, ready)

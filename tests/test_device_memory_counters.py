@@ -90,7 +90,9 @@ def test_a_leak_on_counters_is_found_with_its_bytes_per_step(runs):
            f"high-water mark {format_bytes(max(facts['peak']))}" in lines
     at = lines.index(f"  !! LEAK on rank 0 {DEVICE}: +{format_bytes(leak)} per step (grew in 6 of the step "
                      "boundaries checked), confidence 1.00")
-    assert lines[at + 1] == f"     {LINES_NOTE}"
+    # its pace against the device's peak (the figures are the counters: no second count to confirm them)
+    assert lines[at + 1] == f"     it adds the device's peak ({format_bytes(max(facts['peak']))}) again every 9 steps"
+    assert lines[at + 2] == f"     {LINES_NOTE}"
     assert "  rank 0 cpu (allocator events): live" in res.stdout
     # nothing calls the device's figures the CPU's
     assert not [x for x in lines if " cpu" in x and ("backend" in x or "LEAK" in x or "grows" in x)]
@@ -150,3 +152,53 @@ def test_a_reporting_allocator_keeps_its_events_and_lines(runs):
     assert res.returncode == 0, res.stderr
     assert f"  rank 0 {DEVICE} (allocator events): live " in res.stdout
     assert LINES_NOTE not in res.stdout
+
+
+@pytest.fixture(scope="module")
+def loss_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The loss collector on (every default collector): a loop that keeps only ``loss.item()``
+    (the allocator reporting, or on its counters) and one that keeps each loss."""
+    d = tmp_path_factory.mktemp("device_loss")
+    modes = ("loss-item-events", "loss-item-counters", "loss-kept-events")
+    return {mode: (d / mode, script_facts(SCRIPT, mode, d / mode)) for mode in modes}
+
+
+@pytest.mark.parametrize("mode", ["loss-item-events", "loss-item-counters"])
+def test_the_losses_neuron_prof_holds_are_no_leak_of_the_users(loss_runs, mode):
+    """The loss collector keeps each step's loss on the device until it reads a batch of them: the
+    device's own count grows 4 B a step (the script read it before each boundary), yet the run's
+    live and allocated bytes stay flat (those blocks are neuron_prof's, not the loop's), and no
+    leak is found or reported."""
+    path, facts = loss_runs[mode]
+    assert set(np.diff(facts["allocated"])[1:]) == {facts["loss_bytes"]}  # the device holds one more loss a step
+    run = load(path)
+    mine = _device_steps(run)
+    assert len(mine) == 8 and set(np.diff(mine["live"].to_numpy())[1:]) == {0}
+    assert set(np.diff(mine["allocated"].to_numpy())[1:]) == {0}
+    assert analyze(run).memory_leaks.empty
+    assert len(run.metrics[run.metrics["name"].astype(str) == "loss"]) == 8  # the losses were read all the same
+    res = cli("report", path)
+    assert res.returncode == 0, res.stderr
+    assert "memory grows" not in res.stdout and "LEAK" not in res.stdout
+    assert "  no leak: live memory does not grow step over step" in res.stdout
+
+
+def test_a_kept_loss_is_a_leak_at_its_line_confirmed_and_ranked_by_its_cost(loss_runs):
+    """The loop keeps each loss: exactly 4 B a step at the loss's line, confirmed by the allocator's
+    own count; 4 B a step would take millions of steps to add the device's peak again, so the
+    finding is a note ("-"), never "!!"."""
+    path, facts = loss_runs["loss-kept-events"]
+    run = load(path)
+    (row,) = analyze(run).memory_leaks.itertuples()
+    assert (row.device, row.growth_per_step, row.bytes_per_step) == (DEVICE, 4, 4)
+    assert row.source.endswith(f"device_memory_counters_script.py:{line_of(SCRIPT, 'LOSS-LINE')}")
+    assert (row.confirmed_by, row.allocator_growth_per_step) == ("the allocator's own count", 4)
+    summary = summarize(run)
+    (finding,) = [f for f in findings(summary) if f.text.startswith("memory grows")]
+    peak = next(d for d in summary.memory.devices if d.device == DEVICE)
+    assert finding.severity == "info" and peak.peak.bytes / 4 > 1_000_000
+    assert "the allocator's own count grows 4 B per step too" in finding.text
+    assert "again every" in finding.text and "M steps" in finding.text
+    res = cli("report", path)
+    assert res.returncode == 0, res.stderr
+    assert f"  -  LEAK on rank 0 {DEVICE}: +4 B per step" in res.stdout
