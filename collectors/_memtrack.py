@@ -40,6 +40,18 @@ _DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "hip", 8: "maia", 9: "xla", 12: "xpu", 
 _PRIVATEUSE1 = 20
 
 
+def device_code(device) -> tuple[int, int]:
+    """(c10 device type, index) of a ``torch.device``: what the allocator's reports name it by."""
+    import torch
+
+    kind = device.type
+    if kind == torch._C._get_privateuse1_backend_name():
+        code = _PRIVATEUSE1
+    else:
+        code = next((c for c, name in _DEVICE_TYPES.items() if name == kind), -1)
+    return code, -1 if device.index is None else int(device.index)
+
+
 def device_name(device_type: int, index: int) -> str:
     """``cpu``, ``cuda:0``, ``neuron:1`` (the PrivateUse1 backend's registered name)."""
     if device_type == _PRIVATEUSE1:
@@ -58,7 +70,10 @@ class MemoryTracker:
     while ours is there. So while tracking, ``torch.autograd.profiler._enable_profiler`` (what
     ``torch.profiler.profile``, ``emit_nvtx`` and ``emit_itt`` call) first steps our tracker
     aside on that thread and ``_disable_profiler`` puts it back: a torch.profiler session inside
-    a neuron_prof capture works, and allocations freed during it stay counted as live.
+    a neuron_prof capture works. While it runs, the allocator reports go to it alone (torch finds
+    its state by a static cast of the thread's one slot, so ours cannot sit in front of it and
+    pass reports on): what is allocated then is not seen, and what is freed then stays counted
+    as live. :meth:`held_since_last_call` tells the collector which step boundaries that spoils.
     """
 
     def __init__(self, ext) -> None:
@@ -70,6 +85,8 @@ class MemoryTracker:
                                "formats": [f[2] for f in lay["fields"]], "itemsize": lay["itemsize"]})
         self.row_dtype = journal_rows("memory_events", ext.mem_row_layout()["fields"])
         self._unwatch = _nothing
+        self._held = False  # the job's profiler has the allocator reports now
+        self._held_since = False  # ... or had them at some moment since held_since_last_call
 
     def start(self, max_events: int, follow_cpu: bool = True) -> None:
         """Track from now on. ``follow_cpu`` False: CPU allocations only inside windows (the CPU
@@ -81,14 +98,27 @@ class MemoryTracker:
 
     # ---- the job's torch.profiler (neuron_prof.torchhooks.ProfilerWatcher)
     def profiler_starting(self, phase: str) -> None:
-        if phase == "enable":
-            self._ext.mem_suspend()
+        if phase == "enable" and self._ext.mem_suspend():
+            self._held = self._held_since = True
 
     def profiler_start_failed(self) -> None:
-        self._ext.mem_resume()
+        self._take_back()
 
     def profiler_stopped(self) -> None:
-        self._ext.mem_resume()
+        self._take_back()
+
+    def held_since_last_call(self) -> bool:
+        """Whether the job's profiler had the allocator reports at any moment since the last call
+        (the collector calls at every step boundary): live bytes there are not what the
+        allocator holds, and their difference from the boundary before is not the step's."""
+        held, self._held_since = self._held_since, self._held
+        return held
+
+    def _take_back(self) -> None:
+        from torch._C._autograd import _profiler_enabled
+
+        self._ext.mem_resume()  # a no-op while another profiler state holds the thread's slot
+        self._held = self._held and bool(_profiler_enabled())
 
     def stop(self) -> None:
         self._ext.mem_stop()
@@ -121,6 +151,10 @@ class MemoryTracker:
     def totals(self) -> list[tuple[int, int, int, int, int, int]]:
         """Per device: (type, index, live bytes, peak since the last call, allocator allocated, reserved)."""
         return self._ext.mem_totals()  # ints already: read at every step boundary, so nothing more
+
+    def block_bytes(self, blocks: list[tuple[int, int, int]]) -> list[int]:
+        """The reported size of each live block (device type, index, address); 0 where none is live."""
+        return self._ext.mem_block_bytes(blocks)
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Everything live now (kind ``live``) and the last events of any kind (newest last)."""

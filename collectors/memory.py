@@ -30,14 +30,27 @@ user stack: the lines that executed). Tables:
   before it as ``recent`` rows.
 * ``process_memory`` — at every step boundary, the process's resident memory (RSS): what the
   allocators do not see (Python objects, autograd graph nodes, native libraries) shows there.
+* ``memory_keepers``, ``keeper_walks`` — at the end of capture and at an always-on dump, what keeps
+  alive the blocks made in steps that ended and still live (``_keepers``: the Python tensors over
+  them or whose graph saved them, and the list, dict, attribute or variable that holds those),
+  with the stack of the user's call that ended the first step (the file that runs the step
+  loop). Never inside a step on the training thread: a dump there walks at the next boundary.
 
 Allocations made before capture started are not seen (their frees are ignored too): under
 ``neuron-prof record`` capture starts with the interpreter, so everything is seen.
+
+The job's own ``torch.profiler`` started inside a capture takes the allocator reports while it
+runs (``_memtrack.MemoryTracker``). A step in which it had them, for any moment, gets no
+``memory_steps`` row of a device followed by allocator events (its live bytes are not the
+allocator's, and the difference to the boundary before is not the step's); each such stretch of
+steps is a ``failures`` row ``memory (memory_steps)`` naming its steps, and its rows count as
+dropped. A device read from its backend's counters is not affected and keeps its rows.
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -45,8 +58,10 @@ import weakref
 import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
+from neuron_prof.collectors._keepers import walk
 from neuron_prof.collectors._memcounters import CounterSampler
-from neuron_prof.recording import Recorder
+from neuron_prof.collectors._memtrack import device_code, device_name
+from neuron_prof.recording import Frame, Recorder, framework_prefixes, lost_events_label
 from neuron_prof.schema import MEMORY_KINDS, TABLES, row_dtype
 from neuron_prof.torchhooks import hide_from_dynamo
 from neuron_prof.units import parse_bytes
@@ -55,6 +70,19 @@ DEFAULT_MAX_EVENTS = 4_000_000
 _STEP_ROW = row_dtype(TABLES["memory_steps"])
 _PROCESS_ROW = row_dtype(TABLES["process_memory"])
 _OOM_SIZE = re.compile(r"tried to allocate\s+([\d.]+\s*(?:bytes|[KMGT]i?B)?)", re.I)
+
+
+class AllocatorReportsHeld(Exception):
+    """The ``failures`` row of a stretch of steps whose allocator reports went to the job's own
+    torch.profiler (the module docstring)."""
+
+    def __init__(self, first: int, last: int, open_at_end: bool) -> None:
+        steps = f"step {first}" if first == last else f"steps {first}-{last}"
+        super().__init__(
+            f"the job's own torch.profiler held the allocator's reports in {steps}"
+            + (" (until capture ended)" if open_at_end else "")
+            + ": their allocations and frees are not in the run (no live bytes or leak verdict for those "
+              "steps; blocks freed in them count as live after)")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -147,10 +175,25 @@ class MemoryCollector:
         self._tensor_texts: dict[tuple, tuple[str, str, str]] = {}  # (device, shape, dtype) -> their texts
         self._lock = threading.Lock()
         self._guard = HookGuard(self.name)  # tensors a step boundary could not note (capture health)
+        # stretches of steps whose allocator reports the job's torch.profiler held: [first, last],
+        # the last one still open while it holds them; and the memory_steps rows they cost
+        self._held: list[list[int]] = []
+        self._held_open = False
+        self._held_rows = 0
+        self._rec: Recorder | None = None
+        # Recorder.kept_for_us's list as last seen, how many of it are measured, their bytes per device
+        self._ours: list = []
+        self._ours_seen = 0
+        self._ours_bytes: dict[str, int] = {}
+        self._step_frames: list[Frame] | None = None  # the user's call that ended the first step
+        self._training_thread = 0
+        self._boundaries = (0, 0)  # ts of the first and the latest step boundary
+        self._walk_due = False  # a dump on the training thread: walk at the next boundary
 
     # ---- Collector protocol
     def install(self, rec: Recorder) -> None:
         self._guard.attach(rec)
+        self._rec = rec
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -184,11 +227,30 @@ class MemoryCollector:
         tensors."""
         if self.tracker is None:
             return
-        rows, decided = self._counted(step, ts, [(step, ts, self._device(t, i), live, peak, alloc, res)
-                                                 for t, i, live, peak, alloc, res in self.tracker.totals()])
+        if self._step_frames is None:
+            self._step_frames = _user_frames()
+            self._training_thread = threading.get_ident()
+        self._boundaries = (self._boundaries[0] or ts, ts)
+        if self._walk_due and self._rec is not None:
+            self._walk_due = False
+            self._walk_keepers(self._rec)
+        held = self.tracker.held_since_last_call()
+        tracked = [(step, ts, self._device(t, i), live, peak, alloc, res)
+                   for t, i, live, peak, alloc, res in self.tracker.totals()]
+        rows, decided = self._counted(step, ts, tracked)
         rss = self._resident.read()
         with self._lock:
-            self._steps.extend(rows)
+            if held:  # only the rows read from a backend's counters are true (the module docstring)
+                spoiled = {id(r) for r in tracked}
+                kept = [r for r in rows if id(r) not in spoiled]
+                self._held_rows += len(rows) - len(kept)
+                rows = kept
+                if self._held_open:
+                    self._held[-1][1] = step
+                else:
+                    self._held.append([step, step])
+            self._held_open = held
+            self._steps.extend(self._less_ours(rows, {r[2] for r in tracked}))
             self._sources.extend(decided)
             if rss is not None:
                 self._process.append((step, ts, rss))
@@ -228,16 +290,30 @@ class MemoryCollector:
         recent["kind"] = MEMORY_KINDS.index("recent")
         self._append_events(rec, recent)
 
-    def flush(self, rec: Recorder, keep: bool) -> None:
-        """All memory rows are kept whatever ``keep`` says: a block allocated in a warmup step
-        and alive in an active one belongs to what is live then."""
+    def on_dump(self, rec: Recorder, ts: int) -> None:
+        """An always-on dump: what keeps the blocks alive, now, or (a dump on the training thread,
+        which may be inside a step) at the next step boundary."""
         if self.tracker is None:
             return
+        if threading.get_ident() == self._training_thread:
+            self._walk_due = True
+        else:
+            self._walk_keepers(rec)
+
+    def flush(self, rec: Recorder, keep: bool) -> None:
+        """All memory rows are kept whatever ``keep`` says: a block allocated in a warmup step
+        and alive in an active one belongs to what is live then. The final flush first walks for
+        what keeps the blocks alive."""
+        if self.tracker is None:
+            return
+        if rec.closing:
+            self._walk_keepers(rec)
         events, dropped = self.tracker.drain()
         self._append_events(rec, events)
         if dropped:
             rec.dropped("memory_events", dropped)
         with self._lock:
+            self._record_held(rec)
             steps, self._steps = self._steps, []
             tensors, self._tensors = self._tensors, []
             process, self._process = self._process, []
@@ -284,6 +360,43 @@ class MemoryCollector:
             finally:
                 self.tracker = None
 
+    def _less_ours(self, rows: list[tuple], reported: set[str]) -> list[tuple]:
+        """``rows`` with what neuron_prof alone keeps alive (``Recorder.kept_for_us``: losses not
+        read yet) taken off live and allocated bytes, so that holding them is no leak of the
+        user's: at the size the allocator reported for the block (CUDA's rounded one) on a device
+        that reports, else (counters) at the storage's size. That list only grows until its
+        tensors are read (then it is a new one), so each tensor is measured once."""
+        ours = self._rec.kept_for_us() if self._rec is not None else []
+        if ours is not self._ours or len(ours) < self._ours_seen:
+            self._ours, self._ours_seen, self._ours_bytes = ours, 0, {}
+        if len(ours) > self._ours_seen:
+            fresh = ours[self._ours_seen:]
+            self._ours_seen = len(ours)
+            codes = [device_code(t.device) for t in fresh]
+            storages = [t.untyped_storage() for t in fresh]
+            blocks = self.tracker.block_bytes([(c, i, st.data_ptr()) for (c, i), st in zip(codes, storages)])
+            sizes = self._ours_bytes
+            for (c, i), st, block in zip(codes, storages, blocks):
+                device = device_name(c, i)
+                sizes[device] = sizes.get(device, 0) + (block if device in reported else st.nbytes())
+        sizes = self._ours_bytes
+        if not sizes:
+            return rows
+        return [(step, ts, d, live - sizes.get(d, 0), peak, alloc - sizes.get(d, 0) if alloc else alloc, res)
+                for step, ts, d, live, peak, alloc, res in rows]
+
+    def _record_held(self, rec: Recorder) -> None:
+        """A ``failures`` row per stretch of steps the job's torch.profiler held the allocator
+        reports in, once it ended (or the capture does); the rows it cost as dropped (lock held)."""
+        ended = len(self._held) if rec.closing or not self._held_open else len(self._held) - 1
+        for i, (first, last) in enumerate(self._held[:ended]):
+            still_held = self._held_open and i == len(self._held) - 1  # only when the capture closes
+            rec.failure(lost_events_label(self.name, "memory_steps"), AllocatorReportsHeld(first, last, still_held))
+        self._held = self._held[ended:]
+        if self._held_rows:
+            rec.dropped("memory_steps", self._held_rows)
+            self._held_rows = 0
+
     def _counted(self, step: int, ts: int, tracked: list[tuple]) -> tuple[list[tuple], list[tuple]]:
         """``CounterSampler.rows``; a backend whose counters fail is not read again (the boundary's
         row of it is counted lost, with its message, in Capture health)."""
@@ -300,8 +413,6 @@ class MemoryCollector:
         key = (device_type, index)
         name = self._devices.get(key)
         if name is None:
-            from neuron_prof.collectors._memtrack import device_name
-
             name = self._devices[key] = device_name(device_type, index)
         return name
 
@@ -352,6 +463,72 @@ class MemoryCollector:
         with self._lock:
             self._tensors.extend(rows)
 
+    def _walk_keepers(self, rec: Recorder) -> None:
+        """``memory_keepers`` and a ``keeper_walks`` row for the blocks made between the first and
+        the latest step boundary and live now, less parameters, gradients and optimizer state."""
+        first, last = self._boundaries
+        if not first:
+            return  # no step ended: nothing made in one
+        try:
+            live, _ = self.tracker.snapshot()
+            live = live[(live["ts"] >= first) & (live["ts"] < last)]
+            roles = self._role_storages()
+            storages = {}
+            for t, i, addr, size in zip(live["device_type"], live["device_index"], live["addr"], live["bytes"]):
+                key = (self._device(int(t), int(i)), int(addr))
+                if key not in roles:
+                    storages[key] = int(size)
+            now = time.monotonic_ns()
+            found = walk(storages)
+        except Exception as exc:  # noqa: BLE001 - training must never break
+            self._guard.lost("keeper_walks", exc)
+            return
+        kept = found.kept
+        rec.append("memory_keepers", {
+            "ts": np.full(len(kept), now, np.int64),
+            "device": np.array([rec.intern(k.device) for k in kept], np.int32),
+            "addr": np.array([k.addr for k in kept], np.int64),
+            **{c: np.array([rec.intern(getattr(k, c)) for k in kept], np.int32)
+               for c in ("via", "keeper", "scope", "file")}})
+        rec.append("keeper_walks", {
+            "ts": np.array([now], np.int64), "dur": np.array([found.dur_ns], np.int64),
+            "objects": np.array([found.objects], np.int64), "storages": np.array([found.storages], np.int32),
+            "kept": np.array([len(kept)], np.int32), "stopped": np.array([rec.intern(found.stopped)], np.int32),
+            "stack": np.array([rec.intern_stack(self._step_frames or [])], np.int32)})
+
+    def _role_storages(self) -> set[tuple[str, int]]:
+        """(device, address) of the parameters, gradients and optimizer state of the optimizers
+        that stepped: kept by design, not what a leak's keeper is looked for."""
+        import torch
+
+        out = set()
+        for opt in list(self._optimizers):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    for t in (p, p.grad, *(v for v in opt.state.get(p, {}).values())):
+                        if isinstance(t, torch.Tensor):
+                            out.add((self._device(*device_code(t.device)), t.untyped_storage().data_ptr()))
+        return out
+
     def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
         if len(ev):
             rec.append("memory_events", self.tracker.rows(ev, rec, self.engine))
+
+
+_FRAMEWORK: list[str] = []
+
+
+def _user_frames(limit: int = 8) -> list[Frame]:
+    """The caller's stack outside torch and neuron_prof, innermost first: at a step boundary, the
+    user's call that ended the step (``prof.step()``, the optimizer's ``step()``) and its callers."""
+    if not _FRAMEWORK:
+        _FRAMEWORK.extend(framework_prefixes())
+    prefixes = tuple(_FRAMEWORK)
+    out: list[Frame] = []
+    f = sys._getframe(1)
+    while f is not None and len(out) < limit:
+        name = f.f_code.co_filename
+        if out or not name.startswith(prefixes):
+            out.append((name, f.f_code.co_name, f.f_lineno))
+        f = f.f_back
+    return out

@@ -7,14 +7,15 @@ page.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Collection, Protocol
 
+from neuron_prof.analysis.steps import SLOW_STEP
 from neuron_prof.recording import went_on
-from neuron_prof.schema import MEMORY_FIGURES
+from neuron_prof.schema import LEAK_CONFIRMED_BY, MEMORY_FIGURES
 from neuron_prof.summary.codec import ABSENT
-from neuron_prof.summary.sections import (CollectivesSection, DetailCut, DeviceGap, DeviceSection, DumpCollective,
-                                          DumpQueue, InFlight, MemoryLeak, MemorySection, Stall, StepStats, Straggler,
-                                          StragglerSite, Summary, SyncSection)
+from neuron_prof.summary.sections import (CollectivesSection, DamagedFile, DetailCut, DeviceGap, DeviceSection,
+                                          DumpCollective, DumpQueue, InFlight, MemoryLeak, MemorySection, Stall,
+                                          StepStats, Straggler, StragglerSite, Summary, SyncSection)
 from neuron_prof.units import format_bytes
 
 SEVERITIES = ("high", "medium", "info")
@@ -49,6 +50,8 @@ def findings(summary: Summary) -> list[Finding]:
     def add(severity: str, page: str, text: str) -> None:
         out.append(Finding(severity, page, text))
 
+    for d in summary.health.damage:  # first: every section below reads the run without what it lost
+        add("high", "overview", damage_text(d))
     for dump in summary.dumps:
         where = ", ".join(f"thread {t.tid} at {t.source}" for t in dump.threads if t.source)
         waiting = "".join(f"; in flight: {dump_collective_text(c)}" for c in dump.collectives)
@@ -71,10 +74,12 @@ def findings(summary: Summary) -> list[Finding]:
         if key in seen:
             continue
         seen.add(key)
-        where = f" from {x.source} ({x.op}){called_from(x)}" if x.source else ""
-        note = "; ".join(n for n in (LINES_NOTE if key in counted else "", process_note(x)) if n)
-        add("high", "memory", f"memory grows {format_bytes(x.growth_per_step)} per step on rank {x.rank} "
-                              f"{x.device}{where}, confidence {x.confidence:.2f}" + (f"; {note}" if note else ""))
+        severity, pace = leak_cost(x.growth_per_step, device_peak(memory, x.rank, x.device))
+        note = "; ".join(n for n in (pace, confirmation_text(x), LINES_NOTE if key in counted else "",
+                                     process_note(x)) if n)
+        add(severity, "memory", f"memory grows {format_bytes(x.growth_per_step)} per step on rank {x.rank} "
+                                f"{x.device}{leak_where(x)}{keeper_text(x)}, confidence {x.confidence:.2f}"
+                                + (f"; {note}" if note else ""))
     for cut in health.detail_cuts:
         add("medium", "overview", f"on rank {cut.rank}, {detail_cut_text(cut)}")
     for gap in health.device_gaps:
@@ -108,12 +113,13 @@ def findings(summary: Summary) -> list[Finding]:
     if device:
         _device_findings(device, summary.steps, add)
     sync = summary.sync_points
-    if sync.by_source and not (device and device.stalls):
+    if sync.by_source and sync.on_device and not (device and device.stalls):  # no device: nothing waited
         _sync_finding(sync, add)
     for st in summary.steps:
-        if st.basis == "steady" and st.steady >= 4 and st.p90_ms > 1.5 * st.median_ms:
+        if st.basis == "steady" and st.steady >= 4 and st.p90_ms > SLOW_STEP * st.median_ms:
             add("medium", "overview", f"step time varies on rank {st.rank}: p90 {st.p90_ms:.1f} ms vs "
-                                      f"median {st.median_ms:.1f} ms over {st.steady} steady steps")
+                                      f"median {st.median_ms:.1f} ms over {st.steady} steady steps"
+                                      + slow_steps_text(st.slow_steps, colls.stragglers if colls else []))
     for b in summary.step_breakdown:
         if (b.outside_ops_pct or 0) > 30:
             add("medium", "timeline", f"{b.outside_ops_pct:.0f}% of a step on rank {b.rank} runs outside "
@@ -129,7 +135,7 @@ def findings(summary: Summary) -> list[Finding]:
         add("info", "compile", f"torch.compile compiled {compiled.frames_compiled} frames in "
                                f"{compiled.compile_ms / 1e3:.2f} s"
             + (f", {inside / 1e3:.2f} s of it inside steps (warm-up steps, left out of step statistics)"
-               if inside else ""))
+               if inside else "" if summary.steps else "; no step completed"))
     for x in summary.startup:
         add("info", "overview", f"start-up took {x.ms / 1e3:.2f} s on rank {x.rank} before step 0 (imports, "
                                 "model and data set-up): shown apart, not a step")
@@ -141,9 +147,22 @@ def findings(summary: Summary) -> list[Finding]:
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
 
+def damage_text(d: DamagedFile) -> str:
+    """A damaged file of a rank and the data it took with it."""
+    return (f"{d.file} {d.what}: rank {d.rank}'s {format_bytes(d.bytes)} of tables ({', '.join(d.tables)}) cannot "
+            "be read without it; restore it from a copy of the run, or re-record")
+
+
+def lost_to_damage(summary: Summary, tables: Collection[str]) -> list[DamagedFile]:
+    """The damage that took any of ``tables`` (a section's): why the section is empty, if it is."""
+    return [d for d in summary.health.damage if set(d.tables) & set(tables)]
+
+
 def _sync_finding(sync: SyncSection, add: Callable[[str, str, str], None]) -> None:
-    """Sync points: a stall ("!") only where the device's activity showed the host waiting;
-    reads of values the device had ready, or reads on a run without a device, are said as such."""
+    """Sync points of a run on a device: a stall ("!") only where the device's activity showed the
+    host waiting; reads of values the device had ready, or reads the device did not measure, are
+    said as such. A run without a device gets none: its reads are the Sync points section's
+    porting note."""
     stalls = None if sync.stalls is ABSENT else sync.stalls
     stalled = [x for x in sync.by_source if x.stalls is not ABSENT and x.stalls]
     site = stalled[0] if stalled else sync.by_source[0]
@@ -229,6 +248,27 @@ def ranks_text(ranks: list[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
     return ", ".join(out)
+
+
+SLOW_SHOWN = 6
+"""Slow steps named by number in the "step time varies" finding; more are counted."""
+
+
+def slow_steps_text(slow: list[int], stragglers: list[Straggler]) -> str:
+    """The slow steps of a "step time varies" finding, and the significant straggler that explains
+    them where one does (its finding comes first: the same severity, added before): ``; slow in
+    steps 5, 10 and 15: the straggler above (rank 1)``."""
+    if not slow:
+        return ""
+    named = steps_text(slow) if len(slow) <= SLOW_SHOWN else f"{len(slow)} steps ({steps_text(slow[:3])} first)"
+    why = [(x.rank, sorted(set(slow) & set(x.steps))) for x in stragglers if set(slow) & set(x.steps)]
+    if not why:
+        return f"; slow in {named}"
+    if len(why) == 1 and len(why[0][1]) == len(slow):
+        return f"; slow in {named}: the straggler above (rank {why[0][0]})"
+    return f"; slow in {named}; " + "; ".join(
+        f"{steps_text(s) if len(s) <= SLOW_SHOWN else f'{len(s)} of them'}: the straggler above (rank {r})"
+        for r, s in why)
 
 
 def device_straggler_text(x: Straggler) -> str:
@@ -329,6 +369,24 @@ def called_from(x: Sited) -> str:
     return f", called from {user_line(x)}" if user_line(x) else ""
 
 
+def leak_where(x: MemoryLeak) -> str:
+    """Where a leak's blocks were made: the user's line in the step loop, the model's line that
+    allocated after it (`` from train.py:40 via model.py:35 aten::relu``); without a loop line (a run
+    without a keeper walk), the allocating line as before; "" without a line."""
+    if x.made_at and x.made_at != x.source:
+        return f" from {x.made_at} via {x.source} {x.op}" if x.source else f" from {x.made_at}"
+    return f" from {x.source} ({x.op}){called_from(x)}" if x.source else ""
+
+
+def keeper_text(x: MemoryLeak) -> str:
+    """What keeps a leak's blocks alive (``MemoryLeak.keeper``), or why that is not known; "" for a
+    leak without a site (a device read from its backend's counters)."""
+    if x.keeper:
+        graph = " (through the autograd graph of the tensors it holds)" if x.keeper_via == "autograd graph" else ""
+        return f", kept alive by {x.keeper}{graph}"
+    return f", keeper {x.keeper_note}" if x.keeper_note else ""
+
+
 LINES_NOTE = ("its figures are the backend's counters: naming the lines needs the device's allocator to report to "
               "the profiler (c10::reportMemoryUsageToProfiler)")
 """Said of a leak on a device read from its backend's counters (no allocation seen, so no site)."""
@@ -345,6 +403,46 @@ def figures_text(figures_from: str, api: str) -> str:
 def counted_devices(memory: MemorySection) -> set[tuple[int, str]]:
     """(rank, device) of the devices read from their backend's counters."""
     return {(d.rank, d.device) for d in memory.devices if d.figures_from == MEMORY_FIGURES[1]}
+
+
+LEAK_HIGH_STEPS = 10_000
+"""A leak that adds the device's peak again within this many steps is "!!": a run of that length
+doubles what the device needs."""
+LEAK_MEDIUM_STEPS = 1_000_000
+"""... within this many, "!"; slower, "-": a run would need to be longer than most to feel it."""
+
+
+def device_peak(memory: MemorySection, rank: int, device: str) -> int:
+    """The most a device held between any two step boundaries (0: not known)."""
+    return next((d.peak_between_boundaries for d in memory.devices if (d.rank, d.device) == (rank, device)), 0)
+
+
+def leak_cost(growth_per_step: float, peak: int) -> tuple[str, str]:
+    """How severe a leak is by what it costs, not by its kind: the steps it takes to add the
+    device's peak (:func:`device_peak`: the most it held at once, the only capacity figure a run
+    has) again, against :data:`LEAK_HIGH_STEPS` and :data:`LEAK_MEDIUM_STEPS`; and that pace in words."""
+    if peak <= 0 or growth_per_step <= 0:
+        return "high", ""
+    steps = peak / growth_per_step
+    severity = "high" if steps <= LEAK_HIGH_STEPS else "medium" if steps <= LEAK_MEDIUM_STEPS else "info"
+    return severity, f"it adds the device's peak ({format_bytes(peak)}) again every {count_text(steps)} steps"
+
+
+def count_text(n: float) -> str:
+    """A count in a few digits: 950, 12.3k, 4.1M."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def confirmation_text(x: MemoryLeak) -> str:
+    """What confirms a leak's growth (``MemoryLeak.confirmed_by``) or that nothing could."""
+    if x.confirmed_by == LEAK_CONFIRMED_BY[1]:
+        return ""  # the figures are the counters themselves (LINES_NOTE says so)
+    if x.confirmed_by:
+        return f"{x.confirmed_by} grows {format_bytes(x.allocator_growth_per_step or 0)} per step too"
+    return "not confirmed: the device's allocator keeps no count of its own to check the growth against"
 
 
 def process_note(x: MemoryLeak) -> str:

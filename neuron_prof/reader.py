@@ -28,10 +28,24 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.safefile import cannot_read, open_regular, read_at, read_whole
 from neuron_prof.schema import (CONFLICT_GLOB, INFLIGHT, INFLIGHT_MAGIC, INFLIGHT_SLOT, INFLIGHT_STATES, JOURNAL_SUFFIX,
                                 LOWEST_REFERENCE, MANIFEST, RANK_META, REFERENCES,
-                                RUN_META, SCHEMA_VERSION, TABLE_SUFFIX, TABLES, row_dtype, schema_of)
+                                RUN_META, SCHEMA_VERSION, STEP_RING, STEP_RING_MAGIC, STEP_RING_SLOT, TABLE_SUFFIX,
+                                TABLES, row_dtype, schema_of)
+from neuron_prof.step_ring import intact
 from neuron_prof.store import sign
 
 RECORD_HINT = "capture one with `neuron-prof record -o RUN -- python train.py`"
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A file of a rank whose damage the reader can name but not read past: the rank reads as
+    empty, and the report says so first rather than explaining the absence by a collector left
+    off (``_lost_manifest``)."""
+
+    file: Path
+    what: str                  # "is missing", "is empty", "holds no complete commit"
+    tables: tuple[str, ...]    # the tables whose bytes it left unreadable
+    bytes: int
 
 
 @dataclass
@@ -45,10 +59,15 @@ class RankData:
     last_commit: dict[str, Any]
     closed: bool
     ignored_bytes: dict[str, int] = field(default_factory=dict)
+    damage: list[Damage] = field(default_factory=list)
     inflight: np.ndarray | None = None
     """For a rank whose capture did not close (killed): the slots of ``collectives.inflight``
     (schema.INFLIGHT_SLOT) that hold a collective; None where there is no such file or the
     capture closed (its tables then hold every collective)."""
+    ring_steps: np.ndarray | None = None
+    """For a rank whose capture did not close: the step rows of ``steps.ring`` (schema.STEP_RING_SLOT)
+    past its last commit, which ``tables["steps"]`` includes; None where there is no such file or
+    the capture closed."""
 
     def table(self, name: str) -> pa.Table:
         """The table with today's columns; a column a run written by an earlier version lacks
@@ -151,15 +170,46 @@ def _read_table(path: Path, name: str, committed: int, crc: int | None) -> tuple
     data, extra = _read_committed(path, committed, crc)
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-        expected = TABLES[name]
-        for f in table.schema:
-            if f.name in expected.names and not f.type.equals(expected.field(f.name).type):
-                raise pa.ArrowInvalid(f"column {f.name} is {f.type}, not {expected.field(f.name).type}")
-        table.validate(full=True)  # offsets and lengths within their buffers, before any use
+        _check_schema(table.schema, TABLES[name])
+        table.validate(full=True)  # offsets and lengths within their buffers, strings UTF-8, before any use
+        for column, values in zip(table.column_names, table.columns):  # neuron_prof writes no null
+            if values.null_count or pa.types.is_list(values.type) and pc.list_flatten(values).null_count:
+                raise pa.ArrowInvalid(f"nulls in column {column}")
     except pa.ArrowException as exc:
-        raise NeuronProfError(f"{path}: corrupt table ({str(exc).splitlines()[0][:160]}); "
-                              "re-record the run (or delete this rank folder)") from None
+        raise NeuronProfError(f"{path}: corrupt table ({str(exc).splitlines()[0][:160]}); {_DAMAGED}") from None
     return table, extra
+
+
+def _check_schema(schema: pa.Schema, expected: pa.Schema) -> None:
+    """Every byte of a stream's schema, decoded and compared here: column names (pyarrow decodes
+    a name as UTF-8 when asked, which was a UnicodeDecodeError wherever that came first), each a
+    column of this table, once, with its type and its nested field's name; no metadata (neuron_prof
+    writes none, and pandas would read its own from there). Columns an earlier version did not
+    write may be absent (``RankData.table``); one no version wrote is damage, not a column to skip."""
+    if schema.metadata:
+        raise pa.ArrowInvalid("schema metadata neuron_prof never writes")
+    seen: set[str] = set()
+    for i in range(len(schema)):
+        f = schema.field(i)
+        got = _name(f, f"column {i}'s name")
+        if got not in expected.names or got in seen:
+            raise pa.ArrowInvalid(f"{'a second' if got in seen else 'an unknown'} column {got!r}")
+        seen.add(got)
+        want = expected.field(got)
+        if not f.type.equals(want.type) or f.metadata:
+            raise pa.ArrowInvalid(f"column {got} is not {want.type} as written")
+        if pa.types.is_list(want.type):  # type equality ignores the item field's name and metadata
+            item = f.type.value_field
+            if _name(item, f"column {got}'s item name") != want.type.value_field.name or item.metadata:
+                raise pa.ArrowInvalid(f"column {got} is not {want.type} as written")
+
+
+def _name(f: pa.Field, what: str) -> str:
+    """``f``'s name, the UTF-8 text of its bytes, or the damage said as an ArrowInvalid."""
+    try:
+        return f.name
+    except UnicodeDecodeError:
+        raise pa.ArrowInvalid(f"{what} is not UTF-8") from None
 
 
 def _read_journal(path: Path, committed: int, crc: int | None, schema: pa.Schema) -> tuple[pa.Table, int]:
@@ -183,7 +233,12 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         return {}
     except OSError as exc:  # os.path.lexists would say "missing" for a run.json it may not look at
         raise cannot_read(path, exc, _UNREADABLE) from None
-    return _read_json(path, "run metadata", documents.RUN_META)
+    meta = _read_json(path, "run metadata", documents.RUN_META)
+    check = meta.pop("check", None)  # none: written before run.json was signed, read as it is
+    if check is not None and sign(dict(meta))["check"] != check:
+        raise NeuronProfError(f"{path}: its checksum does not match its content (a changed byte); restore it from "
+                              "a copy of the run, or delete it to read the rank folders without it")
+    return meta
 
 
 def _names(folder: Path, pattern: str) -> list[Path]:
@@ -339,32 +394,93 @@ def read_rank(rank_dir: Path) -> RankData:
             if name in TABLES and name not in tables and size:
                 ignored[name] = ignored.get(name, 0) + size
     rd = RankData(rank=rank, dir=rank_dir, meta=meta, tables=tables, last_commit=commit,
-                  closed=bool(commit.get("closed")), ignored_bytes=ignored)
+                  closed=bool(commit.get("closed")), ignored_bytes=ignored,
+                  damage=[] if commit else _lost_manifest(rank_dir / MANIFEST, ignored))
     if not rd.closed:  # a clean close drained every collective into the table, in flight or not
         rd.inflight = _read_inflight(rank_dir / INFLIGHT)
+        _add_ring_steps(rd)
     _check_references(rd)
     return rd
 
 
-_INFLIGHT_LIMIT = 64 + INFLIGHT_SLOT.itemsize * 65536
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # what store._TableStream.close writes last
 
 
-def _read_inflight(path: Path) -> np.ndarray | None:
-    """The in-flight ring a rank's collectives observer maps (schema.INFLIGHT): fixed layout, so
-    a file of any other shape is damage, named as such."""
-    fix = "delete the file to read the run without in-flight collectives"
+def _lost_manifest(manifest: Path, ignored: Mapping[str, int]) -> list[Damage]:
+    """A rank with no commit (its manifest missing, empty or without a complete line) reads as one
+    killed in its first step, its tables' bytes ignored. A kill leaves that only while the tables
+    are open and the manifest exists (the writer creates it before any table): a missing manifest,
+    or a table ended by the end-of-stream marker its close writes, means the commits were lost,
+    and with them every table's bytes: damage, said as such."""
+    if not ignored:
+        return []
     try:
-        data = read_whole(path, _INFLIGHT_LIMIT, fix)
+        size = os.lstat(manifest).st_size
+    except FileNotFoundError:
+        size = None
+    closed = False
+    for name in ignored:
+        try:
+            f = open_regular(manifest.parent / f"{name}{TABLE_SUFFIX}", _DAMAGED)
+        except FileNotFoundError:
+            continue  # a journal's bytes only
+        with f:
+            start = os.fstat(f.fileno()).st_size - len(_END_OF_STREAM)
+            closed |= start > 0 and read_at(f, start, len(_END_OF_STREAM)) == _END_OF_STREAM
+    if size is not None and not closed:
+        return []
+    what = "is missing" if size is None else "is empty" if size == 0 else "holds no complete commit"
+    return [Damage(manifest, what, tuple(sorted(ignored)), sum(ignored.values()))]
+
+
+_RING_SLOTS_LIMIT = 65536
+
+
+def _read_ring(path: Path, magic: int, slot: np.dtype, what: str, fix: str) -> np.ndarray | None:
+    """The slots of a memory-mapped ring a capture leaves in its rank folder (schema.INFLIGHT,
+    schema.STEP_RING: a 64-byte header, then fixed slots); None where there is none. Of fixed
+    layout, so a file of any other shape is damage, named as such."""
+    try:
+        data = read_whole(path, 64 + slot.itemsize * _RING_SLOTS_LIMIT, fix)
     except FileNotFoundError:
         return None
     head = np.frombuffer(data[:32], "<i8") if len(data) >= 64 else np.zeros(4, np.int64)
-    magic, slot, count, header = (int(v) for v in head)
-    if (magic != INFLIGHT_MAGIC or slot != INFLIGHT_SLOT.itemsize or header != 64 or count <= 0
-            or len(data) != header + slot * count):
-        raise NeuronProfError(f"{path}: not an in-flight collectives file of this neuron_prof "
-                              f"({len(data)} bytes); {fix}")
-    slots = np.frombuffer(data, INFLIGHT_SLOT, count=count, offset=header)
+    found, size, count, header = (int(v) for v in head)
+    if (found != magic or size != slot.itemsize or header != 64 or count <= 0
+            or len(data) != header + size * count):
+        raise NeuronProfError(f"{path}: not {what} of this neuron_prof ({len(data)} bytes); {fix}")
+    return np.frombuffer(data, slot, count=count, offset=header)
+
+
+def _read_inflight(path: Path) -> np.ndarray | None:
+    """The slots of the in-flight ring a rank's collectives observer maps that hold a collective."""
+    slots = _read_ring(path, INFLIGHT_MAGIC, INFLIGHT_SLOT, "an in-flight collectives file",
+                       "delete the file to read the run without in-flight collectives")
+    if slots is None:
+        return None
     return slots[(slots["id"] > 0) & np.isin(slots["state"], list(INFLIGHT_STATES))].copy()
+
+
+def _add_ring_steps(rd: RankData) -> None:
+    """The step ring's whole rows that follow the rank's committed steps (neuron_prof.step_ring)
+    join its steps table: the steps a kill -9 ended before their commit, up to the first one the
+    ring lacks (a torn slot is absent). Their detail, if they had any, was not committed: none is
+    active."""
+    slots = _read_ring(rd.dir / STEP_RING, STEP_RING_MAGIC, STEP_RING_SLOT, "a step ring file",
+                       "delete the file to read the run without the steps after its last commit")
+    if slots is None:
+        return
+    steps = rd.tables.get("steps")
+    first = pc.max(steps.column("step")).as_py() + 1 if steps is not None and steps.num_rows else 0
+    slots = slots[intact(slots) & (slots["step"] >= first)]
+    slots = slots[np.unique(slots["step"], return_index=True)[1]]  # in step order, each step once
+    rd.ring_steps = slots[: int(np.sum(slots["step"] == first + np.arange(len(slots))))]
+    if not len(rd.ring_steps):
+        return
+    rows = pa.table({"step": rd.ring_steps["step"], "ts": rd.ring_steps["ts"], "dur": rd.ring_steps["dur"],
+                     "active": np.zeros(len(rd.ring_steps), bool), "complete": rd.ring_steps["complete"] != 0},
+                    schema=TABLES["steps"])
+    rd.tables["steps"] = rows if steps is None else pa.concat_tables([steps, rows.cast(steps.schema)])
 
 
 def _check_references(rd: RankData) -> None:
@@ -378,6 +494,9 @@ def _check_references(rd: RankData) -> None:
             raise NeuronProfError(f"{rd.dir / (interned + TABLE_SUFFIX)}: its ids are not numbered in order from 0 "
                                   f"or 1; {_DAMAGED}")
         last[interned] = int(ids[-1]) if len(ids) else 0
+    strings = rd.table("strings").column("value")
+    if pc.count_distinct(strings).as_py() != len(strings):  # the interner writes each once: ids become categories
+        raise NeuronProfError(f"{rd.dir / ('strings' + TABLE_SUFFIX)}: holds a string twice; {_DAMAGED}")
     for name in rd.tables:
         for column, interned in REFERENCES[name].items():
             if column not in rd.tables[name].column_names:

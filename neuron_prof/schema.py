@@ -54,6 +54,9 @@ TABLES: dict[str, pa.Schema] = {
     "strings": pa.schema([("id", _i32), ("value", pa.string())]),
     "frames": pa.schema([("id", _i32), ("file", _i32), ("func", _i32), ("line", _i32)]),
     "stacks": pa.schema([("id", _i32), ("frames", pa.list_(_i32))]),  # innermost frame first
+    # each file the frames name, read once at capture (neuron_prof.source_files): size and SHA-256
+    # (hex) of the bytes the path resolved to, or size -1, no hash and why it could not be read
+    "source_files": pa.schema([("file", _i32), ("size", _i64), ("sha256", pa.string()), ("error", pa.string())]),
     # events
     "ops": pa.schema([
         ("ts", _i64), ("dur", _i64), ("tid", _i64), ("name", _i32), ("module", _i32),
@@ -116,6 +119,22 @@ TABLES: dict[str, pa.Schema] = {
     # once per device: figures_from (MEMORY_FIGURES), api (the function its counters were read with;
     # empty for allocator events); a device without a row is followed by allocator events
     "memory_sources": pa.schema([("ts", _i64), ("device", _i32), ("figures_from", _i32), ("api", _i32)]),
+    # what keeps the storages alive that were made in steps and still live at the end of capture or
+    # at a dump (collector "memory", collectors/_keepers.py): ts of the walk, the storage (device,
+    # addr), via (tensor: a Python tensor over it; autograd graph: saved by a tensor's graph), the
+    # keeper as the user wrote it (``list history``), its scope (``global``, ``Trainer attribute``,
+    # ``local of main()``) and file; all ids into ``strings`` but ts and addr
+    "memory_keepers": pa.schema([
+        ("ts", _i64), ("device", _i32), ("addr", _i64), ("via", _i32), ("keeper", _i32), ("scope", _i32),
+        ("file", _i32),
+    ]),
+    # each such walk: how long it took, objects it looked through, storages looked for and kept
+    # (with a keeper), why it stopped early ("": it did not), and the stack of the user's call that
+    # ended steps (``prof.step()``, the optimizer's step): the file that runs the step loop
+    "keeper_walks": pa.schema([
+        ("ts", _i64), ("dur", _i64), ("objects", _i64), ("storages", _i32), ("kept", _i32), ("stopped", _i32),
+        ("stack", _i32),
+    ]),
     # the process's resident memory at every step boundary (collector "memory"; Linux)
     "process_memory": pa.schema([("step", _i32), ("ts", _i64), ("rss", _i64)]),
     # collectives (collector "collectives"): one row per collective this rank issued. ts/dur: the
@@ -238,6 +257,7 @@ def schema_of(table: str, version: int) -> pa.Schema:
 
 _STRING_IDS = {
     "frames": ("file", "func"),
+    "source_files": ("file",),
     "ops": ("name", "module", "shapes", "dtypes", "devices"),
     "marks": ("name",),
     "metrics": ("name",),
@@ -254,6 +274,8 @@ _STRING_IDS = {
     "memory_tensors": ("device", "category", "shape", "dtype"),
     "memory_ooms": ("device", "message"),
     "memory_sources": ("device", "figures_from", "api"),
+    "memory_keepers": ("device", "via", "keeper", "scope", "file"),
+    "keeper_walks": ("stopped",),
     "collectives": ("op", "call", "group", "dtype", "module"),
     "groups": ("group", "desc", "backend"),
     "clock_sync": ("phase",),
@@ -294,6 +316,15 @@ INFLIGHT_MAGIC = 0x3130464E4950504E
 INFLIGHT_SLOT = np.dtype([("id", "<i8"), ("ts", "<i8"), ("done", "<i8"), ("seq", "<i8"), ("bytes", "<i8"),
                           ("state", "<i4"), ("peer", "<i4"), ("op", "S24"), ("group", "S56")])
 INFLIGHT_STATES = {1: "in_flight", 2: "completed", 3: "failed"}
+STEP_RING = "steps.ring"
+"""A rank's latest step rows, as a memory-mapped ring of fixed slots that survives kill -9
+(neuron_prof.step_ring writes it at every step boundary; the reader adds the steps it holds past the
+last commit of a rank that did not close): the same 64-byte header as :data:`INFLIGHT`, then slots
+of :data:`STEP_RING_SLOT`, step ``s`` in slot ``s % count``; ``crc`` is the CRC-32 of the slot's
+first 24 bytes (a slot torn by the kill fails it and reads as absent)."""
+STEP_RING_MAGIC = 0x313050545350504E  # "NPPSTP01"
+STEP_RING_SLOT = np.dtype([("step", "<i4"), ("active", "u1"), ("complete", "u1"), ("_pad", "V2"), ("ts", "<i8"),
+                           ("dur", "<i8"), ("crc", "<u4"), ("_pad2", "V4")])
 
 MEMORY_KINDS = ("alloc", "free", "baseline", "late_free", "live", "oom", "recent", "unfollowed")
 """``memory_events.kind`` codes. All but ``recent`` are the native tracker's (collectors/_memtrack.py
@@ -302,6 +333,9 @@ MEMORY_FIGURES = ("allocator events", "backend counters")
 """``memory_sources.figures_from``: a device's ``memory_steps`` rows are the allocator reports the
 tracker received (live bytes since capture began, the peak between boundaries), or the backend's own
 counters read at each boundary (its allocated bytes, its high-water mark: totals only, no lines)."""
+LEAK_CONFIRMED_BY = ("the allocator's own count", "the backend's counters")
+"""A leak's ``confirmed_by`` (``analysis.memory.leaks``): what besides the live bytes the capture
+saw says the device's memory grows ("" where nothing does)."""
 
 
 def row_dtype(schema: pa.Schema) -> np.dtype:
@@ -341,6 +375,9 @@ DESCRIPTIONS: dict[str, str] = {
                "``tokens``/``samples`` per step, and what ``neuron_prof.log`` named; ``step``: the step the value "
                "was handed over in (``analysis.metrics.per_step``: one value per step).",
     "threads": "The name of each thread that recorded: rank, tid, name.",
+    "source_files": "Each source file the rank's stacks name, as capture read it once: rank, file, size and sha256 "
+                    "(hex) of the file the path resolved to, or size -1, no sha256 and the error that kept it "
+                    "from being read. What a page shows as source must match it (viewer/source.py).",
     "failures": "Collectors that failed during capture (training went on without them); a name "
                 "``collector (table)``: it lost events of that table (counted as dropped) and went on.",
     "compiles": "One row per frame compilation: compile_id, func/file/line, backend, status, time, ops, guards.",
@@ -363,6 +400,15 @@ DESCRIPTIONS: dict[str, str] = {
                       "boundary: totals only, no lines), api (the function read, e.g. "
                       "``torch.neuron.memory_stats``). A device without a row is followed by allocator events.",
     "process_memory": "The process's resident memory (RSS) at every step boundary, per rank (Linux).",
+    "memory_keepers": "What keeps alive the storages made in steps and still live when capture ended or at a dump: "
+                      "rank, ts (of the walk), device, addr, via (``tensor``: a Python tensor over it; ``autograd "
+                      "graph``: a tensor's graph saved it), keeper (``list history``, ``dict self.cache``), scope "
+                      "(``global``, ``Trainer attribute``, ``local of main()``), file. A storage whose keeper the "
+                      "walk did not find has no row.",
+    "keeper_walks": "Each walk for ``memory_keepers``: rank, ts, dur, objects (Python objects looked through), "
+                    "storages (looked for), kept (found a keeper), stopped (why it stopped early; \"\": it did not), "
+                    "and the stack of the user's call that ended steps (source...): the file running the step loop. "
+                    "A run without rows (older, or killed before capture ended) has no keepers recorded.",
     "collectives": "One row per collective per rank (collector ``collectives``): ts/dur (the issue call on thread "
                    "tid, the rank's own clock), done (completed, -1: not known), op, call (the c10d op), group, "
                    "group_desc, group_size, seq (one collective has one (group, seq) on every rank), count, bytes, "

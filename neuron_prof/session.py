@@ -36,6 +36,7 @@ from neuron_prof.recording import Collector, Frame, went_on
 from neuron_prof.scalars import ScalarBuffer
 from neuron_prof.schedule import Action, Schedule
 from neuron_prof.schema import RUN_META, SCHEMA_VERSION, TABLES, row_dtype
+from neuron_prof.step_ring import StepRing
 from neuron_prof.store import RankWriter, load_json, update_run_meta
 
 log = logging.getLogger("neuron_prof")
@@ -106,6 +107,8 @@ class Session:
         self._started = False
         self._closed = False
         self._step_rows: list[tuple[int, int, int, bool, bool]] = []  # steps ended since the last flush
+        self._step_ring: StepRing | None = None  # every step's row as it ends, kill -9 or not (neuron_prof.step_ring)
+        self._step_ring_tried = False
         # always-on (neuron_prof.alwayson): sampled steps' detail goes to a ring, written by dumps;
         # steps asked for on demand (capture_next) go to disk like a scheduled window's
         self.always_on = always_on
@@ -142,6 +145,10 @@ class Session:
         if sid is None:
             sid = self._scalar_ids[name] = self.intern(name)
         self._scalars.add(sid, value)
+
+    def kept_for_us(self) -> list[Any]:
+        """Device tensors alive only because the session has not read them yet (scalars)."""
+        return self._scalars.ours_alone()
 
     def dropped(self, table: str, n: int) -> None:
         with self._lock:
@@ -322,6 +329,9 @@ class Session:
                     self._write_dump(f"exception: {type(exc).__name__}: {exc}".strip()[:2000],
                                      [(threading.get_native_id(), traceback_frames(exc))])
             self._flush(keep=self._action(self.step_num) is Action.RECORD, final=True)
+            if self._step_ring is not None:
+                self._step_ring.remove()  # the rank is closed: its tables hold every step
+                self._step_ring = None
             self._set_window(False)
             for c in self.collectors:
                 self._guard(c, c.uninstall)
@@ -356,8 +366,26 @@ class Session:
 
     def _flush_due(self, action: Action, now: int) -> bool:
         """Detail steps flush at every boundary (what a kill -9 can lose is the step in flight);
-        other steps flush about once a second."""
-        return action is not Action.NONE or now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
+        other steps flush about once a second, their rows in the step ring meanwhile."""
+        return (action is not Action.NONE or now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
+                or self._steps_due())
+
+    def _steps_due(self) -> bool:
+        """Step rows are committed now, whatever the mode: at the first boundary (the commit
+        makes the rank's folder, and with it the step ring), and before the ring would lap a row
+        not committed yet (steps far shorter than the background thread's second)."""
+        if self._step_ring is None:
+            return not self._step_ring_tried
+        return len(self._step_rows) >= self._step_ring.room
+
+    def _open_step_ring(self, writer: RankWriter) -> None:
+        """The rank's step ring, made with its folder. A file system that cannot map it leaves a
+        failure row: a kill -9 may then lose the last second of step rows."""
+        self._step_ring_tried = True
+        try:
+            self._step_ring = StepRing(writer.dir)
+        except OSError as exc:
+            self.failure("step ring", OSError(f"{exc}; a kill -9 may lose the last second of step rows"))
 
     def _begin_on_demand(self) -> None:
         """capture_next's steps begin with the next step (a window already open on demand grows)."""
@@ -370,8 +398,11 @@ class Session:
     def _always_on_step_end(self, action: Action, now: int) -> None:
         """A sampled step's detail goes to the ring, with no disk write; a step captured on demand
         is written at its end (a kill -9 loses at most the step in flight, as in a window); the
-        step-level rows of every step wait for the background thread (``_tick``)."""
+        step-level rows of every step wait for the background thread (``_tick``), in the step ring
+        meanwhile, unless ``_steps_due``."""
         if action is Action.NONE:
+            if self._steps_due():
+                self._commit_steps()
             return
         if self._is_on_demand(self.step_num):
             self._flush(keep=True)
@@ -394,10 +425,14 @@ class Session:
             if requested:
                 self.capture_next(requested)
             if self._step_rows or time.monotonic_ns() - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS:
-                self._settle_scalars(final=False, host_only=True)
-                self._flush(keep=True)
+                self._commit_steps()
         if self._triggers is not None:
             self._triggers.check_hang()
+
+    def _commit_steps(self) -> None:
+        """Always-on: the step-level rows and the host's scalars to disk (lock held)."""
+        self._settle_scalars(final=False, host_only=True)
+        self._flush(keep=True)
 
     def _run_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None
@@ -479,7 +514,10 @@ class Session:
         # active: its detail is on disk (always-on: a step captured on demand; a sampled step's
         # only if a dump writes it, which names it in ``dumped_steps``)
         active = action is Action.RECORD and (self._ring is None or self._is_on_demand(self.step_num))
-        self._step_rows.append((self.step_num, self._step_start, now - self._step_start, active, complete))
+        row = (self.step_num, self._step_start, now - self._step_start, active, complete)
+        self._step_rows.append(row)
+        if complete and self._step_ring is not None:
+            self._step_ring.put(*row)
 
     def _settle_scalars(self, final: bool, host_only: bool = False) -> None:
         try:
@@ -554,6 +592,8 @@ class Session:
         if self._writer is None:
             self._refuse(final)
             return None
+        if not final:
+            self._open_step_ring(self._writer)
         # rank 0 writes run.json; another rank writes it where no rank has (record's own, with
         # rank 0 dead in step 0; or none yet)
         existing = load_json(self.run_dir / RUN_META)

@@ -9,7 +9,7 @@ committed length is real damage, and readers say so.
 Integrity: each manifest line carries the CRC-32 of every stream's and journal's committed bytes
 (kept as a running value: the commit costs no re-read) and a ``check``, the CRC-32 of the line
 itself, so a flipped byte anywhere in what a reader uses is reported as damage, never read as
-different numbers.
+different numbers. ``run.json`` carries a ``check`` of its own (:func:`write_run_meta`).
 
 Ownership: a writer claims its rank folder with an OS lock (``flock`` on ``.writer.lock``) held for
 its lifetime and released by the OS if the process dies, and stamps ``rank.json`` with its run id.
@@ -353,7 +353,11 @@ def _unsigned_text(line: dict[str, Any]) -> str:
 
 
 def write_run_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
-    write_json_atomic(run_dir / RUN_META, meta)
+    """run.json, signed like a manifest line (:func:`sign`: its ``check`` last), so a changed byte
+    in its command or torch version reads as damage. Signed as a reader parses it back (values
+    JSON does not hold are written as their ``str``)."""
+    doc = json.loads(json.dumps({k: v for k, v in meta.items() if k != "check"}, default=str))
+    write_json_atomic(run_dir / RUN_META, sign(doc))
 
 
 def update_run_meta(run_dir: Path, run_id: str, fields: Mapping[str, Any], *, replace: bool) -> None:

@@ -79,16 +79,18 @@ placed from run.json as read (:func:`_placed`), so the summary stored at capture
 def summary_key(run: Run, top: int = TOP_N) -> str | None:
     """What the summary of ``run`` was computed from, as one digest: everything the reader read
     (run.json, each rank's rank.json and last commit, which names the committed size and CRC-32
-    of every table and journal, the bytes past the commit, the in-flight ring of a rank that did
-    not close, conflict notes, ignored and missing rank folders), the code and ``top``. None for
-    a run with a rank written before checksums (schema 1), whose commit does not pin its bytes."""
+    of every table and journal, the bytes past the commit, the in-flight ring and the step ring's
+    steps of a rank that did not close, conflict notes, ignored and missing rank folders), the
+    code and ``top``. None for a run with a rank written before checksums (schema 1), whose commit
+    does not pin its bytes."""
     if any(rd.meta.get("schema_version", 1) < 2 for rd in run.rank_data):
         return None
     state = {
         "version": SUMMARY_VERSION, "code": _code_digest(), "top": top,
         "meta": {k: v for k, v in run.meta.items() if k not in _ENDED},
         "ranks": [{"dir": rd.dir.name, "meta": rd.meta, "commit": rd.last_commit, "ignored": rd.ignored_bytes,
-                   "inflight": None if rd.inflight is None else hashlib.sha256(rd.inflight.tobytes()).hexdigest()}
+                   "inflight": None if rd.inflight is None else hashlib.sha256(rd.inflight.tobytes()).hexdigest(),
+                   "ring_steps": None if rd.ring_steps is None else hashlib.sha256(rd.ring_steps.tobytes()).hexdigest()}
                   for rd in run.rank_data],
         "stale": [d.name for d in run.stale_rank_dirs], "missing": run.missing_ranks,
         "conflicts": run.conflicts.to_dict("records"),

@@ -34,12 +34,15 @@ Categories (:func:`allocations`), decided in this order:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.steps import captured_steps
-from neuron_prof.schema import MEMORY_FIGURES
+from neuron_prof.paths import is_user_file
+from neuron_prof.schema import LEAK_CONFIRMED_BY, MEMORY_FIGURES
 
 CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
 NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended
@@ -356,7 +359,10 @@ def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top
 # ---------------------------------------------------------------- leaks
 LEAK_COLUMNS = ["rank", "device", "growth_per_step", "steps_growing", "steps_checked", "confidence",
                 "source", "user_source", "module", "op", "category", "grad", "bytes_per_step", "blocks_per_step",
-                "steps_seen", "process_growth_per_step", "process_outgrows", "kept_graph"]
+                "steps_seen", "process_growth_per_step", "process_outgrows", "kept_graph",
+                "allocator_growth_per_step", "confirmed_by", "made_at", "keeper", "keeper_via", "keeper_note"]
+LEAK_MIN_STEPS = 3
+"""Step-to-step differences a device needs before :func:`leaks` judges it at all."""
 PROCESS_FACTOR = 4
 """The process "grows much faster" than a leaking device's tracked bytes at this ratio or more ..."""
 PROCESS_MIN_BYTES = 16 * 2**10
@@ -390,19 +396,50 @@ def figures_from(memory_steps: pd.DataFrame, memory_sources: pd.DataFrame) -> pd
 def growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
     """Step-over-step growth of live bytes at step boundaries, per rank and device.
 
-    ``growth_per_step`` is the median difference between consecutive boundaries after the first
-    (the first steps allocate optimizer state and caches); ``growing`` = how many of those
-    differences are positive."""
+    ``growth_per_step`` is the median difference between the boundaries of consecutive steps
+    after the first such difference (the first steps allocate optimizer state and caches);
+    ``growing`` = how many of those differences are positive, ``checked`` how many there are. Two
+    boundaries with a step between them that has no row (:func:`unseen_steps`) give no difference:
+    what changed in the unseen step is not known."""
     rows = []
     for (rank, device), g in memory_steps.groupby(["rank", "device"], observed=True, sort=True):
-        live = g.sort_values("step")["live"].to_numpy(np.int64)
-        diffs = np.diff(live)[1:]
+        g = g.sort_values("step")
+        live = g["live"].to_numpy(np.int64)
+        diffs = np.diff(live)[1:][np.diff(g["step"].to_numpy(np.int64))[1:] == 1]
         rows.append({"rank": rank, "device": str(device), "boundaries": len(live),
                      "growth_per_step": float(np.median(diffs)) if len(diffs) else 0.0,
                      "growing": int((diffs > 0).sum()), "checked": len(diffs),
                      "first": int(live[0]) if len(live) else 0, "last": int(live[-1]) if len(live) else 0})
     return pd.DataFrame(rows, columns=["rank", "device", "boundaries", "growth_per_step", "growing", "checked",
                                        "first", "last"])
+
+
+def unseen_steps(memory_steps: pd.DataFrame, process_memory: pd.DataFrame) -> dict[tuple[int, str], list[int]]:
+    """Per rank and device, the steps from its first row on whose boundary the collector handled
+    (a ``memory_steps`` row of another device or a ``process_memory`` row of the rank) but that
+    have no row of the device: the job's own torch.profiler held the allocator reports in them
+    (``collectors.memory``; a ``failures`` row says so), so their live bytes are not known."""
+    handled = {r: set(g["step"].tolist()) for r, g in pd.concat(
+        [memory_steps[["rank", "step"]], process_memory[["rank", "step"]]]).groupby("rank")}
+    out = {}
+    for (rank, device), g in memory_steps.groupby(["rank", "device"], observed=True, sort=True):
+        mine = set(g["step"].tolist())
+        missing = sorted(s for s in handled.get(rank, ()) if s > min(mine) and s not in mine)
+        if missing:
+            out[(int(rank), str(device))] = [int(s) for s in missing]
+    return out
+
+
+def allocator_growth(memory_steps: pd.DataFrame) -> pd.DataFrame:
+    """:func:`growth` of the allocator's own count of allocated bytes (``memory_steps.allocated``:
+    what ``torch.cuda.memory_allocated()`` says, as the allocator reported it at its last event
+    before each boundary), per rank and device where it keeps one (every row above 0). Live bytes
+    are what the capture saw allocated and freed; this is the allocator's word on the same steps."""
+    if memory_steps.empty:
+        return growth(memory_steps)
+    keeps = memory_steps.groupby(["rank", "device"], observed=True)["allocated"].transform("min") > 0
+    own = memory_steps[keeps]
+    return growth(own.assign(live=own["allocated"]))
 
 
 def _median_slope(x: np.ndarray, y: np.ndarray) -> float:
@@ -445,9 +482,86 @@ def process_growth(process_memory: pd.DataFrame, steps: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=PROCESS_COLUMNS)
 
 
+KEEPER_NOT_RECORDED = "not recorded"
+"""``keeper_note`` of a leak on a rank with no keeper walk (a run captured before walks, or whose
+capture never ended)."""
+KEEPER_NOT_FOUND = "not found: nothing the walk reached holds these blocks"
+
+
+@dataclass
+class Keepers:
+    """What :func:`leaks` needs to say where a leak's blocks were made in the step loop and what
+    keeps them: ``Run.memory_keepers`` and ``Run.keeper_walks``, ``stack_of(rank, stack id)`` (the
+    frames, innermost first: ``Run.stack``) and ``display`` (a path as the run shows it)."""
+    keepers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    walks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stack_of: Callable[[int, int], list[tuple[str, str, int]]] | None = None
+    display: Callable[[str], str] = str
+
+    def sites(self, survivors: pd.DataFrame, sites: pd.DataFrame, rank: int) -> list[dict[str, str]]:
+        """Per row of ``sites`` (:data:`SITE_KEY` columns), from its ``survivors`` (allocations):
+        ``made_at``, ``keeper``, ``keeper_via``, ``keeper_note``."""
+        walks = self.walks[self.walks["rank"] == rank] if len(self.walks) else self.walks
+        if walks.empty or self.stack_of is None:
+            return [{"made_at": "", "keeper": "", "keeper_via": "", "keeper_note": KEEPER_NOT_RECORDED}] * len(sites)
+        loop_file = next((frames[0][0] for frames in map(lambda s: self.stack_of(rank, int(s)), walks["stack"])
+                          if frames), "")
+        a = survivors.reset_index(drop=True)
+        made = {sid: loop_line(self.stack_of(rank, int(sid)), loop_file) for sid in a["stack"].unique()}
+        a = a.assign(made_at=a["stack"].map(lambda sid: self._line(made[sid])), keeper="", keeper_via="")
+        k = self.keepers[self.keepers["rank"] == rank] if len(self.keepers) else self.keepers
+        if len(k):
+            left = a[["device", "addr", "alloc_ts", "free_ts"]].astype({"device": str}).reset_index(names="i")
+            right = k.assign(text=[self._keeper_text(*r) for r in zip(k["keeper"].astype(str), k["scope"].astype(str),
+                                                                      k["file"].astype(str))])
+            m = left.merge(right[["device", "addr", "ts", "text", "via"]].astype({"device": str}),
+                           on=["device", "addr"])
+            m = m[(m["alloc_ts"] <= m["ts"]) & (m["ts"] < m["free_ts"])].drop_duplicates("i", keep="last")
+            a.loc[m["i"].to_numpy(), "keeper"] = m["text"].to_numpy()
+            a.loc[m["i"].to_numpy(), "keeper_via"] = m["via"].astype(str).to_numpy()
+        stopped = "; ".join(x for x in walks["stopped"].astype(str).unique() if x)
+        out = []
+        for _, s in sites.iterrows():
+            mine = a[np.logical_and.reduce([a[c].astype(str).to_numpy() == str(s[c]) for c in SITE_KEY])]
+            line = _most_bytes(mine, "made_at")
+            keeper = _most_bytes(mine[mine["keeper"] != ""], "keeper")
+            via = mine.loc[mine["keeper"] == keeper, "keeper_via"].iloc[0] if keeper else ""
+            note = "" if keeper else KEEPER_NOT_FOUND + (f" ({stopped})" if stopped else "")
+            out.append({"made_at": line, "keeper": keeper, "keeper_via": via, "keeper_note": note})
+        return out
+
+    def _line(self, frame: tuple[str, str, int] | None) -> str:
+        return f"{self.display(frame[0])}:{frame[2]}" if frame else ""
+
+    def _keeper_text(self, keeper: str, scope: str, file: str) -> str:
+        return f"{keeper} ({scope}" + (f" in {self.display(file)}" if file else "") + ")"
+
+
+def _most_bytes(a: pd.DataFrame, col: str) -> str:
+    """The value of ``col`` that the most bytes of ``a`` have ("" if none)."""
+    if a.empty:
+        return ""
+    by = a.groupby(col, observed=True)["bytes"].sum()
+    return str(by.idxmax()) if len(by) else ""
+
+
+def loop_line(frames: list[tuple[str, str, int]], loop_file: str) -> tuple[str, str, int] | None:
+    """The frame of an allocation's stack (innermost first) that a person acts on: the outermost in
+    ``loop_file``, the file that runs the step loop (the validation call, not the model line inside
+    it); failing that, the first of the user's frames outside the model (past its outermost
+    ``forward``); None if neither."""
+    mine = [f for f in frames if f[0] == loop_file]
+    if loop_file and mine:
+        return mine[-1]
+    user = [i for i, f in enumerate(frames) if is_user_file(f[0])]
+    inside = [i for i in user if frames[i][1] == "forward"]
+    outside = [i for i in user if not inside or i > inside[-1]]
+    return frames[outside[0]] if outside and inside else None
+
+
 def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
-          process_memory: pd.DataFrame | None = None, min_steps: int = 3,
-          figures: pd.DataFrame | None = None) -> pd.DataFrame:
+          process_memory: pd.DataFrame | None = None, min_steps: int = LEAK_MIN_STEPS,
+          figures: pd.DataFrame | None = None, keepers: Keepers | None = None) -> pd.DataFrame:
     """Live memory that grows step over step, and the allocation sites that account for it.
 
     A device leaks when, over at least ``min_steps`` step-to-step differences (after the first),
@@ -463,17 +577,33 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
     allocation to name, so no site; its one row's ``confidence`` is the share of growing differences
     alone (where allocator events name no site, it is 0).
 
+    Steps without a live figure (:func:`unseen_steps`, of ``memory_steps`` and ``process_memory``)
+    give no difference and are not candidates: their allocations were not all seen.
+
+    A device whose allocator keeps its own count (:func:`allocator_growth`) leaks only where that
+    count grows too (by the same rule): ``allocator_growth_per_step``, and ``confirmed_by`` says
+    which count agreed (``schema.LEAK_CONFIRMED_BY``; a device on its backend's counters is its own
+    confirmation); "" and NaN where the allocator keeps none, so the growth is not confirmed.
+
     With ``process_memory``: ``process_growth_per_step`` (:func:`process_growth`, NaN where not
     known), ``process_outgrows`` = the process grows at least :data:`PROCESS_FACTOR` times as fast
     as the device's live bytes and by :data:`PROCESS_MIN_BYTES` a step or more (what is kept is
     mostly not tensor storage), ``kept_graph`` = that, and one of the device's sites is in an
     autograd graph: the graph's nodes are what grows (the classic ``history.append(loss)``).
+
+    With ``keepers`` (:class:`Keepers`), per site, of its surviving allocations (most bytes wins):
+    ``made_at``, the user's line in the step loop they were made from (:func:`loop_line`; "" where
+    not known), and ``keeper``, what keeps them alive (``list history (global in train.py)``) and
+    ``keeper_via`` (``tensor``, ``autograd graph``), or ``keeper_note``: why there is none (not
+    recorded: no walk on the rank; not found).
     """
     out = []
     g_all = growth(memory_steps)
+    own = allocator_growth(memory_steps).set_index(["rank", "device"])
     horizon = memory_steps.groupby("rank")["ts"].max()
     proc = (process_growth(process_memory, steps).set_index("rank")["growth_per_step"]
             if process_memory is not None and len(process_memory) else pd.Series(dtype=float))
+    unseen = unseen_steps(memory_steps, process_memory if process_memory is not None else memory_steps[["rank", "step"]])
     counted = (set() if figures is None else
                set(figures.loc[figures["figures_from"] == MEMORY_FIGURES[1], ["rank", "device"]].itertuples(
                    index=False, name=None)))
@@ -482,9 +612,13 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
             continue
         rank, device = g["rank"], g["device"]
         lines = (rank, device) not in counted
+        said = own.loc[(rank, device)] if (rank, device) in own.index else None
+        if said is not None and (said["growth_per_step"] <= 0 or said["growing"] < 0.75 * said["checked"]):
+            continue  # the allocator's own count does not grow: what the capture saw is not a leak
         done = captured_steps(steps[steps["rank"] == rank], complete_only=True)["step"]
         last = memory_steps[memory_steps["rank"] == rank]["step"].max()
-        candidates = sorted(s for s in done if s < last)
+        not_seen = set(unseen.get((int(rank), str(device)), ()))
+        candidates = sorted(s for s in done if s < last and s not in not_seen)
         a = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == device)
                    & allocs["step"].isin(candidates) & (allocs["free_ts"] > horizon.get(rank, NEVER))]
         per_step = a.groupby(SITE_KEY + ["step"], observed=True).agg(
@@ -502,13 +636,17 @@ def leaks(allocs: pd.DataFrame, memory_steps: pd.DataFrame, steps: pd.DataFrame,
         device_row = {"rank": rank, "device": device, "growth_per_step": g["growth_per_step"],
                       "steps_growing": int(g["growing"]), "steps_checked": len(candidates),
                       "confidence": round(share * g["growing"] / g["checked"], 3), "process_growth_per_step": p,
-                      "process_outgrows": outgrows, "kept_graph": outgrows and bool((sites["grad"] >= 0.5).any())}
-        for _, s in sites.iterrows():
-            out.append({**device_row, "source": str(s["source"]), "user_source": str(s["user_source"]),
+                      "process_outgrows": outgrows, "kept_graph": outgrows and bool((sites["grad"] >= 0.5).any()),
+                      "allocator_growth_per_step": np.nan if said is None else float(said["growth_per_step"]),
+                      "confirmed_by": "" if said is None else LEAK_CONFIRMED_BY[0] if lines else LEAK_CONFIRMED_BY[1]}
+        told = (keepers or Keepers()).sites(a, sites, int(rank))
+        for (_, s), tell in zip(sites.iterrows(), told):
+            out.append({**device_row, **tell, "source": str(s["source"]), "user_source": str(s["user_source"]),
                         "module": str(s["module"]), "op": str(s["top_op"]), "category": str(s["category"]),
                         "grad": bool(s["grad"] >= 0.5), "bytes_per_step": int(s["bytes_per_step"]),
                         "blocks_per_step": int(s["blocks_per_step"]), "steps_seen": int(s["steps_seen"])})
         if sites.empty:
-            out.append({**device_row, "source": "", "user_source": "", "module": "", "op": "",
+            out.append({**device_row, "made_at": "", "keeper": "", "keeper_via": "", "keeper_note": "",
+                        "source": "", "user_source": "", "module": "", "op": "",
                         "category": "", "grad": False, "bytes_per_step": 0, "blocks_per_step": 0, "steps_seen": 0})
     return pd.DataFrame(out, columns=LEAK_COLUMNS)

@@ -185,10 +185,12 @@ class RunAnalysis:
     @functools.cached_property
     def memory_leaks(self) -> pd.DataFrame:
         """Step-over-step growth of live memory and the sites whose allocations survive (none on a
-        device read from its backend's counters: ``analysis.memory.figures_from``)."""
+        device read from its backend's counters: ``analysis.memory.figures_from``), with the user's
+        line in the step loop they were made from and what keeps them (``analysis.memory.Keepers``)."""
         run = self.run
         return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory,
-                         figures=mem.figures_from(run.memory_steps, run.memory_sources))
+                         figures=mem.figures_from(run.memory_steps, run.memory_sources),
+                         keepers=mem.Keepers(run.memory_keepers, run.keeper_walks, run.stack, run.display_path))
 
     def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
         """What was live at the end of ``step`` (its boundary), grouped ``by`` category, source,

@@ -23,22 +23,24 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import metrics as scalars
 from neuron_prof.analysis import precision
 from neuron_prof.analysis import streams
-from neuron_prof.analysis.collective_match import in_flight
+from neuron_prof.analysis.accelerator import ran_on_device
+from neuron_prof.analysis.collective_match import in_flight, own_spans
 from neuron_prof.analysis.comm_cost import bandwidth, group_bandwidth, overlap_by_rank
+from neuron_prof.analysis.intervals import length_by_key
 from neuron_prof.analysis.ops import comm_ops, in_steps, op_stats, phase_time
 from neuron_prof.analysis.records import records
 from neuron_prof.analysis.recompute import recompute_by_module
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import step_breakdown, step_stats, steps_per_rank, time_split
-from neuron_prof.analysis.stragglers import SHARE, steady_steps, straggler_steps, stragglers
-from neuron_prof.analysis.sync import stalled, sync_points, sync_summary
+from neuron_prof.analysis.stragglers import NO_SPANS, SHARE, Spans, steady_steps, straggler_steps, stragglers
+from neuron_prof.analysis.sync import run_sync_points, stalled, sync_summary
 from neuron_prof.run import Run
 from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (
     Bandwidth, BreakSite, CacheStats, CategoryBytes, ClockOffset, CollectiveGroup, CollectiveOp,
     CollectivesNotCaptured, CollectivesSection, CollectorFailure, CommWait, CommandExit, CompileSection,
-    CompileTime, Conflict, Coverage, CustomKernel, DetailCut, DeviceComm, DeviceCommStep, DeviceCopy, DeviceGap, DeviceSection,
-    DeviceStep,
+    CompileTime, Conflict, Coverage, CustomKernel, DamagedFile, DetailCut, DeviceComm, DeviceCommStep, DeviceCopy,
+    DeviceGap, DeviceSection, DeviceStep,
     DeviceThresholds, DeviceVerdict, Dump, DumpCollective, DumpQueue, DumpThread, EfficiencySection, Fallback,
     FlopsRank, FlopsStep, FlopsUnknown, Fp32Op, FrameRecompiles, FusedKernel, Fusion, GraphRun, Health, InFlight,
     KernelEfficiency, MemoryDevice, MemoryLeak, MemoryPeak, MemorySection, MetricSummary, Mismatch, NoStragglerSite,
@@ -85,7 +87,7 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     stats = run_op_stats(run).head(top)
     top_level = analysis.scoped_ops(top_level=True)
     phase_ns = phase_time(ops, analysis.op_phase, analysis.op_compile.run_self_ns, keep)
-    sync = sync_points(ops, parent, exclude=inside | analysis.cpu_fallbacks.inside)  # a fallback's copies: its own
+    sync = run_sync_points(analysis)
     flushes = run.queue_flushes
     measured = run.device_kernels.size or flushes.size or analysis.cpu_fallbacks.table.size or run.device_copies.size
     sync_waits = dev.sync_waits(sync, flushes) if measured else None
@@ -122,14 +124,14 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
         recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_compile.run_self_ns, keep,
                                                        analysis.op_basis.per_rank)),
         efficiency=_efficiency(run, top),
-        sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured),
+        sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured), on_device=ran_on_device(run),
                                 by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits, stalls)),
                                 stalls=int(stalls.sum()) if stalls is not None else ABSENT),
         device=_device(run, kinds, scope, basis, top) if measured else NotCaptured(),
         compile=CompileSection(
             frames_compiled=int(len(run.compiles)),
             compile_ms=float((analysis.compile_spans["end"] - analysis.compile_spans["ts"]).sum() / 1e6),
-            compile_in_steps_ms=float(kinds["compile_ns"].sum() / 1e6),
+            compile_in_steps_ms=float(kinds.loc[kinds["complete"], "compile_ns"].sum() / 1e6),  # not the open tail
             graph_breaks=int(len(sites)),
             graph_break_events=int(len(run.graph_breaks)),
             recompiles=int(recompiles["recompiles"].sum()) if len(recompiles) else 0,
@@ -146,6 +148,8 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
         metrics=_rows(MetricSummary, scalars.summary(run.metrics)),
         dumps=_dumps(run),
         health=Health(
+            damage=[DamagedFile(rank=rd.rank, file=str(d.file.relative_to(run.path)), what=d.what,
+                                tables=list(d.tables), bytes=d.bytes) for rd in run.rank_data for d in rd.damage],
             ranks=_rows(RankHealth, run.health),
             detail_cuts=_detail_cuts(run),
             failures=_rows(CollectorFailure, run.failures[["rank", "collector", "message"]]) if len(run.failures)
@@ -397,12 +401,14 @@ def _memory(run: Run, top: int) -> MemorySection | NotCaptured:
     peaks = analysis.memory_peaks
     devices = []
     figures = mem.figures_from(ms, run.memory_sources).set_index(["rank", "device"])
+    unseen = mem.unseen_steps(ms, run.process_memory)
     for _, g in mem.growth(ms).iterrows():
         said = figures.loc[(g["rank"], g["device"])]
         device = MemoryDevice(
             rank=int(g["rank"]), device=g["device"], figures_from=str(said["figures_from"]),
             counters_api=str(said["api"]), live_first=int(g["first"]), live_last=int(g["last"]),
-            growth_per_step=float(g["growth_per_step"]), boundaries=int(g["boundaries"]),
+            growth_per_step=float(g["growth_per_step"]), boundaries=int(g["boundaries"]), checked=int(g["checked"]),
+            unseen_steps=unseen.get((int(g["rank"]), str(g["device"])), []),
             peak_between_boundaries=int(ms[(ms["rank"] == g["rank"]) & (ms["device"].astype(str) == g["device"])]
                                         ["peak"].max()))
         p = peaks[(peaks["rank"] == g["rank"]) & (peaks["device"].astype(str) == g["device"])]
@@ -432,7 +438,7 @@ def _collectives(run: Run) -> CollectivesSection | CollectivesNotCaptured:
     analysis = analyze(run)
     m, w, kinds = analysis.collectives_matched, analysis.collective_waits, analysis.step_kinds
     steady, median_step = steady_steps(kinds)
-    ranking, per_step = _stragglers(m, w, kinds)
+    ranking, per_step = _stragglers(m, w, kinds, own_spans(run.steps, analysis.collective_offsets))
     status = coll["status"].astype(str).value_counts()
     return CollectivesSection(
         ranks=len(run.ranks),
@@ -454,12 +460,14 @@ def _collectives(run: Run) -> CollectivesSection | CollectivesNotCaptured:
     )
 
 
-def _stragglers(m: pd.DataFrame, w: pd.DataFrame, kinds: pd.DataFrame) -> tuple[list[Straggler], pd.DataFrame]:
+def _stragglers(m: pd.DataFrame, w: pd.DataFrame, kinds: pd.DataFrame, own: Spans = NO_SPANS
+                ) -> tuple[list[Straggler], pd.DataFrame]:
     """The ranked stragglers of matched collectives ``m`` (with the per-rank waits ``w``: on host
-    time or on device time) and the per-step straggler rows (``analysis.stragglers``)."""
-    per_step = straggler_steps(m, kinds)
+    time or on device time; ``own``: neuron_prof's own work, left out of what a rank caused) and
+    the per-step straggler rows (``analysis.stragglers``)."""
+    per_step = straggler_steps(w, kinds, own)
     ranking = []
-    for r in records(stragglers(m, w, kinds)):
+    for r in records(stragglers(m, w, kinds, own)):
         sig = per_step[(per_step["rank"] == r["rank"]) & per_step["significant"]]
         ranking.append(Straggler(**r, wait_in_steps_ns=int(sig["wait_caused_ns"].sum()),
                                  where=_where(w, m, r["rank"], r["steps"])))
@@ -495,11 +503,15 @@ def _groups(groups: pd.DataFrame) -> pd.DataFrame:
 def _by_op(w: pd.DataFrame, m: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
     """Per group and op: collectives, rank calls, bytes one rank sent (summed over the
     collectives), mean time per rank in them (issue to completion) and mean wait per rank, over
-    the whole run; ``per_step``: collectives per steady step."""
-    t = w.assign(group=w["group"].astype(str), op=w["op"].astype(str),
-                 time=np.where(w["end"] >= 0, w["end"] - w["start"], 0))
-    per = t.groupby(["group", "op"]).agg(calls=("rank", "size"), ranks=("rank", "nunique"), time_ns=("time", "sum"),
-                                         wait_ns=("wait_ns", "sum"))
+    the whole run, each instant of a rank once (the union of its intervals: async collectives
+    under way together are not added up); ``per_step``: collectives per steady step."""
+    t = w.assign(group=w["group"].astype(str), op=w["op"].astype(str))
+    per = t.groupby(["group", "op"]).agg(calls=("rank", "size"), ranks=("rank", "nunique"))
+    codes, keys = pd.MultiIndex.from_frame(t[["group", "op", "rank"]]).factorize()
+    start = t["start"].to_numpy(np.int64)
+    for col, end in (("time_ns", np.where(t["end"] >= 0, t["end"], start)), ("wait_ns", start + t["wait_ns"])):
+        k, ns = length_by_key(codes, start, end)
+        per[col] = pd.Series(ns, index=keys[k] if len(k) else keys[:0]).groupby(level=[0, 1]).sum()
     mm = m.groupby(["group", "op"]).agg(collectives=("seq", "size"), bytes=("bytes", "sum"),
                                         in_steady=("step", lambda s: int(s.isin(steady).sum())))
     out = mm.join(per).reset_index()

@@ -79,6 +79,8 @@ class StepStats:
     min_ms: float
     max_ms: float
     std_ms: float | None
+    slow_steps: list[int]
+    """The basis steps over ``analysis.steps.SLOW_STEP`` medians."""
 
 
 @row
@@ -322,6 +324,9 @@ class SyncSection:
 
     events: int
     waits_measured: bool
+    on_device: bool
+    """Whether the run used an accelerator (``analysis.accelerator``). Without one nothing waited:
+    ``by_source`` lists host reads of tensor values that would wait on one, a porting note."""
     by_source: list[SyncSite]
     stalls: int | Absent = ABSENT
     """Of ``events``, those in which the device showed the host waiting (present where the device
@@ -800,6 +805,11 @@ class MemoryDevice:
     live_last: int
     growth_per_step: float
     boundaries: int
+    checked: int
+    """Step-to-step differences ``growth_per_step`` and the leak verdict are judged over."""
+    unseen_steps: list[int]
+    """Steps whose boundaries have no live figure (``analysis.memory.unseen_steps``): the job's own
+    torch.profiler held the allocator reports then; Capture health says so."""
     peak_between_boundaries: int
     peak: MemoryPeak | Absent = ABSENT
     """The three peak fields: absent when no captured step allocated on the device."""
@@ -840,6 +850,18 @@ class MemoryLeak:
     process_growth_per_step: float | None
     process_outgrows: bool
     kept_graph: bool
+    allocator_growth_per_step: float | None
+    """The allocator's own count's growth per step over the same boundaries (None: it keeps none)."""
+    confirmed_by: str
+    """``analysis.memory.CONFIRMED_BY``, or "": nothing but the capture's live bytes says it grows."""
+    made_at: str
+    """The user's line in the step loop the surviving blocks were made from ("": not known)."""
+    keeper: str
+    """What keeps them alive: ``list history (global in train.py)`` ("": see keeper_note)."""
+    keeper_via: str
+    """``tensor`` (a Python tensor over them) or ``autograd graph`` (a kept tensor's graph saved them)."""
+    keeper_note: str
+    """Why there is no keeper: ``not recorded`` (no walk: an older run, or a capture that did not end), not found."""
 
 
 @row
@@ -1154,7 +1176,19 @@ class CommandExit:
 
 
 @row
+class DamagedFile:
+    """A rank's file damaged so that what it committed cannot be read (``reader.Damage``): the
+    report says so first, and ``report --json`` carries it (``health.damage``) for a CI gate."""
+    rank: int
+    file: str            # relative to the run directory: rank-00000/manifest.jsonl
+    what: str            # "is missing", "is empty", "holds no complete commit"
+    tables: list[str]    # the tables it left unreadable
+    bytes: int
+
+
+@row
 class Health:
+    damage: list[DamagedFile]
     ranks: list[RankHealth]
     detail_cuts: list[DetailCut]
     failures: list[CollectorFailure]

@@ -9,16 +9,17 @@ import datetime as _dt
 from typing import Any, Callable, Sequence, TypeVar
 
 from neuron_prof.analysis import device as dev
+from neuron_prof.analysis.memory import LEAK_MIN_STEPS
 from neuron_prof.analysis.steps import PHASES, TIME_KINDS
 from neuron_prof.analysis.stragglers import SHARE
-from neuron_prof.findings import (LINES_NOTE, Sited, called_from, counted_devices, detail_cut_text,
+from neuron_prof.findings import (LINES_NOTE, Sited, called_from, confirmation_text, device_peak, leak_cost, counted_devices, damage_text, detail_cut_text,
                                   detail_steps_text, device_gap_text, device_straggler_text, dump_collective_text,
                                   dump_queue_text, figures_text, findings, in_flight_text, process_note, ranks_text,
-                                  stall_site, steps_text, straggler_text, user_line)
+                                  lost_to_damage, stall_site, steps_text, straggler_text, user_line)
 from neuron_prof.reader import describe_exit
 from neuron_prof.summary.codec import ABSENT, to_json
 from neuron_prof.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
-                                          EfficiencySection, MemorySection, MetricSummary, NotCaptured,
+                                          EfficiencySection, MemorySection, MetricSummary,
                                           CollectivesNotCaptured, Summary)
 from neuron_prof.units import format_bytes
 
@@ -29,6 +30,7 @@ STEPS_SHOWN = 12
 GROUPS_SHOWN = 4
 ROWS_SHOWN = 12
 """A run of thousands of ranks has as many groups: the text shows the largest rows, --json all."""
+_MARKS = {"high": "!!", "medium": "! ", "info": "- "}  # a finding's severity, as its line begins
 
 R = TypeVar("R")
 Column = tuple[str, str, Callable[[Any], Any]]
@@ -165,7 +167,7 @@ def render_text(summary: Summary) -> str:
     found = findings(summary)
     if found:
         out.append("Findings")
-        out += [f"  {'!!' if f.severity == 'high' else '! ' if f.severity == 'medium' else '- '} {f.text}"
+        out += [f"  {_MARKS[f.severity]} {f.text}"
                 for f in found]
         out.append("")
     out += _render_steps(summary)
@@ -195,14 +197,16 @@ def render_text(summary: Summary) -> str:
         op_cols.append(("pass", "", lambda x: "recompute" if x.recompute else "bwd" if x.backward else ""))
         out += _table(ops.top_by_self_time, op_cols)
     else:
-        out.append("  no op events captured")
+        out += _lost_lines(summary, ["ops"]) or ["  no op events captured"]
     out += _render_precision(summary, basis)
     out += _render_efficiency(summary.efficiency, basis)
     sync = summary.sync_points
     stalls = _given(sync.stalls)
     out += ["", f"Sync points ({sync.events} events: " + (
         "reads of tensor values; on an asynchronous device the host waits for the device here)" if stalls is None
-        else f"reads of device values; the host waited for the device in {stalls}: the device's activity shows it)")]
+        else f"reads of device values; the host waited for the device in {stalls}: the device's activity shows it)")
+        if sync.on_device else f"Sync points (none: the run has no device; {sync.events} host reads of tensor values, "
+                               "each of which would wait on an accelerator: a porting note)"]
     if sync.by_source:
         out += _table(sync.by_source,
                       [("source line", "", lambda x: x.source or "?"), ("op", "", lambda x: x.name),
@@ -211,7 +215,7 @@ def render_text(summary: Summary) -> str:
                        *([("stalled", "d", lambda x: _given(x.stalls))] if stalls is not None else []),
                        *([("waited ms/step", ".3f", lambda x: _given(x.wait_ms_per_step)),
                           ("waited ms", ".3f", lambda x: _given(x.wait_ms))] if sync.waits_measured else []),
-                       ("why", "", lambda x: x.kind)])
+                       ("why" if sync.on_device else "why (on a device)", "", lambda x: x.kind)])
         out.append("  (elsewhere: in start-up, warm-up steps or set-up, never a per-step rate"
                    + ("; stalled: the host waited for the device in it (a wait the backend reported, or a kernel "
                       "still running at the read); the others read a value the device had ready"
@@ -219,11 +223,11 @@ def render_text(summary: Summary) -> str:
                    + ("; waited: the host's measured wait for the device inside them" if sync.waits_measured else "")
                    + ")")
     else:
-        out.append("  none")
+        out += _lost_lines(summary, ["ops"]) or ["  none"]
     if isinstance(summary.device, DeviceSection):
         out += _render_device(summary.device)
-    out += _render_compile(summary.compile)
-    out += _render_memory(summary.memory)
+    out += _render_compile(summary.compile, bool(summary.steps))
+    out += _render_memory(summary)
     out += _render_collectives(summary.collectives, facts.world_size)
     out += _render_metrics(summary.metrics)
     out += _render_dumps(summary.dumps)
@@ -419,12 +423,13 @@ def _render_device(device: DeviceSection) -> list[str]:
     return out
 
 
-def _render_compile(compiled: CompileSection) -> list[str]:
+def _render_compile(compiled: CompileSection, stepped: bool) -> list[str]:
+    """``stepped``: whether any step completed (compile time "inside steps" needs steps)."""
     if not compiled.frames_compiled and not compiled.graph_runs:
         return ["", "Compile", "  no torch.compile activity captured"]
+    inside = f"{compiled.compile_in_steps_ms:.0f} ms of compiling inside steps" if stepped else "no step completed"
     out = ["", f"Compile ({compiled.frames_compiled} frame compiles, {compiled.compile_ms:.0f} ms, "
-               f"{compiled.compile_in_steps_ms:.0f} ms of compiling inside steps; {compiled.graph_breaks} graph "
-               f"break sites, {compiled.recompiles} recompiles)"]
+               f"{inside}; {compiled.graph_breaks} graph break sites, {compiled.recompiles} recompiles)"]
     if compiled.cache_limit_hit:
         out.append("  !! the recompile (cache size) limit was hit: a frame fell back to eager for good")
     if compiled.break_sites:
@@ -460,9 +465,16 @@ def _render_compile(compiled: CompileSection) -> list[str]:
     return out
 
 
-def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
+def _lost_lines(summary: Summary, tables: list[str]) -> list[str]:
+    """Why a section that has none of ``tables`` is empty, where damage took them (else none)."""
+    return [f"  lost to damage: {d.file} {d.what} (see Capture health)" for d in lost_to_damage(summary, tables)]
+
+
+def _render_memory(summary: Summary) -> list[str]:
+    memory = summary.memory
     if not isinstance(memory, MemorySection):
-        return ["", "Memory", "  not captured (the `memory` collector was off; it is on by default)"]
+        lost = _lost_lines(summary, ["memory_steps", "memory_events", "process_memory"])  # build._memory's
+        return ["", "Memory", *(lost or ["  not captured (the `memory` collector was off; it is on by default)"])]
     counted = counted_devices(memory)
     out = ["", "Memory (bytes allocated since capture began, per device"
            + ("; a backend's counters count all of its device's" if counted else "") + ")"]
@@ -474,6 +486,9 @@ def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
                    f"{d.boundaries} step boundaries ({format_bytes(d.growth_per_step)}/step), "
                    + ("high-water mark" if mine else "highest peak between boundaries")
                    + f" {format_bytes(d.peak_between_boundaries)}")
+        if d.unseen_steps:
+            out.append(f"  rank {d.rank} {d.device}: no live bytes at the boundaries of steps {ranks_text(d.unseen_steps)} "
+                       "(not seen; Capture health says why): growth and leaks are judged without them")
         p = d.peak
         if p:
             out.append(f"  peak of the captured steps: {format_bytes(p.bytes)} in step {p.step}, reached with "
@@ -500,20 +515,33 @@ def _render_memory(memory: MemorySection | NotCaptured) -> list[str]:
             by_dev.setdefault((x.rank, x.device), []).append(x)
         for (rank, device), rows in by_dev.items():
             x = rows[0]
-            out.append(f"  !! LEAK on rank {rank} {device}: +{format_bytes(x.growth_per_step)} per step "
+            severity, pace = leak_cost(x.growth_per_step, device_peak(memory, rank, device))
+            out.append(f"  {_MARKS[severity]} LEAK on rank {rank} {device}: +{format_bytes(x.growth_per_step)} per step "
                        f"(grew in {x.steps_growing} of the step boundaries checked), confidence {x.confidence:.2f}")
+            out += [f"     {n}" for n in (pace, confirmation_text(x)) if n]
+            sited = next((r for r in rows if r.source or r.op), None)
+            if sited is not None:
+                out.append(f"     made from {sited.made_at or '? (no line in the step loop)'}; "
+                           + (f"kept alive by {sited.keeper} (via {sited.keeper_via})" if sited.keeper
+                              else f"keeper {sited.keeper_note}"))
             if (rank, device) in counted:
                 out.append(f"     {LINES_NOTE}")
             if process_note(x):
                 out.append(f"     {process_note(x)}")
             sites = [r for r in rows if r.source or r.op]
-            cols = [("surviving allocations from", "", lambda r: r.source), *_called_from(sites),
+            cols = [("made from (step loop)", "", lambda r: r.made_at or "-"),
+                    ("surviving allocations from", "", lambda r: r.source), *_called_from(sites),
                     ("module", "", lambda r: r.module or "-"), ("op", "", lambda r: r.op),
                     ("category", "", lambda r: r.category), ("autograd graph", "", lambda r: "yes" if r.grad else ""),
                     ("bytes/step", "", lambda r: format_bytes(r.bytes_per_step)),
                     ("blocks/step", "d", lambda r: r.blocks_per_step),
-                    ("steps", "", lambda r: f"{r.steps_seen}/{r.steps_checked}")]
+                    ("steps", "", lambda r: f"{r.steps_seen}/{r.steps_checked}"),
+                    ("kept alive by", "", lambda r: r.keeper or r.keeper_note)]
             out += ["  " + line for line in _table(sites, cols)] if sites or (rank, device) not in counted else []
+    elif not any(d.checked >= LEAK_MIN_STEPS for d in memory.devices):
+        out.append(f"  leaks not judged: no device has {LEAK_MIN_STEPS} step-to-step differences of live bytes seen")
+    elif any(d.unseen_steps for d in memory.devices):
+        out.append("  no leak over the step boundaries seen: live memory does not grow step over step there")
     else:
         out.append("  no leak: live memory does not grow step over step")
     for o in memory.ooms:
@@ -539,8 +567,9 @@ def _render_collectives(colls: CollectivesSection | CollectivesNotCaptured, worl
                    ("collectives", "d", lambda x: x.collectives), ("/steady step", ".1f", lambda x: x.per_step),
                    ("bytes/rank", "", lambda x: format_bytes(x.bytes)),
                    ("ms/rank", ".2f", lambda x: x.time_ms_per_rank), ("wait ms/rank", ".2f", lambda x: x.wait_ms_per_rank)])
-    out.append("  (ms/rank: issue to completion, summed over the run, mean over ranks; wait: waiting for the "
-               "last rank to arrive" + _more(colls.by_op) + ")")
+    out.append("  (ms/rank: issue to completion, over the run, mean over ranks; wait: waiting for the last rank "
+               "to arrive; each moment of a rank once, however many collectives were under way" + _more(colls.by_op)
+               + ")")
     out.append(f"  Stragglers over {colls.steady_steps} steady steps (significant: a step's straggler made the "
                f"others wait {colls.threshold_ms:.1f} ms or more: at least {SHARE:.0%} of the median step, and "
                "above the run's noise unless late in every step)")
@@ -625,10 +654,15 @@ def _render_dumps(dumps: list[Dump]) -> list[str]:
 def _render_health(summary: Summary) -> list[str]:
     health = summary.health
     out = ["", "Capture health"]
+    out += [f"  DAMAGED: {damage_text(d)}" for d in health.damage]
+    damaged = {d.rank for d in health.damage}
     for x in health.ranks:
-        bits = [f"rank {x.rank}: {'closed cleanly' if x.closed else 'did NOT close (killed or crashed)'}",
-                f"{x.events_written} events", f"{x.events_dropped} dropped"]
-        if x.ignored_bytes:
+        how = ("closed cleanly" if x.closed else "damaged (see above), not known to have closed" if x.rank in damaged
+               else "did NOT close (killed or crashed)")
+        bits = [f"rank {x.rank}: {how}", f"{x.events_written} events", f"{x.events_dropped} dropped"]
+        if x.ignored_bytes and x.rank in damaged:
+            bits.append(f"{x.ignored_bytes} bytes of tables unreadable")
+        elif x.ignored_bytes:
             bits.append(f"{x.ignored_bytes} bytes after the last completed step ignored")
         cut = next((c for c in health.detail_cuts if c.rank == x.rank), None)
         if x.cap_reached_at_step is not None:

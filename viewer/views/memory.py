@@ -20,7 +20,8 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import captured_steps
 from neuron_prof.analysis.timeline import memory_window
-from neuron_prof.findings import LINES_NOTE, called_from, figures_text, process_note
+from neuron_prof.findings import (LINES_NOTE, called_from, confirmation_text, figures_text, keeper_text, leak_cost,
+                                  process_note)
 from neuron_prof.summary.sections import MemoryLeak, MemoryPeak
 from neuron_prof.units import format_bytes
 from neuron_prof.schema import MEMORY_FIGURES
@@ -240,10 +241,20 @@ if leaks.empty:
 else:
     x = leaks.iloc[0]
     g = float(x["growth_per_step"])
-    st.error(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {md(device)}: it grew at "
-             f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}.")
+    mine = run.memory_steps[(run.memory_steps["rank"] == rank) & (run.memory_steps["device"].astype(str) == device)]
+    severity, pace = leak_cost(g, int(mine["peak"].max()) if len(mine) else 0)
+    card = {"high": st.error, "medium": st.warning, "info": st.info}[severity]
+    card(f"Live memory grows **{format_bytes(g)} per step** ({g:,.0f} bytes/step) on rank {rank} {md(device)}: it grew at "
+         f"{int(x['steps_growing'])} of the step boundaries checked; confidence {float(x['confidence']):.2f}"
+         + "".join(f"; {md(n)}" for n in (pace, confirmation_text(_row(MemoryLeak, x))) if n) + ".")
     if counted:
         st.info(no_lines)
+    sited = leaks[(leaks["source"] != "") | (leaks["op"] != "")]
+    if len(sited):
+        top = _row(MemoryLeak, sited.iloc[0])
+        st.markdown(f"**Made from** {md(top.made_at or '? (no line in the step loop)')}"
+                    + (f" via {md(top.source)} {md(top.op)}" if top.source and top.source != top.made_at else "")
+                    + f"; **{md(keeper_text(top).lstrip(', '))}**.")
     note = process_note(_row(MemoryLeak, x))
     if note:
         st.warning(note[:1].upper() + note[1:] + ".")
@@ -252,10 +263,13 @@ else:
     cols[1].metric("confidence", f"{float(x['confidence']):.2f}")
     found = leaks[(leaks["source"] != "") | (leaks["op"] != "")]
     cols[2].metric("surviving sites", len(found))
-    st.dataframe(_plain(found)[["source", "user_source", "module", "op", "category", "grad", "bytes_per_step",
-                                "blocks_per_step", "steps_seen", "steps_checked"]], hide_index=True,
+    st.dataframe(_plain(found)[["made_at", "source", "user_source", "module", "op", "category", "grad",
+                                "bytes_per_step", "blocks_per_step", "steps_seen", "steps_checked", "keeper",
+                                "keeper_via", "keeper_note"]], hide_index=True,
                  key="mem_leaks_table",
-                 column_config={"source": "surviving allocations from", "user_source": SOURCE_LABELS["user_source"],
+                 column_config={"made_at": "made from (step loop)", "source": "surviving allocations from",
+                                "user_source": SOURCE_LABELS["user_source"], "keeper": "kept alive by",
+                                "keeper_via": "via", "keeper_note": "keeper not known",
                                 "grad": st.column_config.CheckboxColumn("in an autograd graph"),
                                 "bytes_per_step": st.column_config.NumberColumn("bytes/step", format="%d")})
 ms = run.memory_steps
