@@ -20,25 +20,9 @@ import neuron_prof
 from neuron_prof.source_files import SourceDigest, digest_of
 
 from conftest import line_of, shown, viewer_page, write_script
+from test_security import BREAKING_SCRIPT  # the same graph-break job its Compile-page tests capture
 
 SECRET_LINE = "TOKEN = 'hunter2'  # not part of any run\n"
-
-BREAKING_SCRIPT = """
-import sys
-import torch
-import neuron_prof
-
-def step(x):
-    x = x * 2
-    print("break")  # BREAK:here
-    return x + 1
-
-compiled = torch.compile(step, backend="eager")
-with neuron_prof.profile(sys.argv[1], collectors=["eager", "compiler"]) as prof:
-    for _ in range(2):
-        compiled(torch.randn(4))
-        prof.step()
-"""
 
 
 def test_capture_records_each_source_file_once_with_its_size_and_sha256(tmp_path):
