@@ -54,12 +54,14 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any, Iterator
 
 import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.collectors._keepers import walk
 from neuron_prof.collectors._memcounters import CounterSampler
+from neuron_prof.alwayson import frames_of
 from neuron_prof.collectors._memtrack import device_code, device_name
 from neuron_prof.recording import Frame, Recorder, framework_prefixes, lost_events_label
 from neuron_prof.schema import MEMORY_KINDS, TABLES, row_dtype
@@ -423,8 +425,6 @@ class MemoryCollector:
         count changes (Adam makes its state at its first step): their blocks outlive steps, and
         one row inside an allocation's lifetime is all the category join needs. Gradients are
         noted at every boundary: they are new blocks every step."""
-        import torch
-
         seen: set[tuple[object, int]] = set()
         rows = []
         texts = self._tensor_texts
@@ -446,19 +446,11 @@ class MemoryCollector:
                 lost("memory_tensors", exc)
 
         for opt in list(self._optimizers):
-            params = [p for g in opt.param_groups for p in g["params"]]
-            counts = (len(params), len(opt.state))
-            if self._fresh_window or self._counts.get(opt) != counts:
-                self._counts[opt] = counts
-                for p in params:
-                    add(p, "parameter")
-                for state in opt.state.values():
-                    for v in state.values() if isinstance(state, dict) else ():
-                        if isinstance(v, torch.Tensor):
-                            add(v, "optimizer state")
-            for p in params:
-                if p.grad is not None:
-                    add(p.grad, "gradient")
+            counts = (sum(len(g["params"]) for g in opt.param_groups), len(opt.state))
+            kept = self._fresh_window or self._counts.get(opt) != counts
+            self._counts[opt] = counts
+            for t, category in _optimizer_tensors(opt, kept):
+                add(t, category)
         self._fresh_window = False
         with self._lock:
             self._tensors.extend(rows)
@@ -499,16 +491,8 @@ class MemoryCollector:
     def _role_storages(self) -> set[tuple[str, int]]:
         """(device, address) of the parameters, gradients and optimizer state of the optimizers
         that stepped: kept by design, not what a leak's keeper is looked for."""
-        import torch
-
-        out = set()
-        for opt in list(self._optimizers):
-            for g in opt.param_groups:
-                for p in g["params"]:
-                    for t in (p, p.grad, *(v for v in opt.state.get(p, {}).values())):
-                        if isinstance(t, torch.Tensor):
-                            out.add((self._device(*device_code(t.device)), t.untyped_storage().data_ptr()))
-        return out
+        return {(self._device(*device_code(t.device)), t.untyped_storage().data_ptr())
+                for opt in list(self._optimizers) for t, _ in _optimizer_tensors(opt)}
 
     def _append_events(self, rec: Recorder, ev: np.ndarray) -> None:
         if len(ev):
@@ -518,17 +502,28 @@ class MemoryCollector:
 _FRAMEWORK: list[str] = []
 
 
+def _optimizer_tensors(opt: Any, kept: bool = True) -> Iterator[tuple[Any, str]]:
+    """An optimizer's tensors with their role, the first role of a storage first: its parameters
+    and their optimizer state (unless not ``kept``: blocks that outlive steps), their gradients."""
+    import torch
+
+    params = [p for g in opt.param_groups for p in g["params"]]
+    if kept:
+        yield from ((p, "parameter") for p in params)
+    for state in opt.state.values() if kept else ():
+        for v in state.values() if isinstance(state, dict) else ():
+            if isinstance(v, torch.Tensor):
+                yield v, "optimizer state"
+    yield from ((p.grad, "gradient") for p in params if p.grad is not None)
+
+
 def _user_frames(limit: int = 8) -> list[Frame]:
-    """The caller's stack outside torch and neuron_prof, innermost first: at a step boundary, the
-    user's call that ended the step (``prof.step()``, the optimizer's ``step()``) and its callers."""
+    """The caller's stack from its first frame outside torch and neuron_prof outwards, innermost
+    first: at a step boundary, the user's call that ended the step (``prof.step()``, the
+    optimizer's ``step()``) and its callers."""
     if not _FRAMEWORK:
         _FRAMEWORK.extend(framework_prefixes())
     prefixes = tuple(_FRAMEWORK)
-    out: list[Frame] = []
-    f = sys._getframe(1)
-    while f is not None and len(out) < limit:
-        name = f.f_code.co_filename
-        if out or not name.startswith(prefixes):
-            out.append((name, f.f_code.co_name, f.f_lineno))
-        f = f.f_back
-    return out
+    frames = frames_of(sys._getframe(1))
+    first = next((i for i, (name, _, _) in enumerate(frames) if not name.startswith(prefixes)), len(frames))
+    return frames[first:first + limit]

@@ -16,7 +16,7 @@ from neuron_prof.summary.codec import ABSENT
 from neuron_prof.summary.sections import (CollectivesSection, DamagedFile, DetailCut, DeviceGap, DeviceSection,
                                           DumpCollective, DumpQueue, InFlight, MemoryLeak, MemorySection, Stall,
                                           StepStats, Straggler, StragglerSite, Summary, SyncSection)
-from neuron_prof.units import format_bytes
+from neuron_prof.units import format_bytes, format_count
 
 SEVERITIES = ("high", "medium", "info")
 PAGES = ("overview", "timeline", "device", "compile", "memory", "collectives", "ops", "compare")
@@ -425,15 +425,7 @@ def leak_cost(growth_per_step: float, peak: int) -> tuple[str, str]:
         return "high", ""
     steps = peak / growth_per_step
     severity = "high" if steps <= LEAK_HIGH_STEPS else "medium" if steps <= LEAK_MEDIUM_STEPS else "info"
-    return severity, f"it adds the device's peak ({format_bytes(peak)}) again every {count_text(steps)} steps"
-
-
-def count_text(n: float) -> str:
-    """A count in a few digits: 950, 12.3k, 4.1M."""
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return f"{n:.0f}"
+    return severity, f"it adds the device's peak ({format_bytes(peak)}) again every {format_count(steps)} steps"
 
 
 def confirmation_text(x: MemoryLeak) -> str:

@@ -20,6 +20,14 @@ def format_bytes(n: float, digits: int = 1) -> str:
     return f"{n:.0f} B"
 
 
+def format_count(n: float) -> str:
+    """A count in a few digits, like ``format_bytes`` with decimal units: ``950``, ``12.3k``, ``4.1M``."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
+
+
 def parse_bytes(text: str) -> int:
     """A byte count: a number and an optional unit, ``300000``, ``4096 bytes``, ``20.00 MiB``,
     ``500MB``, ``512M`` (fractions of a byte dropped).
