@@ -4,8 +4,8 @@ loaded, analysed (``neuron_prof.analysis.device``) and reported.
     .venv/bin/python benchmarks/device_scale.py [--steps 1000] [--kernels-per-step 1000] [--layers 16]
         [--reps 3] [--keep DIR] [--only NAME ...] [--profile] [--dump DIR] [--json OUT]
 
-Generation (synthetic, as a capture writes it): one ``neuron_prof.store.RankWriter`` (rank 0 of
-1) and the session's interning (``neuron_prof.interner.Interner``: strings, frames, stacks); per
+Generation (synthetic, as a capture writes it): one ``neuron_prof.store.writer.RankWriter`` (rank 0 of
+1) and the session's interning (``neuron_prof.store.interner.Interner``: strings, frames, stacks); per
 step the rows of ``ops``, ``device_enqueues``, ``queue_flushes``, ``device_kernels``,
 ``kernel_enqueues``, ``fallbacks`` and ``steps`` journaled with a commit, compacted every
 COMPACT_EVERY steps (a capture compacts every 2 s; a step here lasts ~60-300 ms), closed with a
@@ -44,7 +44,7 @@ RSS of that child from ``os.wait4``):
    not counted), and all of them in one process one after another (``all``: the device analyses
    together, as the report runs them; ``--dump DIR`` writes each result there as a pickle, to
    compare two trees);
-3. ``neuron_prof.summary.build.summarize`` in full (with its Device section once the report has one),
+3. ``neuron_prof.reports.summary.build.summarize`` in full (with its Device section once the report has one),
    ``render_text`` and ``json.dumps``; and the CLI as a user runs it, ``neuron-prof report RUN
    --json``.
 
@@ -199,9 +199,9 @@ def fusion_plan(n_ops: int, n_kernels: int, seed: int = 7) -> np.ndarray:
 # ---------------------------------------------------------------------------------- writing
 
 def generate(run_dir: Path, steps: int, kernels_per_step: int, layers: int, seed: int = 0) -> tuple[float, dict]:
-    from neuron_prof.schema import SCHEMA_VERSION
-    from neuron_prof.interner import Interner
-    from neuron_prof.store import RankWriter, update_run_meta
+    from neuron_prof.store.schema import SCHEMA_VERSION
+    from neuron_prof.store.interner import Interner
+    from neuron_prof.store.writer import RankWriter, update_run_meta
 
     t_start = time.perf_counter()
     calls = model_calls(layers)
@@ -556,9 +556,9 @@ def measure(what: str, run_dir: Path, profile: bool, dump: Path | None) -> dict:
         import cProfile
         import io
         import pstats
-        from neuron_prof.summary import build
-        from neuron_prof.summary.build import summarize
-        from neuron_prof.summary.text import render_text
+        from neuron_prof.reports.summary import build
+        from neuron_prof.reports.summary.build import summarize
+        from neuron_prof.reports.summary.text import render_text
         if hasattr(build, "_device"):  # the Device section's own share (its tables read before it, by summarize)
             section = build._device
 

@@ -104,7 +104,7 @@ def main(argv=None):
             print(f"{label:9s} {len(ts) / took:12,.0f} slices/s  ({took:.2f}s, {size / 1e6:.1f} MB, "
                   f"repaired {w.stats['repaired_slices']})")
             if label == "perfetto" and a.check:
-                from neuron_prof.tracecheck import check_bytes
+                from neuron_prof.export.check import check_bytes
                 t0 = time.perf_counter()
                 rep = check_bytes(Path(path).read_bytes(), keep_events=False)
                 print(f"          check: {'OK' if rep.ok else 'FAIL'} {dict(rep.stats)} "

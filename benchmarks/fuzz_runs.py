@@ -306,7 +306,7 @@ def resign(run: Path) -> None:
     """Recompute the checksums of a mutated run as a forger would: each rank's last commit gets the
     CRC-32 of what its streams and journals now hold up to the committed size (or their end, if
     shorter), and is signed again; run.json, if signed, too. What no longer parses is left."""
-    from neuron_prof.store import sign
+    from neuron_prof.store.writer import sign
     for manifest in run.glob("rank-*/manifest.jsonl"):
         text = _regular(manifest)
         try:
@@ -338,7 +338,7 @@ def resign(run: Path) -> None:
 
 # ---------------------------------------------------------------------------- trace mutations
 def _packet_boundaries(data: bytes) -> list[int]:
-    from neuron_prof.tracecheck import iter_packets
+    from neuron_prof.export.check import iter_packets
     return [off for off, _ in iter_packets(data)]
 
 
@@ -405,8 +405,8 @@ class Zygote:
     SCRIPT = """\
 import importlib, json, os, pkgutil, resource, signal, sys, traceback
 import pyarrow.pandas_compat
-import neuron_prof.analysis, neuron_prof.cli, neuron_prof.export, neuron_prof.run, neuron_prof.summary.text
-for package in (neuron_prof.analysis, neuron_prof.cli, neuron_prof.export, neuron_prof.summary):
+import neuron_prof.analysis, neuron_prof.cli, neuron_prof.export, neuron_prof.store.run, neuron_prof.reports.summary.text
+for package in (neuron_prof.analysis, neuron_prof.cli, neuron_prof.export, neuron_prof.reports.summary):
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")
 LOAD = sys.argv[1]

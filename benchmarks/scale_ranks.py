@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/scale_ranks.py [--ranks 256] [--steps 100] [--keep DIR] [--profile] [--json OUT]
 
-Generation (synthetic, as a capture writes it): per fake rank one ``neuron_prof.store.RankWriter``
-and the session's interning (``neuron_prof.interner.Interner``: strings, frames, stacks), the
+Generation (synthetic, as a capture writes it): per fake rank one ``neuron_prof.store.writer.RankWriter``
+and the session's interning (``neuron_prof.store.interner.Interner``: strings, frames, stacks), the
 collectives and step rows journaled step by step with a commit per step, compacted every
 COMPACT_EVERY steps (a capture compacts every 2 s; a step here lasts ~120 ms), closed with a
 manifest. The job it describes:
@@ -21,7 +21,7 @@ manifest. The job it describes:
 
 Measurement, each in a fresh process (wall time; peak RSS from ``os.wait4``'s rusage of that
 child): ``neuron_prof.load`` and the collective tables (``run.collectives``,
-``collective_groups``, ``clock_sync``), ``neuron_prof.summary.build.summarize`` and ``render_text``
+``collective_groups``, ``clock_sync``), ``neuron_prof.reports.summary.build.summarize`` and ``render_text``
 (with the collectives section once the analysis layer provides it), ``json.dumps`` of the summary;
 and the CLI as a user runs it, ``neuron-prof report RUN`` and ``neuron-prof report RUN --json``.
 Targets: <= 30 s and <= 4 GB. ``--profile`` adds cProfile's top functions of the in-process
@@ -107,9 +107,9 @@ def _init_worker(sim: dict) -> None:
 
 
 def write_rank(rank: int) -> None:
-    from neuron_prof.schema import COLLECTIVE_STATUS, SCHEMA_VERSION
-    from neuron_prof.interner import Interner
-    from neuron_prof.store import RankWriter, update_run_meta
+    from neuron_prof.store.schema import COLLECTIVE_STATUS, SCHEMA_VERSION
+    from neuron_prof.store.interner import Interner
+    from neuron_prof.store.writer import RankWriter, update_run_meta
 
     sim, run_dir, ranks, run_id = _SIM["sim"], Path(_SIM["run_dir"]), _SIM["ranks"], _SIM["run_id"]
     steps = sim["step_start"].shape[1]
@@ -210,8 +210,8 @@ def measure_in_process(run_dir: Path, profile: bool) -> dict:
     t = {}
     t0 = time.perf_counter()
     import neuron_prof
-    from neuron_prof.summary.build import summarize
-    from neuron_prof.summary.text import render_text
+    from neuron_prof.reports.summary.build import summarize
+    from neuron_prof.reports.summary.text import render_text
     t["import_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     run = neuron_prof.load(run_dir)

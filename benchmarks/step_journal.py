@@ -4,7 +4,7 @@
 
 Steps outside detail windows (a schedule's wait steps, always-on's unsampled steps) have their row
 committed about once a second, and each one stored into the memory-mapped step ring as it ends
-(neuron_prof.step_ring), so a kill -9 loses at most the step in flight. Printed:
+(neuron_prof.store.step_ring), so a kill -9 loses at most the step in flight. Printed:
 
 * the median ``prof.step()`` of such steps (a 64-wide Linear, one intra-op thread), under
   ``schedule(wait=...)`` and under ``mode="always-on"``, modes interleaved over ``--rounds``; with
@@ -46,7 +46,7 @@ def boundaries_us(kwargs: dict, steps: int, tmp: Path) -> list[float]:
 
 
 def ring_against_write(rounds: int, tmp: Path) -> dict[str, float]:
-    from neuron_prof.step_ring import StepRing
+    from neuron_prof.store.step_ring import StepRing
     ring = StepRing(tmp)
     fd = os.open(tmp / "steps.append", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     row = bytes(32)

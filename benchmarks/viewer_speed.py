@@ -4,7 +4,7 @@ and the Memory page's time per interaction on a run with 1M allocations.
     .venv/bin/python benchmarks/viewer_speed.py [--ops 10000000] [--allocs 1000000] [--steps 100]
         [--keep DIR] [--only generate|overview|report|memory|profile]... [--json OUT]
 
-Generates two synthetic runs with the real writer (``neuron_prof.store.RankWriter``: journaled
+Generates two synthetic runs with the real writer (``neuron_prof.store.writer.RankWriter``: journaled
 per step, compacted into the Arrow streams, closed with a manifest, as a capture does):
 
 ``ops`` run
@@ -20,13 +20,13 @@ per step, compacted into the Arrow streams, closed with a manifest, as a capture
     step, 0.1% of blocks leaked; parameters listed in ``memory_tensors`` at every step boundary;
     ``memory_steps`` at every boundary; a few ops per step.
 
-Then measures, with ``neuron-prof view``'s server (``neuron_prof.viewer_server.start``) and Debian's
+Then measures, with ``neuron-prof view``'s server (``neuron_prof.viewer.server.start``) and Debian's
 Chromium driven headless by Playwright:
 
 - Overview (ops run): time from opening the page until its title, until the metrics, until the
   findings and until the whole page has rendered (script done, charts drawn); the server's peak
   RSS (VmHWM) after it. Twice: with no summary stored in the run (the page computes it), then
-  with the summary stored as the end of a capture stores it (``summary_store.store_summary``,
+  with the summary stored as the end of a capture stores it (``stored.store_summary``,
   whose own time and peak RSS in a fresh process are reported too).
 - ``report``: ``neuron-prof report RUN --json`` as a fresh process, without and with the stored
   summary: wall time and peak RSS.
@@ -34,7 +34,7 @@ Chromium driven headless by Playwright:
   the peak's step, the diff's step and grouping): time from the click until the rerun is over and
   its charts are drawn. Peak RSS after.
 - ``profile``: in a fresh process, wall time and peak RSS of ``neuron_prof.load(run)``,
-  ``run.ops`` and ``neuron_prof.summary.build.summarize(run)`` on the ops run, and cProfile's top
+  ``run.ops`` and ``neuron_prof.reports.summary.build.summarize(run)`` on the ops run, and cProfile's top
   functions for the last two.
 
 Without ``--keep`` the runs go to a temporary folder that is deleted at the end; with it they are
@@ -56,8 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neuron_prof.schema import SCHEMA_VERSION
-from neuron_prof.store import RankWriter, write_run_meta
+from neuron_prof.store.schema import SCHEMA_VERSION
+from neuron_prof.store.writer import RankWriter, write_run_meta
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -393,7 +393,7 @@ def _launch(p):
 def measure_overview(run_dir: Path, timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from neuron_prof.viewer_server import start
+    from neuron_prof.viewer.server import start
     proc, url = start(run_dir, quiet=True)
     try:
         with sync_playwright() as p:
@@ -432,13 +432,13 @@ def measure_overview(run_dir: Path, timeout_s: float) -> dict:
 
 def _drop_summary(run_dir: Path) -> None:
     """The run as a capture without a stored summary leaves it (readers store one when they compute it)."""
-    from neuron_prof.summary_store import SUMMARY_FILE
+    from neuron_prof.reports.stored import SUMMARY_FILE
     (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
 
 
 def _summary_stamp(run_dir: Path) -> tuple[int, int] | None:
     """(inode, mtime) of the stored summary: a reader that computed the summary rewrites it."""
-    from neuron_prof.summary_store import SUMMARY_FILE
+    from neuron_prof.reports.stored import SUMMARY_FILE
     try:
         st = (run_dir / SUMMARY_FILE).stat()
     except FileNotFoundError:
@@ -458,10 +458,10 @@ def _timed(cmd: list[str]) -> dict:
 
 
 def store_summary_cost(run_dir: Path) -> dict:
-    """``summary_store.store_summary`` as the end of a capture calls it, in a fresh process: the
+    """``stored.store_summary`` as the end of a capture calls it, in a fresh process: the
     cost a capture pays to give the viewer its first open."""
     _drop_summary(run_dir)
-    code = ("import sys; from neuron_prof.summary_store import store_summary; "
+    code = ("import sys; from neuron_prof.reports.stored import store_summary; "
             "sys.exit(0 if store_summary(sys.argv[1]) else 3)")
     return _timed([sys.executable, "-c", code, str(run_dir)])
 
@@ -496,7 +496,7 @@ def _select(page, label: str, option: str, timeout_s: float) -> float:
 def measure_memory(run_dir: Path, n_steps: int, timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from neuron_prof.viewer_server import start
+    from neuron_prof.viewer.server import start
     proc, url = start(run_dir, quiet=True)
     out: dict = {}
     try:
@@ -536,7 +536,7 @@ def measure_memory(run_dir: Path, n_steps: int, timeout_s: float) -> dict:
 _PROFILE_CODE = r"""
 import cProfile, io, json, pstats, resource, sys, time
 import neuron_prof
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 path, top = sys.argv[1], int(sys.argv[2])
 def rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
@@ -551,7 +551,7 @@ t = time.perf_counter(); prof.enable(); summary = summarize(run); prof.disable()
 out["summarize_peak_gb"] = rss()
 s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(top); out["summarize_profile"] = s.getvalue()
 s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top); out["summarize_profile_self"] = s.getvalue()
-from neuron_prof.summary_store import load_summary, write_summary
+from neuron_prof.reports.stored import load_summary, write_summary
 t = time.perf_counter(); write_summary(run, summary); out["write_summary_s"] = time.perf_counter() - t
 t = time.perf_counter(); back = load_summary(run); out["load_summary_s"] = time.perf_counter() - t
 out["stored_summary_read_back"] = back == summary

@@ -1,8 +1,12 @@
-"""Event sources, one module each. A collector knows only neuron_prof.recording (and
-neuron_prof.torchhooks, for the callbacks it hands torch).
+"""Event sources, one module each. A collector knows only the recording API
+(``neuron_prof.recording``: the Recorder it writes to, ``torchhooks`` for the callbacks it hands
+torch), the tables it writes (``neuron_prof.store.schema``) and what a backend is
+(``neuron_prof.backends``); never the session, another collector, an analysis or an exporter.
 
 ``REGISTRY`` maps the names users pass to ``profile(collectors=...)`` / ``--collectors`` to
 collector classes; importing a collector must not import torch extensions until ``install``.
+
+May import: recording, backends, store.
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ struct CommCtx : at::ObserverContext {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
 };
 
-struct InflightSlot {  // 128 bytes; readers: neuron_prof/reader.py (INFLIGHT_*)
+struct InflightSlot {  // 128 bytes; readers: neuron_prof/store/reader.py (INFLIGHT_*)
   int64_t id;          // written last at issue: 0 while the slot is being written
   int64_t ts, done, seq, bytes;
   int32_t state;       // 1 issued, 2 completed, 3 failed

@@ -6,7 +6,7 @@ PyTorch's boxed CPU fallback: those run on the host between two copies (``aten::
 inputs, the results back), which read like the host waiting for the device. The dispatcher knows
 which ops the backend has no kernel for; a later reader (``neuron-prof report`` in another
 process) does not have the backend, so the question is asked here, once per op name and device
-type, for the ops that ran with the device's tensors, by ``neuron_prof.op_support`` (the function
+type, for the ops that ran with the device's tensors, by ``neuron_prof.backends.op_support`` (the function
 ``port-check`` asks it with).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from neuron_prof.op_devices import device_types
-from neuron_prof.recording import Recorder
+from neuron_prof.backends.op_devices import device_types
+from neuron_prof.recording.api import Recorder
 
 
 class DispatchPaths:
@@ -55,7 +55,7 @@ class DispatchPaths:
         if not names:
             return
         self._asked.update(names)
-        from neuron_prof.op_support import op_paths
+        from neuron_prof.backends.op_support import op_paths
 
         paths = op_paths(names, self._target)
         if len(paths):
@@ -72,7 +72,7 @@ class DispatchPaths:
             name = torch._C._get_privateuse1_backend_name()
             if name == "privateuseone":
                 return None
-            from neuron_prof.op_support import process_target
+            from neuron_prof.backends.op_support import process_target
 
             self._backend, self._target = name, process_target(name)
         return self._backend

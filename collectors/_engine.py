@@ -7,7 +7,7 @@ collector needs from it goes through :class:`OpEngine`, so the mechanism can be 
 touching the collector.
 
 Rows (:class:`OpBatch`), one per completed op, laid out as the run store's ``ops`` journal row
-(``neuron_prof.schema.row_dtype``) with the Recorder's string and stack ids:
+(``neuron_prof.store.schema.row_dtype``) with the Recorder's string and stack ids:
 
 =========  =======  ==================================================================
 ts         int64    start, ns, ``CLOCK_MONOTONIC`` (equals ``time.monotonic_ns()``)
@@ -95,7 +95,7 @@ class OpEngine(Protocol):
 def journal_rows(table: str, native: list[tuple[str, int, int]]) -> np.dtype:
     """``table``'s journal row layout (``schema.row_dtype``), which the engine's packed rows of it
     must match field for field: (name, offset, size) as the native side lays them out."""
-    from neuron_prof.schema import TABLES, row_dtype
+    from neuron_prof.store.schema import TABLES, row_dtype
 
     rows = row_dtype(TABLES[table])
     ours = [(n, rows.fields[n][1], rows.fields[n][0].itemsize) for n in rows.names]

@@ -34,7 +34,8 @@ answer: no compile in progress on this thread); each says so in a comment.
 """
 from __future__ import annotations
 
-from neuron_prof.recording import Recorder, lost_events_label
+from neuron_prof.recording.api import Recorder
+from neuron_prof.store.schema import lost_events_label
 
 
 class HookGuard:

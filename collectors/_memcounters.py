@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from neuron_prof.schema import MEMORY_FIGURES
+from neuron_prof.store.schema import MEMORY_FIGURES
 
 FROM_EVENTS, FROM_COUNTERS = MEMORY_FIGURES
 Reader = Callable[[int], tuple[int, int, int]]

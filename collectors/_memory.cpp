@@ -547,7 +547,7 @@ py::tuple mem_snapshot() {
   return py::make_tuple(pack(live), pack(ring));
 }
 
-// ---- rows for the run store: the ``memory_events`` journal row (neuron_prof.schema.row_dtype:
+// ---- rows for the run store: the ``memory_events`` journal row (neuron_prof.store.schema.row_dtype:
 // schema order, packed) with the Recorder's ids, so the collector stores the bytes as they are.
 #pragma pack(push, 1)
 struct MemRow {

@@ -16,7 +16,7 @@ stack           int32    engine stack id of the user's Python stack (0: none)
 device_type     int8     ``c10::DeviceType`` (0 cpu, 1 cuda, 20 PrivateUse1, ...)
 device_index    int8     -1 for the CPU
 bwd             uint8    the op ran in autograd's backward pass
-kind            uint8    a code into ``neuron_prof.schema.MEMORY_KINDS``: see below
+kind            uint8    a code into ``neuron_prof.store.schema.MEMORY_KINDS``: see below
 grad            uint8    an op returned a tensor over the block that carries a ``grad_fn``
                          (the block belongs to an autograd graph; capture windows only)
 ==============  =======  ============================================================
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from neuron_prof.torchhooks import watch_user_profilers
+from neuron_prof.recording.torchhooks import watch_user_profilers
 
-# The native event kinds, codes into neuron_prof.schema.MEMORY_KINDS: ``alloc``/``free`` during a
+# The native event kinds, codes into neuron_prof.store.schema.MEMORY_KINDS: ``alloc``/``free`` during a
 # capture window; ``baseline``: made before the window opened and still live then; ``late_free``:
 # freed outside a window, allocated (or baselined) in one; ``live``: what was live when
 # MemoryTracker.snapshot ran; ``oom``: the allocator reported an out-of-memory (devices that report
@@ -96,7 +96,7 @@ class MemoryTracker:
             raise RuntimeError(err)
         self._unwatch = watch_user_profilers(self)
 
-    # ---- the job's torch.profiler (neuron_prof.torchhooks.ProfilerWatcher)
+    # ---- the job's torch.profiler (neuron_prof.recording.torchhooks.ProfilerWatcher)
     def profiler_starting(self, phase: str) -> None:
         if phase == "enable" and self._ext.mem_suspend():
             self._held = self._held_since = True

@@ -49,7 +49,7 @@ std::atomic<bool> g_started{false};
 
 namespace {
 
-// One ``ops`` journal row exactly as the run store lays it out (neuron_prof.schema.row_dtype:
+// One ``ops`` journal row exactly as the run store lays it out (neuron_prof.store.schema.row_dtype:
 // schema order, packed): ``take_rows`` writes these with the Recorder's ids, so the collector
 // hands the bytes to the store as they are, with no per-column work in Python.
 #pragma pack(push, 1)

@@ -25,9 +25,9 @@ import types
 
 import numpy as np
 
-from neuron_prof.recording import Recorder
-from neuron_prof.schema import INFLIGHT, INFLIGHT_SLOT
-from neuron_prof.torchhooks import when_imported
+from neuron_prof.recording.api import Recorder
+from neuron_prof.store.schema import INFLIGHT, INFLIGHT_SLOT
+from neuron_prof.recording.torchhooks import when_imported
 
 INFLIGHT_SLOTS = 512
 """Collectives the in-flight ring remembers (128 bytes each): far more than are ever in flight."""
@@ -38,7 +38,7 @@ _generation = 0  # default process groups this process has had: keys of one cloc
 
 
 class CollectivesCollector:
-    """Collector (neuron_prof.recording) of tables ``collectives``, ``groups``, ``clock_sync``."""
+    """Collector (neuron_prof.recording.api) of tables ``collectives``, ``groups``, ``clock_sync``."""
 
     name = "collectives"
 

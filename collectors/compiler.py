@@ -2,7 +2,7 @@
 
 Mechanism: a handful of narrow hooks, each on a point where torch already hands over the fact we
 want, all put back at uninstall (and inert if someone wrapped them on top of us). Each is put in
-when the program imports the module it hooks (:func:`neuron_prof.torchhooks.when_imported`;
+when the program imports the module it hooks (:func:`neuron_prof.recording.torchhooks.when_imported`;
 at once if it already has): starting a capture imports neither Dynamo nor Inductor.
 
 ======================================================  =========================================
@@ -32,7 +32,7 @@ codegen (and its copies in ``codegen.cpp`` and          kernel, ``collectors/_fu
 No setting of torch's is changed: nothing here enters a compile cache key (Inductor's
 provenance tracking, which would give the same fusion facts, does: see ``collectors/_fusions``),
 and every wrapper is hidden from Dynamo's frame evaluation
-(:func:`neuron_prof.torchhooks.skip_frames`).
+(:func:`neuron_prof.recording.torchhooks.skip_frames`).
 
 Why not torch's structured trace log (``trace_log``, what tlparse reads): torch builds every
 structured record — graphs printed, guards, generated code, each JSON-encoded and md5-hashed — as
@@ -91,8 +91,9 @@ import numpy as np
 
 from neuron_prof.collectors._fusions import FusionRecord, Kernels, fused_nodes
 from neuron_prof.collectors._hookguard import HookGuard
-from neuron_prof.recording import Frame, Recorder, framework_prefixes
-from neuron_prof.torchhooks import skip_frames, when_imported
+from neuron_prof.recording.api import Recorder, framework_prefixes
+from neuron_prof.store.schema import Frame
+from neuron_prof.recording.torchhooks import skip_frames, when_imported
 
 __all__ = ["CompilerCollector", "report_fusion", "report_cache", "reason_class", "parse_graph_break", "compile_status"]
 
@@ -325,10 +326,10 @@ class _BreakHandler(logging.Handler):
 
 
 class CompilerCollector:
-    """Collector (neuron_prof.recording) of ``torch.compile`` events.
+    """Collector (neuron_prof.recording.api) of ``torch.compile`` events.
 
     Tables: ``compiles``, ``compile_phases``, ``graph_breaks``, ``recompiles``, ``fusions``,
-    ``compile_cache`` (see ``neuron_prof.schema``).
+    ``compile_cache`` (see ``neuron_prof.store.schema``).
 
     ``fusions``: record Inductor's fusion decisions (the ``fusions`` table) from its kernel codegen.
     """

@@ -7,7 +7,7 @@ through the ``libkineto::IActivityProfiler`` it registers, XPU through PTI: whic
 with no CPU activity (neuron_prof's op observer records the ops), in capture windows and always-on
 capture's sampled steps. A process with no such activity type (a CPU-only job) starts nothing.
 The session's activities are saved as torch.profiler saves a trace and turned into the run's
-device tables by ``neuron_prof.device_activity`` (one conversion for a capture and an imported
+device tables by ``neuron_prof.backends.device_activity`` (one conversion for a capture and an imported
 trace): kernels and the launches they ran, copies, host waits, CPU fallbacks, event records and
 waits, stream waits. Times go on the run clock; the host op and line of each launch or wait are
 joined at read time from the ops by thread and time.
@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neuron_prof.collectors._hookguard import HookGuard
-from neuron_prof.recording import Recorder
-from neuron_prof.torchhooks import watch_user_profilers
+from neuron_prof.recording.api import Recorder
+from neuron_prof.recording.torchhooks import watch_user_profilers
 
 if TYPE_CHECKING:
-    from neuron_prof.device_activity import DeviceTables
+    from neuron_prof.backends.device_activity import DeviceTables
 
 __all__ = ["DeviceCollector", "backend_api", "report_enqueue", "report_sync", "FLUSH_REASONS", "DRAIN_INTERVAL_NS",
            "READ_INTERVAL_NS", "READ_BUDGET_BYTES"]
@@ -313,7 +313,7 @@ def device_activity_type():
 
 
 class DeviceCollector:
-    """Collector (neuron_prof.recording) of the device tables (``device_kernels``,
+    """Collector (neuron_prof.recording.api) of the device tables (``device_kernels``,
     ``kernel_enqueues``, ``device_enqueues``, ``device_copies``, ``queue_flushes``,
     ``stream_syncs``, ``fallbacks``, ``event_enqueues``, ``event_completions``, ``stream_waits``),
     ``device_gaps`` and, at always-on dumps, ``dump_queues``."""
@@ -459,7 +459,7 @@ class DeviceCollector:
                 _ext.device_set_live(False)
             self._guard.attach(None)
 
-    # ---- the job's own profiler (neuron_prof.torchhooks.ProfilerWatcher)
+    # ---- the job's own profiler (neuron_prof.recording.torchhooks.ProfilerWatcher)
     def profiler_starting(self, phase: str) -> None:
         """The job prepares or starts its own profiler: this collector's session ends first (its
         rows kept), and no new one starts until the job's profiler stops."""
@@ -491,7 +491,7 @@ class DeviceCollector:
             self._thread = _ProfilerThread()
             # the trace's reader (pandas) loads beside the first window, not inside its first drain;
             # never in a process without a device: starting a capture loads no pandas (test_startup)
-            self._thread.post(importlib.import_module, "neuron_prof.device_activity")
+            self._thread.post(importlib.import_module, "neuron_prof.backends.device_activity")
         try:
             self._session = _Kineto(self._thread, *kind)
         except Exception as exc:  # noqa: BLE001 - Kineto would not start: the window goes on without it
@@ -517,7 +517,7 @@ class DeviceCollector:
 
     def _read_saved(self) -> None:
         """The saved traces, read in order, as device tables (``_pending``)."""
-        from neuron_prof.device_activity import device_tables
+        from neuron_prof.backends.device_activity import device_tables
 
         saved, self._saved = self._saved, []
         threads = _kineto_threads() if saved else {}

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from neuron_prof.collectors._dispatch import DispatchPaths
-from neuron_prof.recording import Recorder, framework_prefixes
+from neuron_prof.recording.api import Recorder, framework_prefixes
 
 DEFAULT_MAX_BUFFERED = 2_000_000
 
@@ -59,7 +59,7 @@ def _os_thread_name(tid: int) -> str:
 
 
 class EagerCollector:
-    """Collector (neuron_prof.recording) of eager ops: table ``ops`` (+ ``threads``, and ``op_dispatch``
+    """Collector (neuron_prof.recording.api) of eager ops: table ``ops`` (+ ``threads``, and ``op_dispatch``
     for the ops that ran on a PrivateUse1 device: ``_dispatch``)."""
 
     name = "eager"

@@ -4,7 +4,7 @@ Practically every training loop calls ``loss.backward()`` (Hugging Face's Traine
 Lightning, a GradScaler's ``scaler.scale(loss).backward()``: there the scaled loss), and
 ``Tensor.backward`` calls ``torch.autograd.backward``, which this collector wraps. A one-element
 root is handed to the Recorder detached from its graph (so holding it keeps nothing of the graph
-alive) and read at a step boundary, never inside the step (neuron_prof.scalars). A step with
+alive) and read at a step boundary, never inside the step (neuron_prof.capture.scalars). A step with
 gradient accumulation has one ``loss`` row per ``backward()``.
 
 Neither the wrapper nor its own work ever becomes a Dynamo frame (``skip_frames``): a training
@@ -21,8 +21,8 @@ import torch
 import torch.autograd
 
 from neuron_prof.collectors._hookguard import HookGuard
-from neuron_prof.recording import Recorder
-from neuron_prof.torchhooks import skip_frames, without_ops
+from neuron_prof.recording.api import Recorder
+from neuron_prof.recording.torchhooks import skip_frames, without_ops
 
 LOSS = "loss"
 

@@ -61,11 +61,12 @@ import numpy as np
 from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.collectors._keepers import walk
 from neuron_prof.collectors._memcounters import CounterSampler
-from neuron_prof.alwayson import frames_of
+from neuron_prof.recording.api import frames_of
 from neuron_prof.collectors._memtrack import device_code, device_name
-from neuron_prof.recording import Frame, Recorder, framework_prefixes, lost_events_label
-from neuron_prof.schema import MEMORY_KINDS, TABLES, row_dtype
-from neuron_prof.torchhooks import hide_from_dynamo
+from neuron_prof.recording.api import Recorder, framework_prefixes
+from neuron_prof.store.schema import Frame, lost_events_label
+from neuron_prof.store.schema import MEMORY_KINDS, TABLES, row_dtype
+from neuron_prof.recording.torchhooks import hide_from_dynamo
 from neuron_prof.units import parse_bytes
 
 DEFAULT_MAX_EVENTS = 4_000_000
@@ -152,7 +153,7 @@ class ResidentMemory:
 
 
 class MemoryCollector:
-    """Collector (neuron_prof.recording) of allocator events: ``memory_events``, ``memory_steps``,
+    """Collector (neuron_prof.recording.api) of allocator events: ``memory_events``, ``memory_steps``,
     ``memory_tensors``, ``memory_ooms``, ``memory_sources``, ``process_memory``."""
 
     name = "memory"
@@ -211,7 +212,7 @@ class MemoryCollector:
             def note_optimizer(opt, args, kwargs) -> None:
                 optimizers.add(opt)
 
-            self._unhide = hide_from_dynamo(note_optimizer)  # see neuron_prof.torchhooks
+            self._unhide = hide_from_dynamo(note_optimizer)  # see neuron_prof.recording.torchhooks
             self._hook = register_optimizer_step_post_hook(note_optimizer)
         except Exception as exc:  # noqa: BLE001 - training must never break
             rec.failure(self.name, exc)

@@ -22,7 +22,7 @@ Dynamo compile (attached or not at that moment), and are neither installed nor a
 Dynamo has compiled something (since its last ``torch._dynamo.reset()``): from then on ops have no
 module path (inside compiled code they never had one: a ``Torch-Compiled Region`` range stands for
 its modules). Until then the hooks are hidden from Dynamo
-(:func:`neuron_prof.torchhooks.hide_from_dynamo`): the hooks of a compiled module never become
+(:func:`neuron_prof.recording.torchhooks.hide_from_dynamo`): the hooks of a compiled module never become
 compiled frames of their own, and a traced call to them is no call at all.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
-from neuron_prof.torchhooks import hide_from_dynamo, skip_frames, when_imported
+from neuron_prof.recording.torchhooks import hide_from_dynamo, skip_frames, when_imported
 
 _is_compiling = torch.compiler.is_compiling
 # torch warns that global hooks fire once more for torch.compile's OptimizedModule wrapper; the

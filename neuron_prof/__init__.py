@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_prof.marks import log, mark
-from neuron_prof.profile import profile
-from neuron_prof.schedule import Schedule, schedule
+from neuron_prof.capture.marks import log, mark
+from neuron_prof.capture.profile import profile
+from neuron_prof.capture.schedule import Schedule, schedule
 from neuron_prof.version import __version__
 
 __all__ = ["profile", "schedule", "Schedule", "mark", "log", "trigger", "load", "Run", "analyze", "RunAnalysis", "__version__"]
@@ -21,11 +21,11 @@ def __getattr__(name: str) -> Any:
     ``trigger`` (``ondemand.request``) are imported when first used: a process that only captures
     (every Python process under ``neuron-prof record``) starts without them."""
     if name in ("load", "Run"):
-        from neuron_prof import run
+        from neuron_prof.store import run
 
         return getattr(run, name)
     if name == "trigger":
-        from neuron_prof.ondemand import request
+        from neuron_prof.capture.ondemand import request
 
         return request
     if name in ("analyze", "RunAnalysis"):

@@ -86,7 +86,7 @@ def line_of(path: Path, marker: str) -> int:
 def check_trace(path: Path):
     """A Perfetto trace neuron_prof wrote, read by its strict reader (what `neuron-prof inspect`
     runs): no error (an unterminated slice is one), no warning, its end-of-trace packet present."""
-    from neuron_prof.tracefile import read_trace
+    from neuron_prof.export.inspect import read_trace
     report = read_trace(path)
     assert report.ok, report.errors
     assert not report.warnings, report.warnings

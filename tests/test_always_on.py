@@ -13,9 +13,9 @@ import pytest
 
 import neuron_prof
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.summary.build import summarize
-from neuron_prof.summary.text import render_text
-from neuron_prof.run import Run
+from neuron_prof.reports.summary.build import summarize
+from neuron_prof.reports.summary.text import render_text
+from neuron_prof.store.run import Run
 from conftest import (SMALL_MLP, child_pid, check_trace, cli, free_port, gloo_env, kill_group, line_of,
                       one_line_error, write_script)
 

@@ -27,7 +27,7 @@ PACKAGE_DIRS = {"neuron_prof": "neuron_prof", "neuron_prof.collectors": "collect
                 "neuron_prof.viewer": "viewer", "neuron_prof.examples": "examples"}
 """Installed package -> source folder (pyproject's ``[tool.setuptools.package-dir]``)."""
 
-ENTRY_POINTS = {"neuron_prof.__main__", "neuron_prof._bootstrap.sitecustomize"}
+ENTRY_POINTS = {"neuron_prof.__main__", "neuron_prof.capture.bootstrap.sitecustomize"}
 """Modules that start the program, not library: ``python -m neuron_prof``, and the
 ``sitecustomize`` that ``neuron-prof record`` puts first on a child's path (it starts a capture
 through the public API, as a user's script would)."""
@@ -211,7 +211,7 @@ EDGES = imports(KNOWN)
 def test_the_source_is_read():
     """The scan sees the tree: a wrong folder would make every other test pass on nothing."""
     assert {"neuron_prof", "neuron_prof.cli", "neuron_prof.collectors", "neuron_prof.viewer",
-            "neuron_prof.export.trace"} <= set(KNOWN)
+            "neuron_prof.export.layout"} <= set(KNOWN)
     assert ("neuron_prof.__main__", "neuron_prof.cli", ("main",)) in {(e.importer, e.target, e.names) for e in EDGES}
 
 

@@ -8,7 +8,7 @@ import pytest
 import neuron_prof
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import train_transformer
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 from conftest import check_trace, cli, line_of
 from pathlib import Path
 

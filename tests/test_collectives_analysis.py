@@ -19,7 +19,7 @@ from conftest import cli, free_port, kill_group, line_of, run_bounded, stuck_col
 from neuron_prof.analysis import clock, collective_match, comm_cost, stragglers
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import time_split
-from neuron_prof.findings import steps_text
+from neuron_prof.reports.findings import steps_text
 
 MS = 1_000_000
 
@@ -369,8 +369,8 @@ def test_real_ddp_report_and_json_name_the_straggler(ddp_run):
 def test_a_single_rank_run_has_no_collectives_section(tmp_path):
     import torch
     import neuron_prof
-    from neuron_prof.summary.build import summarize
-    from neuron_prof.summary.text import render_text
+    from neuron_prof.reports.summary.build import summarize
+    from neuron_prof.reports.summary.text import render_text
     with neuron_prof.profile(tmp_path / "one", collectors=["eager"]) as prof:
         for _ in range(3):
             torch.nn.functional.linear(torch.randn(4, 8), torch.randn(8, 8)).sum()

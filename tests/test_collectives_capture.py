@@ -28,7 +28,7 @@ import torch
 
 import neuron_prof
 from conftest import cli, free_port, gloo_env, kill_group, line_of, run_bounded, stuck_collectives, write_script
-from neuron_prof.schema import INFLIGHT
+from neuron_prof.store.schema import INFLIGHT
 
 pytestmark = [pytest.mark.multiprocess]
 

@@ -13,10 +13,10 @@ import neuron_prof
 from conftest import cli, line_of, on_terminal
 from neuron_prof.analysis.compare import _step_median
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.compare_report import compare_runs, render_markdown
-from neuron_prof.markdown import md
-from neuron_prof.summary.build import run_op_stats
-from neuron_prof.summary_store import run_summary
+from neuron_prof.reports.compare import compare_runs, render_markdown
+from neuron_prof.reports.markdown import md
+from neuron_prof.reports.summary.build import run_op_stats
+from neuron_prof.reports.stored import run_summary
 
 STEPS, CHANGE_AT, TOKENS = 8, 4, 512
 

@@ -18,7 +18,7 @@ import torch
 from neuron_prof.collectors import compiler as compiler_mod
 from neuron_prof.collectors.compiler import CompilerCollector, reason_class, report_cache, report_fusion
 from neuron_prof.examples import graph_breaks as gb
-from neuron_prof.schema import TABLES
+from neuron_prof.store.schema import TABLES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace:UserWarning")
 
@@ -44,7 +44,7 @@ def line_of(marker: str) -> int:
 
 
 class FakeRecorder:
-    """Our own Recorder protocol (neuron_prof.recording), kept in memory with real interning."""
+    """Our own Recorder protocol (neuron_prof.recording.api), kept in memory with real interning."""
 
     def __init__(self) -> None:
         self.strings: dict[str, int] = {"": 0}

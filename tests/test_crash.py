@@ -17,8 +17,8 @@ import pytest
 
 import neuron_prof
 from conftest import check_trace, child_pid, cli, one_line_error, write_script
-from neuron_prof.schema import STEP_RING
-from neuron_prof.step_ring import SLOTS
+from neuron_prof.store.schema import STEP_RING
+from neuron_prof.store.step_ring import SLOTS
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 

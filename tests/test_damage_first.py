@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import cli, one_line_error
-from neuron_prof.store import sign
+from neuron_prof.store.writer import sign
 
 
 @pytest.fixture

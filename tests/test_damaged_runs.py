@@ -1,7 +1,7 @@
 """Damaged and hostile runs: each reader check of the run store, on a copy of a real run.
 
 Each case here crashed, hung, read without bound or silently changed the report before the
-validation layer (neuron_prof/reader.py with safefile.py and documents.py): a segfault on a flipped
+validation layer (neuron_prof/store/reader.py with safefile.py and documents.py): a segfault on a flipped
 byte of strings.arrows, a FIFO that blocked `report` forever, a link to /dev/zero read until memory
 ran out, tracebacks on wrong JSON types. tests/test_fuzz_runs.py covers the same ground at random.
 """
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import cli, one_line_error, write_script
-from neuron_prof.store import sign
+from neuron_prof.store.writer import sign
 
 
 @pytest.fixture

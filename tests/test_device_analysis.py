@@ -18,8 +18,8 @@ from neuron_prof.analysis import device as dev
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
 from neuron_prof.examples import device_defects as ex
-from neuron_prof.summary.build import summarize
-from neuron_prof.summary.text import render_text
+from neuron_prof.reports.summary.build import summarize
+from neuron_prof.reports.summary.text import render_text
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 

@@ -17,11 +17,11 @@ from conftest import check_trace, cli, line_of, script_facts, viewer_page
 
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import LINES_NOTE, findings
-from neuron_prof.markdown import md
-from neuron_prof.run import load
-from neuron_prof.summary.build import summarize
-from neuron_prof.tracefile import read_trace
+from neuron_prof.reports.findings import LINES_NOTE, findings
+from neuron_prof.reports.markdown import md
+from neuron_prof.store.run import load
+from neuron_prof.reports.summary.build import summarize
+from neuron_prof.export.inspect import read_trace
 from neuron_prof.units import format_bytes
 
 SCRIPT = Path(__file__).with_name("device_memory_counters_script.py")

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import check_trace, cli, script_facts, viewer_page
 
-from neuron_prof.run import load
+from neuron_prof.store.run import load
 
 SCRIPT = Path(__file__).with_name("device_name_script.py")
 

@@ -21,7 +21,7 @@ from conftest import DEVICE_STEPS, check_trace, cli, line_of, write_script
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import device_defects
 from neuron_prof.export.run_export import export_run
-from neuron_prof.export.trace_device import OPS_SEPARATOR
+from neuron_prof.export.layout_device import OPS_SEPARATOR
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 

@@ -11,9 +11,9 @@ import torch
 
 import neuron_prof
 from conftest import cli, write_script
-from neuron_prof.summary.build import summarize
-from neuron_prof.schema import TABLES, row_dtype
-from neuron_prof.capture_buffer import DEFAULT_MAX_BYTES
+from neuron_prof.reports.summary.build import summarize
+from neuron_prof.store.schema import TABLES, row_dtype
+from neuron_prof.capture.buffer import DEFAULT_MAX_BYTES
 
 STEP_FACTS = 128
 """Bytes a step adds once detail stopped, at most: its rows of steps (22 B), memory_steps (44 B, one

@@ -19,13 +19,13 @@ import torch
 
 from neuron_prof.collectors._engine import load_engine
 from neuron_prof.collectors.eager import EagerCollector, skip_prefixes
-from neuron_prof.schema import TABLES
+from neuron_prof.store.schema import TABLES
 
 THIS_FILE = os.path.abspath(__file__)
 
 
 class FakeRecorder:
-    """Our own Recorder protocol (neuron_prof.recording), kept in memory with real interning."""
+    """Our own Recorder protocol (neuron_prof.recording.api), kept in memory with real interning."""
 
     def __init__(self) -> None:
         self.strings: dict[str, int] = {"": 0}

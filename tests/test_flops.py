@@ -19,9 +19,9 @@ import neuron_prof
 from conftest import cli, plotly_array, viewer_page
 from neuron_prof.analysis import flops
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.summary.build import peak_for, summarize, with_peak
-from neuron_prof.summary.sections import Peak
-from neuron_prof.summary_store import load_summary
+from neuron_prof.reports.summary.build import peak_for, summarize, with_peak
+from neuron_prof.reports.summary.sections import Peak
+from neuron_prof.reports.stored import load_summary
 
 GPT2_STEPS, GPT2_BATCH, GPT2_SEQ = 4, 4, 32
 

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 import neuron_prof
 from conftest import check_trace, cli, on_terminal
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.compare_report import compare_runs
+from neuron_prof.reports.compare import compare_runs
 
 HERE = Path(__file__)
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import check_trace, cli, one_line_error
 from neuron_prof import __version__
 from neuron_prof.export.perfetto import _varint, is_end_of_trace, writer_of
-from neuron_prof.tracecheck import _varint as tracecheck_varint
-from neuron_prof.tracecheck import iter_packets
+from neuron_prof.export.check import _varint as tracecheck_varint
+from neuron_prof.export.check import iter_packets
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import pytest
 from conftest import cli, free_port, gloo_env, script_facts
 
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.run import load
-from neuron_prof.summary.build import summarize
+from neuron_prof.store.run import load
+from neuron_prof.reports.summary.build import summarize
 
 SCRIPT = Path(__file__).with_name("kineto_device_script.py")
 STEPS = 4  # the script's windows
@@ -255,7 +255,7 @@ def test_host_calls_named_by_kinetos_thread_ids_get_their_os_threads(windows, tm
 
     import neuron_prof
     from neuron_prof.collectors import device as dev
-    from neuron_prof.device_activity import device_tables
+    from neuron_prof.backends.device_activity import device_tables
 
     with neuron_prof.profile(tmp_path / "run", collectors=["eager"]) as prof:
         torch.ones(4).add(1)  # an op: the observer meets this thread

@@ -17,8 +17,8 @@ from conftest import MEMORY_STEPS, cli, line_of, viewer_page, write_script
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak as ml
-from neuron_prof.findings import findings
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.build import summarize
 from neuron_prof.units import format_bytes
 
 EXAMPLE = Path(ml.__file__).resolve()

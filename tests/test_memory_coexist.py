@@ -15,8 +15,8 @@ import neuron_prof
 from conftest import cli, line_of, script_facts, write_script
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak as ml
-from neuron_prof.findings import findings
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.build import summarize
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,7 +17,7 @@ import neuron_prof
 from neuron_prof.analysis.memory import NEVER
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import memory_leak
-from neuron_prof.export.trace import LARGE_ALLOCATION_BYTES
+from neuron_prof.export.layout import LARGE_ALLOCATION_BYTES
 from conftest import check_trace, cli, line_of
 
 SPIKE_BYTES = 4 * memory_leak.SPIKE * memory_leak.BATCH * memory_leak.IN   # 2,097,152

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import neuron_prof
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 from conftest import cli, line_of, script_facts, viewer_page
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own

@@ -14,7 +14,7 @@ from conftest import line_of, script_facts
 from neuron_prof.analysis.memory import snapshot
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.sync import sync_points
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 

@@ -18,7 +18,7 @@ from conftest import check_trace, free_port, gloo_env, line_of
 
 from neuron_prof.analysis.device_collectives import is_collective_kernel
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.run import load
+from neuron_prof.store.run import load
 
 SCRIPT = Path(__file__).with_name("neuron_dist_script.py")
 WORLD = 2
@@ -152,7 +152,7 @@ def test_the_report_names_collectives_and_the_streams_that_waited(ddp_runs):
     waited for all-reduces, named by the ``loss.backward()`` line (DDP issues them, and waits for
     them, on autograd's thread of the device, where Python has no frame: the line is the backward
     call's, as on the CPU), and the JSON's per-step rows."""
-    from neuron_prof.summary.build import summarize
+    from neuron_prof.reports.summary.build import summarize
 
     one = summarize(ddp_runs["ddp-one"][0]).device
     assert [c.rank for c in one.collectives] == list(range(WORLD))
@@ -210,7 +210,7 @@ def test_the_slow_device_is_the_straggler_on_device_time(tmp_path):
     and the scheduling jitter of a step there is ~10 ms, so the order holds by >10x. The
     device-time analysis names rank 1 in every steady step, each collective's last kernel is rank
     1's, and rank 0's kernels wait for it."""
-    from neuron_prof.summary.build import summarize
+    from neuron_prof.reports.summary.build import summarize
 
     run_dir = tmp_path / "run"
     launch("ddp-one", "neuron", tmp_path / "out", run_dir, SLOW_RANK="1")

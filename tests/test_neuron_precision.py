@@ -12,7 +12,7 @@ import pytest
 
 import neuron_prof
 from conftest import line_of, script_facts, viewer_page
-from neuron_prof.summary.build import run_op_stats, summarize
+from neuron_prof.reports.summary.build import run_op_stats, summarize
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
 

@@ -20,7 +20,7 @@ import pytest
 import neuron_prof
 from conftest import line_of, plotly_array, script_facts, viewer_page
 from neuron_prof.examples import stream_prefetch
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]  # the training runs in a process of its own
 

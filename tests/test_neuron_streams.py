@@ -15,7 +15,7 @@ import pytest
 import neuron_prof
 from conftest import check_trace, line_of, script_facts
 from neuron_prof.export.run_export import export_run
-from neuron_prof.tracecheck import TraceReport
+from neuron_prof.export.check import TraceReport
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]  # a training in a process of its own
 

@@ -14,8 +14,8 @@ import neuron_prof
 from neuron_prof.export.buffered_writer import ProcessData
 from neuron_prof.export.perfetto import PerfettoTraceWriter, _varint
 from neuron_prof.export.perfetto_events import event_order
-from neuron_prof.export.trace import write_run
-from neuron_prof.tracecheck import check_bytes, iter_packets
+from neuron_prof.export.layout import write_run
+from neuron_prof.export.check import check_bytes, iter_packets
 
 T0 = 1_700_000_000_000_000_000
 

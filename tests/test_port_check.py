@@ -19,8 +19,8 @@ import pytest
 import neuron_prof
 from conftest import cli, line_of, one_line_error, script_facts, write_script
 from neuron_prof.analysis.port import call_sites
-from neuron_prof.op_support import name_path
-from neuron_prof.port_report import PortCheck, render_text
+from neuron_prof.backends.op_support import name_path
+from neuron_prof.reports.port import PortCheck, render_text
 
 SCRIPT = Path(__file__).with_name("port_check_script.py")
 

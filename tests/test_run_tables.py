@@ -11,8 +11,8 @@ import pytest
 import neuron_prof
 from neuron_prof.analysis.run_analysis import OpCompile, RunAnalysis, analyze
 from neuron_prof.analysis.steps import basis_steps
-from neuron_prof.run import Run
-from neuron_prof.schema import ATTRIBUTE_OF_TABLE, DESCRIPTIONS, INTERNED, TABLES
+from neuron_prof.store.run import Run
+from neuron_prof.store.schema import ATTRIBUTE_OF_TABLE, DESCRIPTIONS, INTERNED, TABLES
 
 MOST_PUBLIC_MEMBERS = 25  # issue 23: a newcomer reads either class in one sitting
 

@@ -1,4 +1,4 @@
-from neuron_prof.schedule import Action, schedule
+from neuron_prof.capture.schedule import Action, schedule
 
 
 def test_cycle_matches_torch_profiler_semantics():

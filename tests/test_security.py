@@ -243,7 +243,7 @@ def test_markdown_in_run_text_fetches_nothing_in_a_browser(markdown_run, canary,
 
 
 def test_loopback_hosts():
-    from neuron_prof.viewer_server import exposure_warning, is_loopback
+    from neuron_prof.viewer.server import exposure_warning, is_loopback
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.2", "example.com"))
     assert exposure_warning("127.0.0.1", Path("r")) is None

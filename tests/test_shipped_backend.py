@@ -14,7 +14,7 @@ import pytest
 from conftest import check_trace, cli, line_of, script_facts
 
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.run import load
+from neuron_prof.store.run import load
 
 SCRIPT = Path(__file__).with_name("shipped_backend_script.py")
 STEPS = 4  # the script's captured steps

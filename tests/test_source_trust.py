@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import neuron_prof
-from neuron_prof.source_files import SourceDigest, digest_of
+from neuron_prof.store.source_files import SourceDigest, digest_of
 
 from conftest import line_of, shown, viewer_page, write_script
 from test_security import BREAKING_SCRIPT  # the same graph-break job its Compile-page tests capture

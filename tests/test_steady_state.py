@@ -19,8 +19,8 @@ from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work, time_split
 from neuron_prof.analysis.ops import comm_ops, run_time_ops, run_time_rows
 from neuron_prof.analysis.sync import sync_points
-from neuron_prof.findings import findings
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # every test records a subprocess training under `neuron-prof record`
 

@@ -1,13 +1,13 @@
-"""The run store's writer (neuron_prof.store): journaled rows read the same before and after they
+"""The run store's writer (neuron_prof.store.writer): journaled rows read the same before and after they
 move into the Arrow streams, however many batches the move takes."""
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from neuron_prof import store
-from neuron_prof.reader import read_rank
-from neuron_prof.schema import TABLES, row_dtype
+from neuron_prof.store import writer as store
+from neuron_prof.store.reader import read_rank
+from neuron_prof.store.schema import TABLES, row_dtype
 
 
 def _steps(first: int, n: int) -> np.ndarray:
@@ -46,7 +46,7 @@ def test_a_schema_3_runs_ops_journal_reads_with_recompute_false(tmp_path):
     import json
     import zlib
 
-    from neuron_prof.schema import schema_of
+    from neuron_prof.store.schema import schema_of
 
     old = row_dtype(schema_of("ops", 3))
     assert old.itemsize == row_dtype(TABLES["ops"]).itemsize - 1 and "recompute" not in old.names

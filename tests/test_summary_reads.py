@@ -8,7 +8,7 @@ from pathlib import Path
 import neuron_prof
 
 ROOT = Path(neuron_prof.__file__).resolve().parent
-TYPED_READERS = ("findings.py", "summary/text.py", "compare_report.py", "analysis/compare.py")
+TYPED_READERS = ("reports/findings.py", "reports/summary/text.py", "reports/compare.py", "analysis/compare.py")
 
 
 def _string_subscripts(path: Path) -> list[str]:
@@ -19,7 +19,7 @@ def _string_subscripts(path: Path) -> list[str]:
 
 
 def test_findings_reads_no_field_by_a_string_literal():
-    assert _string_subscripts(ROOT / "findings.py") == []
+    assert _string_subscripts(ROOT / "reports" / "findings.py") == []
 
 
 def test_the_check_sees_a_string_subscript(tmp_path):
@@ -30,4 +30,4 @@ def test_the_check_sees_a_string_subscript(tmp_path):
 
 def test_the_text_report_reads_no_summary_field_by_a_string_literal():
     # summary/text.py renders the typed Summary; a string subscript there would be a dict read
-    assert _string_subscripts(ROOT / "summary" / "text.py") == []
+    assert _string_subscripts(ROOT / "reports" / "summary" / "text.py") == []

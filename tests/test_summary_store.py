@@ -1,9 +1,9 @@
-"""The summary stored in the run (neuron_prof/summary_store.py): read back while fresh, as
+"""The summary stored in the run (neuron_prof/reports/stored.py): read back while fresh, as
 ``summarize`` computes it; computed again when missing, stale (the run changed), of other code,
 damaged or hostile, without a word; a run that cannot be written reads as before.
 
 Real runs captured by ``neuron_prof.profile`` (the shared demo run, copied), real files, the
-real CLI. Whether a stored summary was read is told by ``summary_store.counts`` (what
+real CLI. Whether a stored summary was read is told by ``stored.counts`` (what
 ``run_summary`` did), never by timing.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 import neuron_prof
 from conftest import capture_graph_breaks, cli, gloo_run, shown, viewer_page
 from neuron_prof.cli import main
-from neuron_prof.findings import findings
-from neuron_prof.summary.build import summarize
-from neuron_prof.summary.sections import Summary
-from neuron_prof.summary.text import render_text
-from neuron_prof.summary_store import (MAX_BYTES, SUMMARY_FILE, counts, load_summary, run_summary, store_summary,
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.build import summarize
+from neuron_prof.reports.summary.sections import Summary
+from neuron_prof.reports.summary.text import render_text
+from neuron_prof.reports.stored import (MAX_BYTES, SUMMARY_FILE, counts, load_summary, run_summary, store_summary,
                                        summary_key)
 
 
@@ -142,7 +142,7 @@ def test_a_summary_of_other_options_or_another_copy_of_the_data_is_not_used(run)
 def test_how_a_recorded_command_ended_keeps_the_summary_fresh(run):
     """`record` adds the command's exit to run.json after every rank closed (and stored the
     summary): the summary stays fresh, and says how the command ended."""
-    from neuron_prof.store import update_run_meta
+    from neuron_prof.store.writer import update_run_meta
     assert store_summary(run)
     run_id = json.loads((run / "run.json").read_text())["run_id"]
     update_run_meta(run, run_id, {"exit": {"signal": 9}, "end_time_ns": 1}, replace=False)  # as record does
@@ -237,7 +237,7 @@ def _without_dac_override() -> None:
 _READER = """
 import json, sys
 import neuron_prof
-from neuron_prof.summary_store import counts, run_summary, store_summary
+from neuron_prof.reports.stored import counts, run_summary, store_summary
 stored = store_summary(sys.argv[1])
 before = dict(counts)
 summary = run_summary(neuron_prof.load(sys.argv[1]))
@@ -315,7 +315,7 @@ def test_a_big_capture_stores_its_summary_in_the_background_at_close(tmp_path):
     wait for it, and the first report reads it."""
     import time
 
-    from neuron_prof.session import SUMMARY_AT_CLOSE_ENV
+    from neuron_prof.capture.session import SUMMARY_AT_CLOSE_ENV
     script = tmp_path / "train.py"
     script.write_text("import sys, torch, neuron_prof\n"
                       "m = torch.nn.Linear(16, 16)\n"

@@ -15,9 +15,9 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from neuron_prof.export.chrome import ChromeTraceWriter
 from neuron_prof.export.perfetto import PerfettoTraceWriter, is_end_of_trace, varint_block, writer_of, _varint
 from neuron_prof.export.nesting import nest_repair
-from neuron_prof.export.trace_formats import open_writer
-from neuron_prof.export.tracewriter import TraceWriter
-from neuron_prof.tracecheck import check_bytes, iter_packets
+from neuron_prof.export.formats import open_writer
+from neuron_prof.export.writer import TraceWriter
+from neuron_prof.export.check import check_bytes, iter_packets
 
 T0 = 1_700_000_000_000_000_000  # realistic ns timestamps (9-byte varints)
 

@@ -11,8 +11,8 @@ import pytest
 
 import neuron_prof
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.run import Run
-from neuron_prof.summary.build import summarize
+from neuron_prof.store.run import Run
+from neuron_prof.reports.summary.build import summarize
 from conftest import SMALL_MLP, child_pid, check_trace, cli, kill_group, one_line_error, write_script
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own
@@ -136,7 +136,7 @@ def test_bad_input_is_one_line(tmp_path):
 
 def test_the_channel_answers_only_its_own_process(tmp_path, monkeypatch):
     """An announcement outlives a process killed with -9; the pid's next owner is not it."""
-    from neuron_prof.ondemand import ControlChannel, request
+    from neuron_prof.capture.ondemand import ControlChannel, request
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     channel = ControlChannel.open(tmp_path / "run", 3)
     try:

@@ -264,8 +264,8 @@ def test_overview_content(page, viewer):
     """The overview shows the run's metrics, every finding of the report, and its charts."""
     import neuron_prof
     from conftest import MEMORY_STEPS
-    from neuron_prof.findings import findings
-    from neuron_prof.summary.build import summarize
+    from neuron_prof.reports.findings import findings
+    from neuron_prof.reports.summary.build import summarize
     expected = findings(summarize(neuron_prof.load(viewer.run)))
 
     page.goto(page_url(viewer, "overview"), wait_until="domcontentloaded")

@@ -11,7 +11,7 @@ import pytest
 import neuron_prof
 from conftest import viewer_page
 from neuron_prof.analysis.compare import checklist, verdict
-from neuron_prof.compare_report import side
+from neuron_prof.reports.compare import side
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402

@@ -216,5 +216,5 @@ def test_cache_limit_is_flagged_and_a_vanished_source_file_is_not_read(tmp_path,
     assert not [c for c in at.code if ">> " in c.value]
     assert any("is not shown: it is not here any more" in shown(c.value) for c in at.caption)
     # the report agrees on the alarm
-    from neuron_prof.summary.build import summarize
+    from neuron_prof.reports.summary.build import summarize
     assert summarize(neuron_prof.load(tmp_path / "run")).compile.cache_limit_hit is True

@@ -20,8 +20,8 @@ pytest.importorskip("plotly")
 import neuron_prof  # noqa: E402
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.examples import device_defects as ex  # noqa: E402
-from neuron_prof.findings import findings  # noqa: E402
-from neuron_prof.summary.build import summarize  # noqa: E402
+from neuron_prof.reports.findings import findings  # noqa: E402
+from neuron_prof.reports.summary.build import summarize  # noqa: E402
 from neuron_prof.units import format_bytes  # noqa: E402
 
 from conftest import DEVICE_STEPS, line_of, plotly_array, shown, viewer_page, write_script  # noqa: E402

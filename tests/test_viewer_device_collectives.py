@@ -19,8 +19,8 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 import neuron_prof  # noqa: E402
-from neuron_prof.findings import device_straggler_text  # noqa: E402
-from neuron_prof.summary.build import summarize  # noqa: E402
+from neuron_prof.reports.findings import device_straggler_text  # noqa: E402
+from neuron_prof.reports.summary.build import summarize  # noqa: E402
 
 from conftest import line_of, plotly_array, shown, viewer_page  # noqa: E402
 from test_neuron_distributed import SCRIPT, TIMEOUT_S, WORLD, launch  # noqa: E402

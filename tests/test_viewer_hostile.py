@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_script
-from neuron_prof.markdown import WORD_JOINER
+from neuron_prof.reports.markdown import WORD_JOINER
 from test_viewer_browser import PAGES, browser, check_clean, main_text, page, page_url, serve, wait_rendered  # noqa: F401
 
 pytestmark = pytest.mark.browser

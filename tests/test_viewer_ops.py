@@ -16,7 +16,7 @@ from conftest import viewer_page
 from neuron_prof.analysis.ops import MODULE_ROOT, filter_tree, module_tree, op_stats, run_time_ops, run_time_rows, self_time
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import basis_steps
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.summary.build import summarize
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402

@@ -10,8 +10,8 @@ from streamlit.testing.v1 import AppTest
 import neuron_prof
 from conftest import REPO, cli, line_of, shown, viewer_page
 from neuron_prof.examples import memory_leak as ml
-from neuron_prof.findings import findings
-from neuron_prof.summary.build import summarize
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.build import summarize
 
 APP = str(REPO / "viewer" / "app.py")
 

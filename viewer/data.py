@@ -12,8 +12,8 @@ from pathlib import Path
 import streamlit as st
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.run import Run
-from neuron_prof.summary.sections import Summary
+from neuron_prof.store.run import Run
+from neuron_prof.reports.summary.sections import Summary
 from neuron_prof.viewer import DIFF_ENV, RUN_ENV
 from neuron_prof.viewer.text import md
 
@@ -54,7 +54,7 @@ def load(path: Path | None = None) -> Run:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _stored_summary(path: str, mtime: float) -> Summary | None:
-    from neuron_prof.summary_store import load_summary
+    from neuron_prof.reports.stored import load_summary
     return load_summary(_load(path, mtime))
 
 
@@ -68,13 +68,13 @@ def stored_summary(path: Path | None = None) -> Summary | None:
 
 @st.cache_data(max_entries=8, show_spinner="summarizing ...")
 def _summary(path: str, mtime: float) -> Summary:
-    from neuron_prof.summary_store import run_summary
+    from neuron_prof.reports.stored import run_summary
     return run_summary(_load(path, mtime))
 
 
 def summary(path: Path | None = None) -> Summary:
-    """``neuron_prof.summary.build.summarize`` of the run (the numbers the report prints), cached: the
-    summary stored in the run when it is fresh (``neuron_prof.summary_store``), else computed
+    """``neuron_prof.reports.summary.build.summarize`` of the run (the numbers the report prints), cached: the
+    summary stored in the run when it is fresh (``neuron_prof.reports.stored``), else computed
     and stored there for the next open."""
     path = path or run_path()
     load(path)  # turns a bad run into its one-line error first

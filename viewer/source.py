@@ -7,7 +7,7 @@ file only if it is the file that ran: named by the event's recorded stacks; its 
 before any check, ends in .py and lies outside the run directory (a run carries no source, so a file
 in it is the run's maker speaking); and the bytes read now (a regular file, opened without following
 a link, at most ``MAX_SOURCE_BYTES``) have the size and SHA-256 capture recorded for that name on
-that rank (``neuron_prof.source_files``). A run recorded before capture hashed its files cannot be
+that rank (``neuron_prof.store.source_files``). A run recorded before capture hashed its files cannot be
 verified, and shows none.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 import streamlit as st
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.run import Run
-from neuron_prof.safefile import NotRegularFile
-from neuron_prof.source_files import SourceDigest, digest_of, read_source
+from neuron_prof.store.run import Run
+from neuron_prof.store.safefile import NotRegularFile
+from neuron_prof.store.source_files import SourceDigest, digest_of, read_source
 from neuron_prof.viewer.text import md
 
 CONTEXT_LINES = 6  # lines shown on each side of the recorded one

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from neuron_prof.markdown import md
+from neuron_prof.reports.markdown import md
 
 __all__ = ["md", "plot", "plot_array"]
 

@@ -2,7 +2,7 @@
 
 The trace is ``RUN/trace.perfetto-trace`` (what ``neuron-prof export RUN`` writes), written again
 when the run changed since. A run directory is someone else's data: whatever sits at that name is
-read only if it is a regular file, checked on the opened descriptor (``neuron_prof.safefile``), so
+read only if it is a regular file, checked on the opened descriptor (``neuron_prof.store.safefile``), so
 a link to ``/etc/shadow`` is never embedded or served; a link or special file there is not
 replaced either (that needs ``neuron-prof export RUN --force``) and the page says so. A run folder
 the viewer may not write to gets its trace in a private temporary folder of this server.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.run import Run
-from neuron_prof.safefile import kind, open_regular
+from neuron_prof.store.run import Run
+from neuron_prof.store.safefile import kind, open_regular
 
 TRACE_NAME = "trace.perfetto-trace"  # what `neuron-prof export RUN` writes by default
 
@@ -42,8 +42,8 @@ def trace_file(run_dir: Path, stamp: float, load: Callable[[], Run], spare: Path
     least as new as ``stamp``; else written there (if it may be replaced) or in ``spare`` (a
     folder of this server's own). Read it with :func:`open_trace`."""
     from neuron_prof.export.output import check_destination
-    from neuron_prof.export.trace import write_run
-    from neuron_prof.export.trace_formats import open_writer
+    from neuron_prof.export.layout import write_run
+    from neuron_prof.export.formats import open_writer
     outs = (run_dir / TRACE_NAME, spare / TRACE_NAME)
     for out in outs:
         try:

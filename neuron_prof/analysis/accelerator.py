@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from neuron_prof.op_devices import device_types
+from neuron_prof.backends.op_devices import device_types
 
 if TYPE_CHECKING:
-    from neuron_prof.run import Run
+    from neuron_prof.store.run import Run
 
 HOST_TYPES = frozenset({"cpu", "meta"})
 """Device types that are no accelerator: the host, and PyTorch's shape-only ``meta`` tensors."""

@@ -17,7 +17,7 @@ from neuron_prof.analysis.collective_match import OPEN_STATUS
 from neuron_prof.analysis.intervals import covered_before, length_by_key, union_by_key
 from neuron_prof.analysis.ops import COMM_PREFIXES, name_mask
 from neuron_prof.analysis.stragglers import steady_steps
-from neuron_prof.keys import step_key, step_key_parts, thread_key
+from neuron_prof.store.keys import step_key, step_key_parts, thread_key
 
 BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                "reduce_scatter": lambda n: (n - 1) / n}

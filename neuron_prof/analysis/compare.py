@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.metrics import per_step, step_values
-from neuron_prof.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
+from neuron_prof.reports.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
 
 TOLERANCE = 0.05
 """Relative change of a measured (continuous) number still called the same."""

@@ -12,7 +12,7 @@ import pandas as pd
 
 from neuron_prof.analysis.intervals import union_by_key
 from neuron_prof.analysis.ops import name_mask, parent_index
-from neuron_prof.keys import thread_key, thread_key_parts
+from neuron_prof.store.keys import thread_key, thread_key_parts
 
 REGION_PREFIX = "Torch-Compiled Region: "
 CACHE_LIMIT_WORDS = ("cache_size_limit", "recompile_limit", "cache size limit", "recompile limit")

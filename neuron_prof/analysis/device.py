@@ -33,9 +33,9 @@ from neuron_prof.analysis.device_collectives import is_collective_kernel
 from neuron_prof.analysis.intervals import covered
 from neuron_prof.analysis.ops import in_steps, name_mask, parent_index
 from neuron_prof.analysis.steps import captured_steps, steps_per_rank
-from neuron_prof.keys import backend_key, thread_key
-from neuron_prof.op_devices import input_devices
-from neuron_prof.open_ops import innermost_ops, last_at_or_before
+from neuron_prof.store.keys import backend_key, thread_key
+from neuron_prof.backends.op_devices import input_devices
+from neuron_prof.store.open_ops import innermost_ops, last_at_or_before
 
 DEVICE_BOUND_BUSY = 0.70
 """A step is device-bound when its busiest device ran kernels for at least this share of it:

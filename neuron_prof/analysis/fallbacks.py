@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.ops import has_ancestor, name_mask
-from neuron_prof.op_devices import device_types, input_devices
+from neuron_prof.backends.op_devices import device_types, input_devices
 
 FALLBACK_PATHS = ("cpu", "mixed")
 """``op_dispatch.path`` values of an op its device leaves to the CPU fallback (``mixed``: some

@@ -41,7 +41,7 @@ import pandas as pd
 
 from neuron_prof.analysis.ops import has_ancestor, in_steps, name_mask
 from neuron_prof.analysis.precision import op_precision
-from neuron_prof.keys import backend_key
+from neuron_prof.store.keys import backend_key
 
 NONE, COUNTED, UNKNOWN, UNCOUNTED = 0, 1, 2, 3
 """``OpFlops.kind`` of an op: not a FLOP op, counted, a registry op whose FLOPs the recorded

@@ -4,7 +4,7 @@ collectives, compute that overlapped them, neuron_prof's own work inside a wait.
 Intervals are half-open ``[start, end)`` in int64 ns. Touching intervals merge (``[0, 5)`` and
 ``[5, 9)`` are one ``[0, 9)``), and an empty one (start == end) stays as a piece of length 0.
 One core (``union_by_key``) serves both shapes: one set of intervals (``union``) and a set per
-key (a rank, a thread, a (rank, step): ``neuron_prof.keys``), so the two never disagree on what
+key (a rank, a thread, a (rank, step): ``neuron_prof.store.keys``), so the two never disagree on what
 a union is. Time spent in overlapping intervals (two async collectives a rank waits for at once)
 counts once: ``length_by_key``, never a sum of the intervals' lengths.
 """

@@ -42,7 +42,7 @@ import pandas as pd
 
 from neuron_prof.analysis.steps import captured_steps
 from neuron_prof.paths import is_user_file
-from neuron_prof.schema import LEAK_CONFIRMED_BY, MEMORY_FIGURES
+from neuron_prof.store.schema import LEAK_CONFIRMED_BY, MEMORY_FIGURES
 
 CATEGORIES = ("parameter", "gradient", "optimizer state", "input", "activation", "temporary", "other")
 NEVER = np.iinfo(np.int64).max  # free_ts of a block still live when capture ended

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from neuron_prof.keys import step_key, thread_key
+from neuron_prof.store.keys import step_key, thread_key
 
 
 def parent_index(ops: pd.DataFrame) -> np.ndarray:

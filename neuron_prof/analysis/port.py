@@ -2,8 +2,8 @@
 what only CUDA has, and what the ops a target backend leaves to the CPU cost.
 
 Pure functions: source text and DataFrames in, DataFrames out. Reading the run's files and asking
-the target's dispatcher which ops fall back are ``neuron_prof.port_report``'s and
-``neuron_prof.op_support``'s jobs.
+the target's dispatcher which ops fall back are ``neuron_prof.reports.port``'s and
+``neuron_prof.backends.op_support``'s jobs.
 
 Call sites are found in the syntax tree, not by matching text, so a comment or a string that
 mentions ``torch.cuda.synchronize()`` is no call site, and an alias is followed (``import torch

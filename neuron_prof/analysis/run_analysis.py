@@ -29,7 +29,7 @@ from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overl
 from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
 
 if TYPE_CHECKING:
-    from neuron_prof.run import Run
+    from neuron_prof.store.run import Run
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import pandas as pd
 
 from neuron_prof.analysis.intervals import length_by_key, minus_by_key
 from neuron_prof.analysis.steps import basis_steps, noise_floor
-from neuron_prof.keys import step_key, step_key_parts
+from neuron_prof.store.keys import step_key, step_key_parts
 
 Spans = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(rank, start, end) of disjoint intervals on rank 0's clock: ``collective_match.own_spans``."""

@@ -1,5 +1,10 @@
 """``neuron-prof``: one module per command (record, report, compare, export, import, inspect,
-view, port-check, trigger, demo)."""
+view, port-check, trigger, demo); a command never imports another, and nothing imports a command
+but the entry point ``main``. The top layer: a command parses its flags and calls the library.
+``demo`` alone trains on the emulated device (``testing``) and runs an example.
+
+May import: viewer, export, reports, analysis, importers, capture, collectors, backends, recording, store, testing, examples.
+"""
 from __future__ import annotations
 
 import argparse

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.targets import TARGETS, register_target
+from neuron_prof.backends.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.loss_rtol is not None and not args.loss_rtol > 0:
         raise NeuronProfError(f"--loss-rtol {args.loss_rtol}: expected a number > 0")
     from neuron_prof.analysis.compare import LOSS_RTOL
-    from neuron_prof.compare_report import PHASES, PeakAsked, compare_runs, render_markdown, render_text
+    from neuron_prof.reports.compare import PHASES, PeakAsked, compare_runs, render_markdown, render_text
     from neuron_prof.progress import Phases
-    from neuron_prof.run import load
+    from neuron_prof.store.run import load
     a, b = load(args.run_a), load(args.run_b)
     peaks = tuple(PeakAsked(tflops.get(k), devices.get(k)) for k in ("a", "b"))
     target = register_target(args.target) if args.target else None

@@ -44,11 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from neuron_prof.examples.train_transformer import train
     from neuron_prof.export.run_export import export_run
-    from neuron_prof.profile import profile
-    from neuron_prof.run import load
-    from neuron_prof.schedule import schedule
-    from neuron_prof.summary.build import summarize
-    from neuron_prof.summary.text import render_text
+    from neuron_prof.capture.profile import profile
+    from neuron_prof.store.run import load
+    from neuron_prof.capture.schedule import schedule
+    from neuron_prof.reports.summary.build import summarize
+    from neuron_prof.reports.summary.text import render_text
     device = getattr(args, "device", "cpu")
     ranks = getattr(args, "ranks", 1)
     command = ["neuron-prof", "demo", "-o", str(args.output)]
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"run:   {args.output}\ntrace: {trace}  (open it in https://ui.perfetto.dev)")
     if args.no_view:
         return 0
-    from neuron_prof.viewer_server import serve
+    from neuron_prof.viewer.server import serve
     return serve(args.output, browser=not args.no_browser)
 
 

@@ -1,5 +1,5 @@
-"""``neuron-prof import TRACE -o RUN``: a torch.profiler trace (neuron_prof.kineto) or a
-TORCH_TRACE folder of compile logs (neuron_prof.torch_trace) as a run."""
+"""``neuron-prof import TRACE -o RUN``: a torch.profiler trace (neuron_prof.importers.kineto) or a
+TORCH_TRACE folder of compile logs (neuron_prof.importers.torch_trace) as a run."""
 from __future__ import annotations
 
 import argparse
@@ -24,14 +24,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.torch_trace import LOG_GLOB, import_torch_trace
+    from neuron_prof.importers.torch_trace import LOG_GLOB, import_torch_trace
     if args.trace.is_dir() and any(args.trace.glob(LOG_GLOB)):
         written = import_torch_trace(args.trace, args.output)
         for rank, counts in written.items():
             print(f"{args.output}: rank {rank}: " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items())
                   + f" from {args.trace}")
         return 0
-    from neuron_prof.kineto import PHASES, import_trace
+    from neuron_prof.importers.kineto import PHASES, import_trace
     from neuron_prof.progress import Phases
     with Phases("import", PHASES) as progress:
         done = import_trace(args.trace, args.output, progress)

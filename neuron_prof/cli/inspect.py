@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.tracefile import summarize_trace
+    from neuron_prof.export.inspect import summarize_trace
     s = summarize_trace(args.trace)
     if args.json:
         print(json.dumps(s, indent=2))

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.targets import TARGETS, register_target
+from neuron_prof.backends.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.port_report import port_check, render_text, to_json
-    from neuron_prof.run import load
+    from neuron_prof.reports.port import port_check, render_text, to_json
+    from neuron_prof.store.run import load
     loaded = load(args.run)  # a bad run fails here, before the device is built
     target = register_target(args.target)
     for module in args.imports:

@@ -12,17 +12,17 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from neuron_prof.alwayson import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
-from neuron_prof.capture_buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.capture.always_on import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
+from neuron_prof.capture.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.reader import describe_exit
-from neuron_prof.schema import CONFLICT_GLOB, SCHEMA_VERSION
-from neuron_prof.session import DEFAULT_COLLECTORS
-from neuron_prof.store import load_json, run_ranks, update_run_meta, write_run_meta
+from neuron_prof.store.reader import describe_exit
+from neuron_prof.store.schema import CONFLICT_GLOB, SCHEMA_VERSION
+from neuron_prof.capture.session import DEFAULT_COLLECTORS
+from neuron_prof.store.writer import load_json, run_ranks, update_run_meta, write_run_meta
 from neuron_prof.units import parse_bytes
 from neuron_prof.version import __version__
 
-BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "_bootstrap"
+BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "capture" / "bootstrap"
 PARENT_ENV = "NEURON_PROF_PARENT"  # sitecustomize.py's, which imports nothing of neuron_prof to say it once
 
 

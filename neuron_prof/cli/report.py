@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.targets import TARGETS, register_target
+from neuron_prof.backends.targets import TARGETS, register_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,10 +41,10 @@ def _positive(value: float | None, flag: str) -> float | None:
 
 def run(args: argparse.Namespace) -> int:
     from neuron_prof.analysis.flops import DEVICE_PEAKS
-    from neuron_prof.run import load
-    from neuron_prof.summary.build import peak_for, with_peak
-    from neuron_prof.summary.text import render_text
-    from neuron_prof.summary_store import run_summary
+    from neuron_prof.store.run import load
+    from neuron_prof.reports.summary.build import peak_for, with_peak
+    from neuron_prof.reports.summary.text import render_text
+    from neuron_prof.reports.stored import run_summary
     tflops, gbps = _positive(args.peak_tflops, "--peak-tflops"), _positive(args.peak_gbps, "--peak-gbps")
     if args.peak_device is not None and args.peak_device not in DEVICE_PEAKS:
         raise NeuronProfError(f"--peak-device {args.peak_device!r}: not a known device; known: "
@@ -54,17 +54,17 @@ def run(args: argparse.Namespace) -> int:
     summary = with_peak(summary, peak_for(summary, tflops, gbps, args.peak_device, args.calibrate))
     check = None
     if args.target:  # the inventory depends on the target and the code as it is now: never stored
-        from neuron_prof.port_report import port_check
+        from neuron_prof.reports.port import port_check
         check = port_check(run_, register_target(args.target))
     if args.json:
         doc = summary.to_json()
         if check is not None:
-            from neuron_prof.port_report import to_json
+            from neuron_prof.reports.port import to_json
             doc["port_check"] = to_json(check)
         print(json.dumps(doc, indent=2))
         return 0
     print(render_text(summary), end="")
     if check is not None:
-        from neuron_prof.port_report import render_text as render_port
+        from neuron_prof.reports.port import render_text as render_port
         print("\n" + render_port(check, run_.display_path), end="")
     return 0

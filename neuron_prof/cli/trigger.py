@@ -1,5 +1,5 @@
 """``neuron-prof trigger PID [--steps N] [--wait SECONDS]``: capture a running always-on job's next
-steps in full detail, with no restart (neuron_prof.ondemand)."""
+steps in full detail, with no restart (neuron_prof.capture.ondemand)."""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from neuron_prof.errors import NeuronProfError
-    from neuron_prof.ondemand import request
+    from neuron_prof.capture.ondemand import request
     if args.steps < 1:
         raise NeuronProfError(f"--steps must be a whole number >= 1, not {args.steps}")
     if not args.wait >= 0:

@@ -20,5 +20,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.viewer_server import serve
+    from neuron_prof.viewer.server import serve
     return serve(args.run, port=args.port, host=args.host, diff=args.diff, browser=not args.no_browser)

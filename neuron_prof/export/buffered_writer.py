@@ -5,7 +5,7 @@ through ``pd.factorize``; ``neuron_prof.export.string_table``). At ``close()`` t
 gathered per process (``ProcessData``), slices nest-repaired (``neuron_prof.export.nesting``), and
 the format's ``_write`` turns them into a file.
 
-The file is written as a new one and renamed onto ``path`` at the end (``neuron_prof.safefile``):
+The file is written as a new one and renamed onto ``path`` at the end (``neuron_prof.store.safefile``):
 a link or file already at ``path`` is replaced, never written through. Whether it may be replaced
 is the caller's check (``neuron_prof.export.output.check_destination``).
 """
@@ -243,7 +243,7 @@ class BufferedTraceWriter:
     def _output(self, compresslevel: int, text: bool = False) -> Iterator[IO]:
         """The output file for ``_write``: gzip when ``path`` ends in .gz, UTF-8 text if ``text``;
         it becomes ``path`` only once written completely."""
-        from neuron_prof.safefile import atomic_output
+        from neuron_prof.store.safefile import atomic_output
         with atomic_output(self.path) as raw:
             with contextlib.ExitStack() as stack:
                 f: IO = raw

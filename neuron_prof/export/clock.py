@@ -17,7 +17,7 @@ import pandas as pd
 
 from neuron_prof.analysis.clock import to_rank0
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.run import Run
+from neuron_prof.store.run import Run
 
 
 class TraceClock:

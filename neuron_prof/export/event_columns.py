@@ -1,4 +1,4 @@
-"""What the mapping layer (``neuron_prof.export.trace*``) shares to turn run tables into the columns a
+"""What the mapping layer (``neuron_prof.export.layout*``) shares to turn run tables into the columns a
 trace writer takes: lanes for intervals that may overlap (slices on one track must nest), and string
 argument columns built from categoricals without a string per row."""
 from __future__ import annotations

@@ -33,7 +33,7 @@ and at the top ``distributedInfo`` (rank, world size, backend, the process group
 ``deviceProperties``, ``torch_version`` (as ``prof.add_metadata`` writes it) and
 ``baseTimeNanoseconds``: times are ``ts`` microseconds (nanosecond decimals) after it, every rank
 on rank 0's clock (``TraceClock``). The metadata keys beyond Kineto's own are
-``neuron_prof.device_activity.METADATA``'s.
+``neuron_prof.backends.device_activity.METADATA``'s.
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from neuron_prof.device_activity import WAIT_REASONS
+from neuron_prof.backends.device_activity import WAIT_REASONS
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.export.clock import TraceClock
-from neuron_prof.run import Run
-from neuron_prof.safefile import atomic_output, kind
+from neuron_prof.store.run import Run
+from neuron_prof.store.safefile import atomic_output, kind
 
 __all__ = ["FILE_GLOB", "write_kineto", "runtime_category"]
 

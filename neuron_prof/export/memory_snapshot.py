@@ -43,8 +43,8 @@ import numpy as np
 from neuron_prof.analysis.memory import NEVER
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.run import Run
-from neuron_prof.safefile import atomic_output
+from neuron_prof.store.run import Run
+from neuron_prof.store.safefile import atomic_output
 from neuron_prof.units import parse_bytes
 
 PICKLE_PROTOCOL = 4

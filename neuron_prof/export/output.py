@@ -11,7 +11,7 @@ through ``O_NOFOLLOW``):
 - anything else (a symbolic link, a FIFO, a device, a folder, a file of other content): refuse
   with one line naming the file and ``--force``.
 
-Writing itself never follows a link either way (``neuron_prof.safefile.atomic_output`` renames a
+Writing itself never follows a link either way (``neuron_prof.store.safefile.atomic_output`` renames a
 new file onto the destination), so with ``--force`` a link is replaced and its target untouched.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import zlib
 from pathlib import Path
 
 from neuron_prof.errors import NeuronProfError
-from neuron_prof.safefile import kind, read_regular
+from neuron_prof.store.safefile import kind, read_regular
 
 __all__ = ["HEAD_BYTES", "written_by_export", "check_destination"]
 

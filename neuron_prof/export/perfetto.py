@@ -14,7 +14,7 @@ Layout of the file (a ``perfetto.protos.Trace``, i.e. a stream of ``packet`` fie
 
 Each process is one packet sequence (``trusted_packet_sequence_id`` = process index + 1). The last
 packet is a ``service_event`` with ``tracing_disabled`` at the last event's time: trace_processor only
-notes that time (metadata ``tracing_disabled_ns``), and a reader (``neuron_prof.tracecheck``) knows a
+notes that time (metadata ``tracing_disabled_ns``), and a reader (``neuron_prof.export.check``) knows a
 trace that claims to be ours but lacks it was cut, even at a packet boundary, where framing cannot tell.
 
 Descriptor/interning packets go through the generated protobuf classes; the millions of event

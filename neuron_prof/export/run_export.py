@@ -23,7 +23,7 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
     (``neuron_prof.export.output``); a link there is never written through. ``progress``: told
     each phase of a trace's writing as it begins."""
     from neuron_prof.export.output import check_destination
-    from neuron_prof.run import load
+    from neuron_prof.store.run import load
     if fmt != "memory-snapshot" and (rank is not None or step is not None):
         raise NeuronProfError(f"--rank and --step apply to --format memory-snapshot; a {fmt} trace has every "
                               "rank and step")
@@ -49,8 +49,8 @@ def export_run(run_dir: Path, output: Path | None = None, fmt: str = "perfetto",
         if fmt == "memory-snapshot":
             from neuron_prof.export import memory_snapshot
             return out, memory_snapshot.write(run, out, rank, step)
-        from neuron_prof.export.trace import write_run
-        from neuron_prof.export.trace_formats import open_writer
+        from neuron_prof.export.layout import write_run
+        from neuron_prof.export.formats import open_writer
         return out, write_run(run, open_writer(out, fmt), progress)
     except OSError as exc:  # the run is read by now: this is the output's folder (no permission, disk full)
         raise NeuronProfError(f"{out}: cannot write it ({exc.strerror or exc}); choose another -o, in a folder "

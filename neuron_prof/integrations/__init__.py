@@ -7,6 +7,8 @@ framework's own state. Optional: each module imports its framework.
 
 Under ``neuron-prof record`` a capture is already running; the callbacks then leave the steps to
 it (``record --samples-per-step``/``--tokens-per-step`` give throughput).
+
+May import: capture.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import logging
 import os
 from typing import Any
 
-from neuron_prof.ownership import current
-from neuron_prof.profile import profile
-from neuron_prof.schedule import Schedule
+from neuron_prof.capture.ownership import current
+from neuron_prof.capture.profile import profile
+from neuron_prof.capture.schedule import Schedule
 
 log = logging.getLogger("neuron_prof")
 

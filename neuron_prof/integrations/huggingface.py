@@ -19,7 +19,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from neuron_prof.integrations import FrameworkCapture
-from neuron_prof.schedule import Schedule
+from neuron_prof.capture.schedule import Schedule
 
 
 class NeuronProfCallback(TrainerCallback):

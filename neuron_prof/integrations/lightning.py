@@ -21,7 +21,7 @@ except ImportError:  # the standalone package of Lightning before 2.0's rename
     from pytorch_lightning import Callback
 
 from neuron_prof.integrations import FrameworkCapture
-from neuron_prof.schedule import Schedule
+from neuron_prof.capture.schedule import Schedule
 
 
 def batch_size(batch: Any) -> int:

@@ -17,8 +17,8 @@ import streamlit as st
 from neuron_prof.analysis.clock import to_rank0
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.stragglers import waited
-from neuron_prof.findings import device_straggler_text, findings
-from neuron_prof.summary.sections import DeviceSection
+from neuron_prof.reports.findings import device_straggler_text, findings
+from neuron_prof.reports.summary.sections import DeviceSection
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import collective_lanes, wait_heatmap
 from neuron_prof.viewer.text import md

@@ -17,7 +17,7 @@ import streamlit as st
 from neuron_prof.analysis.compare import checklist
 from neuron_prof.analysis.metrics import series
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.compare_report import format_value, side
+from neuron_prof.reports.compare import format_value, side
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot
 

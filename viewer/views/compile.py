@@ -13,7 +13,7 @@ import streamlit as st
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.ops import in_steps
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.summary.sections import BreakSite
+from neuron_prof.reports.summary.sections import BreakSite
 from neuron_prof.viewer import data
 from neuron_prof.viewer.source import show_source
 from neuron_prof.viewer.text import md, plot_array

@@ -23,8 +23,8 @@ import streamlit as st
 
 from neuron_prof.analysis import timeline as tla
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.findings import Finding, device_straggler_text, findings, stall_site, user_line
-from neuron_prof.summary.sections import DeviceSection, DeviceThresholds, DeviceVerdict, Stall
+from neuron_prof.reports.findings import Finding, device_straggler_text, findings, stall_site, user_line
+from neuron_prof.reports.summary.sections import DeviceSection, DeviceThresholds, DeviceVerdict, Stall
 from neuron_prof.units import format_bytes
 from neuron_prof.viewer import data
 from neuron_prof.viewer.source import show_source

@@ -20,11 +20,11 @@ from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import captured_steps
 from neuron_prof.analysis.timeline import memory_window
-from neuron_prof.findings import (LINES_NOTE, called_from, confirmation_text, figures_text, keeper_text, leak_cost,
+from neuron_prof.reports.findings import (LINES_NOTE, called_from, confirmation_text, figures_text, keeper_text, leak_cost,
                                   process_note)
-from neuron_prof.summary.sections import MemoryLeak, MemoryPeak
+from neuron_prof.reports.summary.sections import MemoryLeak, MemoryPeak
 from neuron_prof.units import format_bytes
-from neuron_prof.schema import MEMORY_FIGURES
+from neuron_prof.store.schema import MEMORY_FIGURES
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md
 

@@ -15,8 +15,8 @@ import streamlit as st
 
 from neuron_prof.analysis.ops import filter_tree, module_tree, op_stats
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.summary.build import peak_for, with_peak
-from neuron_prof.summary.sections import Peak, Summary
+from neuron_prof.reports.summary.build import peak_for, with_peak
+from neuron_prof.reports.summary.sections import Peak, Summary
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot_array
 

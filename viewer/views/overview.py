@@ -10,8 +10,8 @@ import streamlit as st
 
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import step_stats
-from neuron_prof.findings import findings
-from neuron_prof.summary.sections import DeviceSection, NotCaptured, Summary
+from neuron_prof.reports.findings import findings
+from neuron_prof.reports.summary.sections import DeviceSection, NotCaptured, Summary
 from neuron_prof.viewer import data
 from neuron_prof.viewer.charts import step_time_chart
 from neuron_prof.viewer.text import md, plot
