@@ -12,12 +12,21 @@
    dispatcher ``cli/__init__`` imports the commands);
 4. the CLI is a leaf: nothing outside ``neuron_prof/cli/`` imports from ``neuron_prof.cli`` but the
    entry point ``neuron_prof.cli.main``; library logic a command needs lives in the library.
+5. layers: each folder (``neuron_prof/store/``, ``capture/``, ..., ``collectors/``, ``viewer/``) says
+   in its ``__init__`` docstring what it may import (``May import: a, b.``); every import from one
+   folder into another is one it declares, the declarations form a layer order (no two folders
+   that may import each other, directly or not), and the root's few helper modules (errors,
+   units, paths, version, progress) import no folder. The C++ sources are held to the same
+   order: an ``#include "x.h"`` names a header of the source's own folder or of one it may import;
+6. nothing imports the emulated device (``neuron_prof.testing``) but the demo command, the tests,
+   benchmarks and examples (port-check's targets load a backend by its module name, as a plugin).
 
 Imports under ``if TYPE_CHECKING:`` never run and are left out.
 """
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,8 +204,8 @@ def describe(cycle: Cycle, known: dict[str, Path]) -> str:
     return "\n    ".join(steps + [f"(modules in this loop: {', '.join(cycle.modules)})"])
 
 
-def _where(e: Import, known: dict[str, Path]) -> str:
-    return f"{known[e.importer].relative_to(REPO)}:{e.line}: {e.importer} imports {e.target}" + (
+def _where(e: Import, known: dict[str, Path], base: Path = REPO) -> str:
+    return f"{known[e.importer].relative_to(base)}:{e.line}: {e.importer} imports {e.target}" + (
         f" ({', '.join(e.names)})" if e.names else "")
 
 
@@ -263,3 +272,157 @@ def test_a_cycle_is_found_with_its_path(tmp_path):
     assert [[(e.importer, e.target, e.line) for e in c.path] for c in found] == [
         [("pkg.a", "pkg.sub.b", 1), ("pkg.sub.b", "pkg.sub.c", 2), ("pkg.sub.c", "pkg.a", 1)]]
     assert found[0].modules == ("pkg.a", "pkg.sub.b", "pkg.sub.c")
+
+
+ROOT_HELPERS = "the root's helpers"
+"""What the root's helper modules are called in a layer declaration: importable by every folder."""
+
+TESTING_USERS = {"neuron_prof.cli.demo"}
+"""The one library module that may import the emulated device: the demo trains on it."""
+
+
+def folder_package(name: str, package_dirs: dict[str, Path]) -> str:
+    """A layer's name in a declaration (``store``, ``collectors``) -> its package."""
+    top = next(iter(package_dirs))
+    return f"{top}.{name}"
+
+
+def declared_layers(package_dirs: dict[str, Path]) -> dict[str, set[str]]:
+    """Each folder package directly under the top package (and each installed beside it) -> the
+    folder packages its ``__init__`` docstring says it may import (``May import: a, b (why), c.``)."""
+    top = next(iter(package_dirs))
+    folders = {f"{top}.{d.name}": d for d in sorted(package_dirs[top].iterdir()) if (d / "__init__.py").is_file()}
+    folders |= {package: folder for package, folder in package_dirs.items() if package != top}
+    out: dict[str, set[str]] = {}
+    for package, folder in folders.items():
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        found = re.search(r"^May import: (.*)$", doc, re.MULTILINE)
+        if found is None:
+            out[package] = {"<no declaration>"}
+            continue
+        names = re.sub(r"\([^)]*\)", "", found.group(1)).rstrip(".").split(",")
+        out[package] = {folder_package(n.strip(), package_dirs) for n in names
+                        if n.strip() and not n.strip().startswith(ROOT_HELPERS)}
+    return out
+
+
+def layer_of(module: str, layers: dict[str, set[str]]) -> str | None:
+    """The folder package ``module`` lies in; None for the root's own modules."""
+    return next((package for package in layers if _in(module, package)), None)
+
+
+def layer_violations(package_dirs: dict[str, Path], entry_points: frozenset[str] = frozenset()) -> list[str]:
+    """Every import that crosses folders without the importer's declaration, every folder without
+    one, every import of a folder by a root helper module, and every loop among the declarations."""
+    known = modules(package_dirs)
+    layers = declared_layers(package_dirs)
+    top = next(iter(package_dirs))
+    base = package_dirs[top].parent
+    bad = [f"{package}: its __init__ docstring has no 'May import:' line" for package, allowed in layers.items()
+           if "<no declaration>" in allowed]
+    bad += [f"{package} declares {name}, which is not a folder" for package, allowed in layers.items()
+            for name in sorted(allowed - layers.keys() - {"<no declaration>"})]
+    for e in imports(known):
+        if e.importer in entry_points or e.importer == top:
+            continue
+        source, target = layer_of(e.importer, layers), layer_of(e.target, layers)
+        if target is None or source == target:
+            continue
+        if source is None:
+            bad.append(f"{_where(e, known, base)}: a root helper imports the folder {target}")
+        elif target not in layers[source]:
+            bad.append(f"{_where(e, known, base)}: {source} may import only {', '.join(sorted(layers[source])) or ROOT_HELPERS}")
+    declared = [Import(a, b, 0) for a, allowed in layers.items() for b in sorted(allowed & layers.keys())]
+    bad += ["folders that may import each other: " + " -> ".join([c.path[0].importer] + [e.target for e in c.path])
+            for c in cycles(declared)]
+    return bad
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def include_violations(sources: dict[str, Path], layers: dict[str, set[str]]) -> list[str]:
+    """``#include "x"`` in the C++ of each folder package (``sources``: package -> folder) that names
+    a header neither in its own folder nor in a folder it may import (one it declares)."""
+    headers = {package: {p.name for p in folder.iterdir() if p.suffix == ".h"} for package, folder in sources.items()}
+    bad = []
+    for package, folder in sources.items():
+        for path in sorted(p for p in folder.iterdir() if p.suffix in (".cpp", ".h")):
+            for name in _INCLUDE.findall(path.read_text(encoding="utf-8")):
+                if name in headers[package]:
+                    continue
+                home = [other for other, names in headers.items() if name in names]
+                if not home or not set(home) & layers[package]:
+                    bad.append(f"{path.relative_to(folder.parent)}: includes {name}"
+                               + (f" from {', '.join(home)}, which {package} may not import" if home else
+                                  ", a header of no folder it may import"))
+    return bad
+
+
+def _cpp_folders(package_dirs: dict[str, Path]) -> dict[str, Path]:
+    top = next(iter(package_dirs))
+    folders = {f"{top}.{d.name}": d for d in package_dirs[top].iterdir() if (d / "__init__.py").is_file()}
+    folders |= {p: f for p, f in package_dirs.items() if p != top}
+    return {p: f for p, f in folders.items() if any(x.suffix in (".cpp", ".h") for x in f.iterdir())}
+
+
+def test_each_folder_imports_only_the_layers_it_declares():
+    bad = layer_violations({package: REPO / folder for package, folder in PACKAGE_DIRS.items()}, frozenset(ENTRY_POINTS))
+    assert not bad, "layer order broken (see each folder's __init__ docstring):\n  " + "\n  ".join(bad)
+
+
+def test_the_layers_read_are_the_tree():
+    """The declarations are read: the lowest folder imports no folder, the CLI may import most."""
+    layers = declared_layers({package: REPO / folder for package, folder in PACKAGE_DIRS.items()})
+    assert {"neuron_prof.store", "neuron_prof.capture", "neuron_prof.analysis", "neuron_prof.reports",
+            "neuron_prof.export", "neuron_prof.importers", "neuron_prof.collectors", "neuron_prof.viewer"} <= set(layers)
+    assert layers["neuron_prof.store"] == set()
+    assert "neuron_prof.analysis" not in layers["neuron_prof.collectors"]
+    assert {"neuron_prof.capture", "neuron_prof.reports", "neuron_prof.export"} <= layers["neuron_prof.cli"]
+
+
+def test_the_cpp_sources_include_only_their_layers():
+    dirs = {package: REPO / folder for package, folder in PACKAGE_DIRS.items()}
+    sources = _cpp_folders(dirs)
+    assert {"neuron_prof.collectors", "neuron_prof.testing"} <= set(sources)  # the two C++ units are seen
+    bad = include_violations(sources, declared_layers(dirs))
+    assert not bad, "C++ includes across layers:\n  " + "\n  ".join(bad)
+
+
+def test_nothing_in_the_profiler_imports_the_emulated_device():
+    bad = [_where(e, KNOWN) for e in EDGES if _in(e.target, "neuron_prof.testing")
+           and not _in(e.importer, "neuron_prof.testing") and e.importer not in TESTING_USERS
+           and not any(_in(e.importer, p) for p in USER_CODE)]
+    assert not bad, "imports of neuron_prof.testing (load a backend by name: neuron_prof.backends.targets):\n  " \
+        + "\n  ".join(bad)
+
+
+def test_a_planted_violation_is_found(tmp_path):
+    """The checker itself, on a small tree of three layers: an import against the declared order,
+    a folder without a declaration, two folders declared above each other, a root helper that
+    imports a folder, and a C++ include of a header from a layer above are each found."""
+    pkg = tmp_path / "pkg"
+    for folder, doc in (("low", "May import: the root's helpers only."), ("mid", "May import: low."),
+                        ("high", "May import: mid (why), low."), ("loose", "No declaration here."),
+                        ("a", "May import: b."), ("b", "May import: a.")):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text(f'"""{doc}"""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("from pkg.mid import m\n")
+    (pkg / "low" / "l.py").write_text("import os\n")
+    (pkg / "mid" / "m.py").write_text("from pkg.low import l\n")
+    (pkg / "high" / "h.py").write_text("from pkg.mid import m\nfrom pkg.low import l\n")
+    (pkg / "low" / "bad.py").write_text("def f():\n    from pkg.high import h\n")
+    (pkg / "mid" / "api.h").write_text("#pragma once\n")
+    (pkg / "low" / "x.cpp").write_text('#include <vector>\n#include "api.h"\n')
+    (pkg / "high" / "y.cpp").write_text('#include "api.h"\n')
+    dirs = {"pkg": pkg}
+    bad = layer_violations(dirs)
+    assert any("pkg/low/bad.py:2: pkg.low.bad imports pkg.high.h: pkg.low may import only the root's helpers" in b
+               for b in bad), bad
+    assert "pkg.loose: its __init__ docstring has no 'May import:' line" in bad
+    assert any(b.startswith("folders that may import each other: pkg.a -> pkg.b -> pkg.a") for b in bad), bad
+    assert any("pkg/helper.py:1" in b and "a root helper imports the folder pkg.mid" in b for b in bad), bad
+    assert len(bad) == 4, bad  # and nothing else: mid -> low and high -> mid, low are declared
+    cpp = include_violations(_cpp_folders(dirs), declared_layers(dirs))
+    assert cpp == ["low/x.cpp: includes api.h from pkg.mid, which pkg.low may not import"]

@@ -278,6 +278,15 @@ def enabled() -> bool:
     return "torch.neuron" in sys.modules and torch._C._get_privateuse1_backend_name() == BACKEND
 
 
+def register_target() -> str:
+    """The device as a ``port-check --target`` (``neuron_prof.backends.targets``): enabled in this
+    process if it is not yet, its boxed fallback leaving :func:`cpu_ops` to the CPU and queueing
+    other ops by their Meta kernels; returns its backend name."""
+    if not enabled():
+        enable()
+    return BACKEND
+
+
 def cpu_ops() -> frozenset[str]:
     """The ops the device leaves to the CPU fallback: :data:`UNIMPLEMENTED` and ``enable``'s
     ``cpu_fallback``."""
