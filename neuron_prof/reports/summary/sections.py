@@ -734,13 +734,22 @@ class GraphRun:
 
 @row
 class CompileSection:
-    """Compiling (``RunAnalysis.compile_spans``) and the ``analysis.compile`` tables."""
+    """Compiling (``RunAnalysis.compile_spans``) and the ``analysis.compile`` tables.
+
+    Two counts of graph breaks, for two questions: ``graph_breaks`` is how many *places* break the
+    graph, the distinct sites (user source line and reason class, ``analysis.compile.graph_break_sites``:
+    the rows of ``break_sites``), what a person fixes one by one and what a CI gate should hold;
+    ``graph_break_events`` is how many *breaks* dynamo recorded, one per compile of a frame that
+    broke, so one site counts again at each recompile of its frame.
+    """
 
     frames_compiled: int
     compile_ms: float
     compile_in_steps_ms: float
     graph_breaks: int
+    """Distinct break sites (source line, reason class): ``len(break_sites)``."""
     graph_break_events: int
+    """Breaks recorded: one per compile of a frame that broke (rows of the ``graph_breaks`` table)."""
     recompiles: int
     cache_limit_hit: bool
     break_sites: list[BreakSite]
