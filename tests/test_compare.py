@@ -11,9 +11,8 @@ import torch
 
 import neuron_prof
 from conftest import cli, line_of, on_terminal
-from neuron_prof.analysis.compare import _step_median
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.reports.compare import compare_runs, render_markdown
+from neuron_prof.reports.compare import _step_median, compare_runs, render_markdown, to_json
 from neuron_prof.reports.markdown import md
 from neuron_prof.reports.summary.build import run_op_stats
 from neuron_prof.reports.stored import run_summary
@@ -60,7 +59,7 @@ def _rows(result) -> dict:
 
 
 def test_identical_runs_agree_exactly_on_the_loss(runs):
-    result = compare_runs(runs["a"], runs["same"])
+    result = to_json(compare_runs(runs["a"], runs["same"]))
     loss = result["loss"]
     assert (loss["common_steps"], loss["identical"], loss["max_abs_diff"], loss["first_divergent_step"]) == (
         STEPS, True, 0.0, None)
@@ -69,7 +68,7 @@ def test_identical_runs_agree_exactly_on_the_loss(runs):
 
 
 def test_the_change_is_found_at_its_step_and_the_graph_break_of_b_only_is_listed(runs):
-    result = compare_runs(runs["a"], runs["b"], labels=("cpu", "changed"))
+    result = to_json(compare_runs(runs["a"], runs["b"], labels=("cpu", "changed")))
     loss = result["loss"]
     assert loss["first_divergent_step"] == CHANGE_AT + 1 and not loss["identical"]
     assert _rows(result)["loss: max relative difference"]["verdict"] == "diverged"
@@ -83,7 +82,7 @@ def test_the_change_is_found_at_its_step_and_the_graph_break_of_b_only_is_listed
 
 def test_every_row_is_the_runs_own_analysis_or_the_hand_computation(runs):
     prices = (4.0, 1.5)
-    result = compare_runs(runs["a"], runs["b"], prices=prices)
+    result = to_json(compare_runs(runs["a"], runs["b"], prices=prices))
     rows = _rows(result)
     for key, run in (("a", runs["a"]), ("b", runs["b"])):
         s = run_summary(run)
@@ -124,7 +123,8 @@ def test_cli_text_json_markdown_and_bad_flags(runs):
     done = cli("compare", a, b, "--json", "--label", "A=gpu", "--label", "B=neu|ron", "--price", "A=4", "--price", "B=1.5")
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
-    want = compare_runs(runs["a"], runs["b"], labels=("gpu", "neu|ron"), prices=(4.0, 1.5))
+    compared = compare_runs(runs["a"], runs["b"], labels=("gpu", "neu|ron"), prices=(4.0, 1.5))
+    want = to_json(compared)
     assert got["loss"] == want["loss"] and got["graph_breaks"] == want["graph_breaks"]
     assert [r["item"] for r in got["rows"]] == [r["item"] for r in want["rows"]]
     text = cli("compare", a, b)
@@ -134,7 +134,7 @@ def test_cli_text_json_markdown_and_bad_flags(runs):
     assert md.returncode == 0 and md.stdout.startswith("## Migration check: neu\\|ron against a")
     table = [ln for ln in md.stdout.splitlines() if ln.startswith("|")]
     assert len({ln.replace("\\|", "").count("|") for ln in table[:16]}) == 1  # every row has the header's cells
-    assert render_markdown(want).count("\n| ") >= 14
+    assert render_markdown(compared).count("\n| ") >= 14
     for args, says in ((("--price", "A=cheap"), "--price 'A=cheap': 'cheap' is not a number"),
                        (("--label", "C=x"), "--label 'C=x': expected A=VALUE or B=VALUE"),
                        (("--loss-rtol", "0"), "--loss-rtol 0.0: expected a number > 0")):
@@ -149,7 +149,7 @@ def test_the_viewers_compare_page_shows_the_same_checklist_loss_and_breaks(runs,
     pytest.importorskip("streamlit")
     from conftest import viewer_page
     at = viewer_page(monkeypatch, runs["b"].path, "compare", title="Compare", diff=runs["a"].path)
-    want = compare_runs(runs["a"], runs["b"])
+    want = to_json(compare_runs(runs["a"], runs["b"]))
     table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
     assert table["item"].tolist() == [r["item"] for r in want["rows"]]
     assert table["verdict"].tolist() == [r["verdict"] for r in want["rows"]]
@@ -204,7 +204,7 @@ def test_the_same_job_on_cpu_and_on_the_emulated_device(tmp_path):
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     cpu, dev = neuron_prof.load(tmp_path / "cpu"), neuron_prof.load(tmp_path / "neuron")
-    result = compare_runs(cpu, dev, labels=("cpu", "neuron"))
+    result = to_json(compare_runs(cpu, dev, labels=("cpu", "neuron")))
     # the same numbers: the emulated device computes as the CPU does
     assert result["loss"]["identical"] and result["loss"]["common_steps"] == 6
     rows = _rows(result)

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 import neuron_prof
 from conftest import check_trace, cli, on_terminal
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.reports.compare import compare_runs
+from neuron_prof.reports.compare import compare_runs, to_json
 
 HERE = Path(__file__)
 
@@ -93,7 +93,7 @@ def test_an_imported_trace_compares_with_a_neuron_prof_run(traced, tmp_path):
     assert cli("import", root / "trace.json", "-o", tmp_path / "imported").returncode == 0
     with neuron_prof.profile(tmp_path / "captured") as prof:
         _loop(5, prof.step)
-    result = compare_runs(neuron_prof.load(tmp_path / "imported"), neuron_prof.load(tmp_path / "captured"))
+    result = to_json(compare_runs(neuron_prof.load(tmp_path / "imported"), neuron_prof.load(tmp_path / "captured")))
     rows = {r["item"]: r for r in result["rows"]}
     # the imported run's steady steps are ProfilerStep#3 and #4 (#2 is its first: warm-up)
     kinds = analyze(neuron_prof.load(tmp_path / "imported")).step_kinds

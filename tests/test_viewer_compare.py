@@ -1,4 +1,4 @@
-"""The viewer's Compare page on real runs: its table is ``analysis.compare.checklist`` of the two
+"""The viewer's Compare page on real runs: its table is ``reports.compare.compare_runs``' checklist of the two
 runs (what ``neuron-prof compare`` prints), whichever run is the baseline."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 import neuron_prof
 from conftest import viewer_page
-from neuron_prof.analysis.compare import checklist, verdict
-from neuron_prof.reports.compare import side
+from neuron_prof.analysis.compare import verdict
+from neuron_prof.reports.compare import compare_runs
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -29,7 +29,7 @@ def _table(at: AppTest) -> pd.DataFrame:
 
 def compare(a: Path, b: Path) -> pd.DataFrame:
     """The checklist of ``b`` against ``a``, as the page computes it."""
-    return checklist(side(neuron_prof.load(a), "a"), side(neuron_prof.load(b), "b"))["rows"]
+    return pd.DataFrame(compare_runs(neuron_prof.load(a), neuron_prof.load(b)).checklist.rows)
 
 
 def _assert_table_is(got: pd.DataFrame, want: pd.DataFrame) -> None:

@@ -1,12 +1,13 @@
 """The migration verdict: the same job on two devices, or two runs of it, one checklist row each
 (step time, throughput, cost per token, compile stability, coverage, sync stalls, memory, loss
-agreement), and the ops whose time changed most.
+agreement), and the ops whose time changed most: typed rows (:class:`Checklist`).
 
-Built on the runs' summaries (``summary.build.summarize``: every number is the report's) and on
-what a summary does not keep: each step's loss (``analysis.metrics``) and the time of every
-(op, module path) rather than the top few. ``a`` is the baseline, ``b`` the run compared with it;
-``ratio`` is b / a; a row's ``verdict`` says whether b is better, worse or the same (measured
-numbers within ``tolerance`` are the same), by the row's own sense (``higher``: throughput).
+Built on each run's :class:`Figures` (the report's numbers: ``reports.compare`` reads them from
+the run's summary) and on what those do not keep: each step's loss (``analysis.metrics``) and the
+time of every (op, module path) rather than the top few. ``a`` is the baseline, ``b`` the run
+compared with it; ``ratio`` is b / a; a row's ``verdict`` says whether b is better, worse or the
+same (measured numbers within ``tolerance`` are the same), by the row's own sense (``higher``:
+throughput).
 
 Throughput counts each rank's own ``tokens``/``samples`` (``prof.step(tokens=...)``,
 ``--tokens-per-step``): a run's tokens/s adds up its ranks' (each rank's tokens over its steady
@@ -16,14 +17,13 @@ ranks ran on) over those tokens.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.metrics import per_step, step_values
-from neuron_prof.reports.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
 
 TOLERANCE = 0.05
 """Relative change of a measured (continuous) number still called the same."""
@@ -31,15 +31,57 @@ LOSS_RTOL = 1e-3
 """Relative difference of a step's loss beyond which two runs have diverged there (float32
 arithmetic on different hardware agrees to about this in the first steps)."""
 TOP_OPS = 10
-COLUMNS = ["item", "unit", "better", "a", "b", "ratio", "verdict", "detail"]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The numbers of one run the checklist reads, each the report's own (None: the run has none)."""
+
+    step_median_ms: float | None
+    """The median over ranks of each rank's median step time (the Overview's number)."""
+    step_p90_ms: float | None
+    """The median over ranks of each rank's p90 step time."""
+    complete_steps: int
+    """The most complete steps of any rank."""
+    compile_ms: float
+    frames_compiled: int
+    graph_break_sites: int
+    graph_break_events: int
+    recompiles: int
+    break_sites: list[str]
+    """Each graph break site as ``source (reason class)``: what tells one run's sites from the other's."""
+    fallbacks_per_step: float | None
+    coverage_pct: float | None
+    """The lowest op coverage of any rank and device."""
+    device_busy_pct: float | None
+    """The busiest device's busy share of a steady step, over every rank's steady steps with a trace."""
+    copy_bytes_per_step: float | None
+    """Bytes copied between host and device per steady step, every rank and direction summed."""
+    launch_pct: float | None
+    """The launch cost's bound as a share of device busy time, over every rank and device."""
+    sync_ms: float | None
+    """Sync-point stall per step, the mean over ranks."""
+    tflops: float | None
+    """Model TFLOP/s achieved per rank, the mean over ranks."""
+    mfu_pct: float | None
+    """MFU per rank against the peak, the mean over ranks (None without a peak)."""
+    peak_tflops: float | None
+    peak_source: str
+    memory_peak: float | None
+    """The highest memory peak of any device (bytes allocated since capture began)."""
+    leak_growth: float | None
+    """Live-memory growth per step of the fastest-growing device (0: no growth)."""
+    memory_devices: list[str]
+    world_size: int | None
+    device: str | None
 
 
 @dataclass
 class Side:
-    """One run of the comparison: its label, summary, per-step scalars and op times."""
+    """One run of the comparison: its label, figures, per-step scalars and op times."""
 
     label: str
-    summary: Summary
+    figures: Figures
     metrics: pd.DataFrame
     """``Run.metrics``."""
     steps: pd.DataFrame
@@ -50,13 +92,69 @@ class Side:
     price_per_hour: float | None = None
     target_fallback_pct: float | None = None
     """% of its op time in ops that fall back to the CPU on the comparison's target backend
-    (``port_report.port_check``); None without a target."""
+    (``reports.port.port_check``); None without a target."""
     notes: list[str] = field(default_factory=list)
 
     @functools.cached_property
     def per_step(self) -> pd.DataFrame:
         """``analysis.metrics.per_step`` of its metrics (throughput, the loss and the notes read it)."""
         return per_step(self.metrics)
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One check: b against a in ``unit`` (``better``: lower or higher), with its verdict."""
+
+    item: str
+    unit: str
+    better: str
+    a: float | None
+    b: float | None
+    ratio: float | None
+    verdict: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class LossAgreement:
+    """Over the steps both runs have a loss for: the largest absolute and relative difference,
+    whether they are identical, and the first step where they differ by more than ``rtol``
+    (relative to the baseline's loss; None: never)."""
+
+    common_steps: int
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    identical: bool | None
+    first_divergent_step: int | None
+    rtol: float
+
+
+@dataclass(frozen=True)
+class OpChange:
+    """An (op, module path) pair's self time per steady captured step in each run."""
+
+    name: str
+    module: str
+    a_ms_per_step: float
+    b_ms_per_step: float
+    change_ms: float
+    ratio: float | None
+    """b / a; None where a never ran it."""
+
+
+@dataclass(frozen=True)
+class Checklist:
+    """The comparison: one row per check, the loss agreement, the graph break sites of one run
+    only (``Figures.break_sites``' keys), the ops whose time per step changed most, and what is not
+    comparable, and why."""
+
+    labels: tuple[str, str]
+    rows: list[CheckRow]
+    loss: LossAgreement
+    breaks_a_only: list[str]
+    breaks_b_only: list[str]
+    ops: list[OpChange]
+    notes: list[str]
 
 
 def verdict(a: float | None, b: float | None, measured: bool = True, tolerance: float = TOLERANCE) -> str:
@@ -93,217 +191,110 @@ def cost_per_million(side: Side, tokens_per_s: float | None) -> float | None:
     return side.price_per_hour * side.hosts / 3600 / tokens_per_s * 1e6
 
 
-def loss_agreement(a: pd.Series, b: pd.Series, rtol: float = LOSS_RTOL) -> dict[str, Any]:
-    """Over the steps both runs have a loss for: the largest absolute and relative difference,
-    whether they are identical, and the first step where they differ by more than ``rtol``
-    (relative to the baseline's loss; None: never)."""
+def loss_agreement(a: pd.Series, b: pd.Series, rtol: float = LOSS_RTOL) -> LossAgreement:
+    """The agreement of two runs' losses per step (:class:`LossAgreement`)."""
     common = a.index.intersection(b.index).sort_values()
     if not len(common):
-        return {"common_steps": 0, "max_abs_diff": None, "max_rel_diff": None, "identical": None,
-                "first_divergent_step": None, "rtol": rtol}
+        return LossAgreement(0, None, None, None, None, rtol)
     va, vb = a.loc[common].to_numpy(float), b.loc[common].to_numpy(float)
     diff = np.abs(vb - va)
     rel = diff / np.maximum(np.abs(va), np.finfo(float).tiny)
     over = np.flatnonzero(rel > rtol)
-    return {"common_steps": int(len(common)), "max_abs_diff": float(diff.max()), "max_rel_diff": float(rel.max()),
-            "identical": bool((va == vb).all()), "first_divergent_step": int(common[over[0]]) if len(over) else None,
-            "rtol": rtol}
+    return LossAgreement(int(len(common)), float(diff.max()), float(rel.max()), bool((va == vb).all()),
+                         int(common[over[0]]) if len(over) else None, rtol)
 
 
-def _step_median(summary: Summary) -> float | None:
-    """Median step time: the median over ranks of each rank's median (the Overview's number)."""
-    vals = [x.median_ms for x in summary.steps if x.median_ms is not None]
-    return float(np.median(vals)) if vals else None
+def _number(v: float | None) -> float | None:
+    """A figure as a float, a missing one (None, NaN) as None."""
+    return None if v is None or math.isnan(float(v)) else float(v)
 
 
-def _memory(summary: Summary) -> list[MemoryDevice]:
-    return summary.memory.devices if isinstance(summary.memory, MemorySection) else []
-
-
-def _memory_peak(summary: Summary) -> float | None:
-    """The highest memory peak of any device (bytes allocated since capture began)."""
-    if not isinstance(summary.memory, MemorySection):
-        return None
-    vals = [v for d in _memory(summary)
-            for v in (d.peak_between_boundaries or 0, (d.peak.bytes if d.peak else 0) or 0)]
-    return float(max(vals)) if vals else None
-
-
-def _leak_growth(summary: Summary) -> float | None:
-    """Live-memory growth per step of the fastest-growing device (0: no growth)."""
-    if not isinstance(summary.memory, MemorySection):
-        return None
-    vals = [float(d.growth_per_step) for d in _memory(summary) if d.growth_per_step is not None]
-    return max(vals) if vals else None
-
-
-def _break_sites(summary: Summary) -> dict[str, BreakSite]:
-    return {f"{x.source} ({x.reason_class})": x for x in summary.compile.break_sites}
-
-
-def _device(summary: Summary) -> DeviceSection | None:
-    return summary.device if isinstance(summary.device, DeviceSection) else None
-
-
-def _device_sum(summary: Summary, rows: Callable[[DeviceSection], list], value: Callable[[Any], float | None]
-                ) -> float | None:
-    """``value`` summed over a Device section's ``rows`` (a row without one counts 0); None without a device."""
-    device = _device(summary)
-    return None if device is None else float(sum(value(x) or 0 for x in rows(device)))
-
-
-def _fallbacks_per_step(summary: Summary) -> float | None:
-    return _device_sum(summary, lambda d: d.fallbacks, lambda x: x.calls_per_step)
-
-
-def _coverage(summary: Summary) -> float | None:
-    device = _device(summary)
-    vals = [x.coverage_pct for x in device.coverage if x.coverage_pct is not None] if device else []
-    return float(min(vals)) if vals else None
-
-
-def _device_busy(summary: Summary) -> float | None:
-    """The busiest device's busy share of a steady step (%), over every rank's steady steps with a
-    device trace; None without a device."""
-    device = _device(summary)
-    rows = device.verdict if device else []
-    steps = sum(v.steps for v in rows)
-    return sum(v.busy_pct * v.steps for v in rows) / steps if steps else None
-
-
-def _copy_bytes(summary: Summary) -> float | None:
-    """Bytes copied between host and device per steady step, every rank and direction summed."""
-    return _device_sum(summary, lambda d: d.copies, lambda x: x.bytes_per_step)
-
-
-def _launch_pct(summary: Summary) -> float | None:
-    """The launch cost's bound as a share of device busy time (%), over every rank and device."""
-    device = _device(summary)
-    busy = sum(f.busy_ms for f in device.fusion) if device else 0.0
-    return 100 * sum(f.launch_ms for f in device.fusion) / busy if device and busy else None
-
-
-def _sync_ms(summary: Summary) -> float | None:
-    vals = [x.sync_ms for x in summary.time_split if x.sync_ms is not None]
-    return float(np.mean(vals)) if vals else None
-
-
-def _p90(summary: Summary) -> float | None:
-    vals = [x.p90_ms for x in summary.steps if x.p90_ms is not None]
-    return float(np.median(vals)) if vals else None
-
-
-def _per_frame(summary: Summary) -> float | None:
-    compiled = summary.compile
-    return float(compiled.compile_ms) / compiled.frames_compiled if compiled.frames_compiled else None
-
-
-def _tflops(summary: Summary) -> float | None:
-    """Model TFLOP/s achieved per rank (``summary.efficiency``), the mean over ranks."""
-    ranks = summary.efficiency.ranks
-    return float(np.mean([r.tflops for r in ranks])) if ranks else None
-
-
-def _mfu(summary: Summary) -> float | None:
-    """MFU per rank against the summary's peak, the mean over ranks (None without a peak)."""
-    values = [r.mfu_pct for r in summary.efficiency.ranks if r.mfu_pct is not None]
-    return float(np.mean(values)) if values else None
+def _per_frame(f: Figures) -> float | None:
+    return float(f.compile_ms) / f.frames_compiled if f.frames_compiled else None
 
 
 def _peak_text(side: Side) -> str:
-    p = side.summary.efficiency.peak
-    return f"{side.label}: {p.tflops:g} TFLOP/s ({p.source})" if p.tflops else f"{side.label}: no peak"
+    f = side.figures
+    return f"{side.label}: {f.peak_tflops:g} TFLOP/s ({f.peak_source})" if f.peak_tflops else f"{side.label}: no peak"
 
 
-def _devices(summary: Summary) -> str:
-    return ", ".join(sorted({str(d.device) for d in _memory(summary)}))
+def _devices(f: Figures) -> str:
+    return ", ".join(sorted(set(f.memory_devices)))
 
 
-def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float = LOSS_RTOL) -> dict[str, Any]:
-    """The comparison: ``rows`` (a DataFrame of ``COLUMNS``), ``loss`` (``loss_agreement``),
-    ``graph_breaks`` (break sites of one run only), ``ops`` (the ops whose time per step changed
-    most) and ``notes`` (what is not comparable, and why)."""
-    sa, sb = a.summary, b.summary
+def _row(item: str, unit: str, better: str, va: float | None, vb: float | None, measured: bool, detail: str,
+         tolerance: float, loss: LossAgreement) -> CheckRow:
+    va, vb = _number(va), _number(vb)
+    if item.startswith("loss"):
+        v = "n/a" if loss.common_steps == 0 else "same" if loss.first_divergent_step is None else "diverged"
+    else:
+        # verdict() answers for lower-is-better numbers; swapped, for higher-is-better ones
+        v = verdict(va, vb, measured, tolerance) if better == "lower" else verdict(vb, va, measured, tolerance)
+    return CheckRow(item, unit, better, va, vb, vb / va if va and vb is not None else None, v, detail)
+
+
+def checklist(a: Side, b: Side, tolerance: float = TOLERANCE, loss_rtol: float = LOSS_RTOL) -> Checklist:
+    """The comparison of ``b`` against the baseline ``a`` (:class:`Checklist`)."""
+    fa, fb = a.figures, b.figures
     tp = {(side.label, n): throughput(side, n) for side in (a, b) for n in ("samples", "tokens")}
     cost = {side.label: cost_per_million(side, tp[(side.label, "tokens")]) for side in (a, b)}
-    ca, cb = sa.compile, sb.compile
     loss = loss_agreement(step_values(a.per_step, "loss"), step_values(b.per_step, "loss"), loss_rtol)
     # (item, unit, better, a, b, measured, detail)
     items = [
-        ("step time (median)", "ms", "lower", _step_median(sa), _step_median(sb), True, ""),
-        ("step time (p90)", "ms", "lower", _p90(sa), _p90(sb), True, ""),
+        ("step time (median)", "ms", "lower", fa.step_median_ms, fb.step_median_ms, True, ""),
+        ("step time (p90)", "ms", "lower", fa.step_p90_ms, fb.step_p90_ms, True, ""),
         ("samples/s", "1/s", "higher", tp[(a.label, "samples")], tp[(b.label, "samples")], True, ""),
         ("tokens/s", "1/s", "higher", tp[(a.label, "tokens")], tp[(b.label, "tokens")], True, ""),
         ("cost per million tokens", "USD", "lower", cost[a.label], cost[b.label], True,
          f"{a.label}: {a.price_per_hour} USD/h x {a.hosts} host(s); {b.label}: {b.price_per_hour} USD/h x "
          f"{b.hosts} host(s)" if a.price_per_hour is not None or b.price_per_hour is not None else ""),
-        ("model TFLOP/s", "TFLOP/s", "higher", _tflops(sa), _tflops(sb), True,
+        ("model TFLOP/s", "TFLOP/s", "higher", fa.tflops, fb.tflops, True,
          "FLOPs per step as torch's FlopCounterMode counts them, over the step time"),
-        ("MFU", "%", "higher", _mfu(sa), _mfu(sb), True, f"{_peak_text(a)}; {_peak_text(b)}"),
-        ("compile time (total)", "ms", "lower", ca.compile_ms, cb.compile_ms, True, ""),
-        ("compile time per frame", "ms", "lower", _per_frame(sa), _per_frame(sb), True,
-         f"{ca.frames_compiled} vs {cb.frames_compiled} frames"),
-        ("graph break sites", "", "lower", ca.graph_breaks, cb.graph_breaks, False, ""),
-        ("graph breaks", "", "lower", ca.graph_break_events, cb.graph_break_events, False, ""),
-        ("recompiles", "", "lower", ca.recompiles, cb.recompiles, False, ""),
-        ("CPU fallbacks per step", "", "lower", _fallbacks_per_step(sa), _fallbacks_per_step(sb), False, ""),
+        ("MFU", "%", "higher", fa.mfu_pct, fb.mfu_pct, True, f"{_peak_text(a)}; {_peak_text(b)}"),
+        ("compile time (total)", "ms", "lower", fa.compile_ms, fb.compile_ms, True, ""),
+        ("compile time per frame", "ms", "lower", _per_frame(fa), _per_frame(fb), True,
+         f"{fa.frames_compiled} vs {fb.frames_compiled} frames"),
+        ("graph break sites", "", "lower", fa.graph_break_sites, fb.graph_break_sites, False, ""),
+        ("graph breaks", "", "lower", fa.graph_break_events, fb.graph_break_events, False, ""),
+        ("recompiles", "", "lower", fa.recompiles, fb.recompiles, False, ""),
+        ("CPU fallbacks per step", "", "lower", fa.fallbacks_per_step, fb.fallbacks_per_step, False, ""),
         ("falls back on the target", "% of op time", "lower", a.target_fallback_pct, b.target_fallback_pct, True,
          "ops the target backend leaves to the CPU (port-check's prediction), their share of each run's op time"
          if a.target_fallback_pct is not None else ""),
-        ("op coverage", "%", "higher", _coverage(sa), _coverage(sb), False, ""),
-        ("sync-point stall per step", "ms", "lower", _sync_ms(sa), _sync_ms(sb), True, ""),
-        ("device busy (busiest device)", "% of step", "higher", _device_busy(sa), _device_busy(sb), True,
+        ("op coverage", "%", "higher", fa.coverage_pct, fb.coverage_pct, False, ""),
+        ("sync-point stall per step", "ms", "lower", fa.sync_ms, fb.sync_ms, True, ""),
+        ("device busy (busiest device)", "% of step", "higher", fa.device_busy_pct, fb.device_busy_pct, True,
          "kernels' time on the device as its backend reports it to PyTorch's profiler"),
-        ("host-device copies per step", "bytes", "lower", _copy_bytes(sa), _copy_bytes(sb), False, ""),
-        ("launch cost (at most)", "% of device busy", "lower", _launch_pct(sa), _launch_pct(sb), True,
+        ("host-device copies per step", "bytes", "lower", fa.copy_bytes_per_step, fb.copy_bytes_per_step, False, ""),
+        ("launch cost (at most)", "% of device busy", "lower", fa.launch_pct, fb.launch_pct, True,
          "kernels x the shortest kernel: what fusing could save"),
-        ("peak memory (busiest device)", "bytes", "lower", _memory_peak(sa), _memory_peak(sb), True,
-         f"{_devices(sa) or '-'} vs {_devices(sb) or '-'}"),
-        ("leak growth", "bytes/step", "lower", _leak_growth(sa), _leak_growth(sb), True, ""),
-        ("loss: max relative difference", "", "lower", None, loss["max_rel_diff"], False, _loss_text(loss)),
+        ("peak memory (busiest device)", "bytes", "lower", fa.memory_peak, fb.memory_peak, True,
+         f"{_devices(fa) or '-'} vs {_devices(fb) or '-'}"),
+        ("leak growth", "bytes/step", "lower", fa.leak_growth, fb.leak_growth, True, ""),
+        ("loss: max relative difference", "", "lower", None, loss.max_rel_diff, False, _loss_text(loss)),
     ]
-    rows = []
-    for item, unit, better, va, vb, measured, detail in items:
-        va = None if va is None else float(va)
-        vb = None if vb is None else float(vb)
-        if item.startswith("loss"):
-            v = ("n/a" if loss["common_steps"] == 0 else "same" if loss["first_divergent_step"] is None
-                 else "diverged")
-        else:
-            # verdict() answers for lower-is-better numbers; swapped, for higher-is-better ones
-            v = verdict(va, vb, measured, tolerance) if better == "lower" else verdict(vb, va, measured, tolerance)
-        ratio = vb / va if va and vb is not None else np.nan
-        rows.append({"item": item, "unit": unit, "better": better, "a": np.nan if va is None else va,
-                     "b": np.nan if vb is None else vb, "ratio": ratio, "verdict": v, "detail": detail})
-    sites_a, sites_b = _break_sites(sa), _break_sites(sb)
-    return {
-        "labels": {"a": a.label, "b": b.label},
-        "rows": pd.DataFrame(rows, columns=COLUMNS),
-        "loss": loss,
-        "graph_breaks": {"a_only": [sites_a[k] for k in sorted(set(sites_a) - set(sites_b))],
-                         "b_only": [sites_b[k] for k in sorted(set(sites_b) - set(sites_a))]},
-        "ops": ops_changed(a.ops, b.ops),
-        "notes": _notes(a, b, loss),
-    }
+    sites_a, sites_b = set(fa.break_sites), set(fb.break_sites)
+    return Checklist(labels=(a.label, b.label), rows=[_row(*item, tolerance, loss) for item in items], loss=loss,
+                     breaks_a_only=sorted(sites_a - sites_b), breaks_b_only=sorted(sites_b - sites_a),
+                     ops=ops_changed(a.ops, b.ops), notes=_notes(a, b, loss))
 
 
-def _loss_text(loss: dict[str, Any]) -> str:
-    if not loss["common_steps"]:
+def _loss_text(loss: LossAgreement) -> str:
+    if not loss.common_steps:
         return "no step has a loss in both runs"
-    if loss["identical"]:
-        return f"identical over {loss['common_steps']} common steps"
-    first = loss["first_divergent_step"]
-    return (f"max |diff| {loss['max_abs_diff']:.3g} over {loss['common_steps']} common steps; "
-            + (f"first beyond {loss['rtol']:g} relative at step {first}" if first is not None
-               else f"within {loss['rtol']:g} relative at every step"))
+    if loss.identical:
+        return f"identical over {loss.common_steps} common steps"
+    first = loss.first_divergent_step
+    return (f"max |diff| {loss.max_abs_diff:.3g} over {loss.common_steps} common steps; "
+            + (f"first beyond {loss.rtol:g} relative at step {first}" if first is not None
+               else f"within {loss.rtol:g} relative at every step"))
 
 
-def ops_changed(a: pd.DataFrame, b: pd.DataFrame, top: int = TOP_OPS) -> pd.DataFrame:
+def ops_changed(a: pd.DataFrame, b: pd.DataFrame, top: int = TOP_OPS) -> list[OpChange]:
     """The (op, module path) pairs whose self time per steady captured step changed most, in
     either direction; an op of one run only counts 0 in the other."""
-    cols = ["name", "module", "a_ms_per_step", "b_ms_per_step", "change_ms", "ratio"]
     if "self_ms_per_step" not in a.columns or "self_ms_per_step" not in b.columns:
-        return pd.DataFrame(columns=cols)
+        return []
 
     def per_step_ms(s: pd.DataFrame) -> pd.Series:
         return s.assign(name=s["name"].astype(str), module=s["module"].astype(str)).groupby(
@@ -314,26 +305,26 @@ def ops_changed(a: pd.DataFrame, b: pd.DataFrame, top: int = TOP_OPS) -> pd.Data
     both["change_ms"] = both["b_ms_per_step"] - both["a_ms_per_step"]
     both["ratio"] = both["b_ms_per_step"] / both["a_ms_per_step"].where(both["a_ms_per_step"] > 0)
     order = both["change_ms"].abs().sort_values(ascending=False, kind="stable").index[:top]
-    return both.loc[order].reset_index()[cols]
+    return [OpChange(str(name), str(module), float(r.a_ms_per_step), float(r.b_ms_per_step), float(r.change_ms),
+                     _number(r.ratio)) for (name, module), r in zip(order, both.loc[order].itertuples(index=False))]
 
 
-def _notes(a: Side, b: Side, loss: dict[str, Any]) -> list[str]:
+def _notes(a: Side, b: Side, loss: LossAgreement) -> list[str]:
     notes = [*a.notes, *b.notes]
-    ra, rb = a.summary.run, b.summary.run
-    if ra.world_size != rb.world_size:
-        notes.append(f"world sizes differ ({ra.world_size} vs {rb.world_size}): step times compare "
+    fa, fb = a.figures, b.figures
+    if fa.world_size != fb.world_size:
+        notes.append(f"world sizes differ ({fa.world_size} vs {fb.world_size}): step times compare "
                      "as they are, throughput adds up each run's ranks")
-    na, nb = (max((x.steps or 0 for x in side.summary.steps), default=0) for side in (a, b))
-    if na != nb:
-        notes.append(f"{a.label} has {na} complete steps, {b.label} {nb}: step figures are each run's own, the loss "
-                     "compares the steps both have")
-    if ra.device != rb.device:
-        notes.append(f"devices differ ({ra.device} vs {rb.device})")
+    if fa.complete_steps != fb.complete_steps:
+        notes.append(f"{a.label} has {fa.complete_steps} complete steps, {b.label} {fb.complete_steps}: step figures "
+                     "are each run's own, the loss compares the steps both have")
+    if fa.device != fb.device:
+        notes.append(f"devices differ ({fa.device} vs {fb.device})")
     for name in ("tokens", "samples"):
         has = [s.label for s in (a, b) if (s.per_step["name"] == name).any()]
         if len(has) == 1:
             notes.append(f"only {has[0]} records {name} per step: {name}/s is not comparable "
                          f"(prof.step({name}=...) or --{name}-per-step)")
-    if loss["common_steps"] == 0:
+    if loss.common_steps == 0:
         notes.append("no loss in both runs at the same steps: loss agreement not compared")
     return notes

@@ -256,11 +256,11 @@ def cache_stats(cache: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index().rename(columns={"index": "cache"})[cols]
 
 
-def top_fusions(fusions: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """Kernels that fuse the most FX nodes."""
+def top_fusions(fusions: pd.DataFrame) -> pd.DataFrame:
+    """Kernels by how many FX nodes they fuse, most first (every kernel: the report cuts the list)."""
     cols = ["compile_id", "backend", "kernel", "fused", "nodes"]
     if fusions.empty:
         return pd.DataFrame(columns=cols)
     out = fusions.assign(fused=fusions["nodes"].map(len), compile_id=fusions["compile_id"].astype(str),
                          backend=fusions["backend"].astype(str), kernel=fusions["kernel"].astype(str))
-    return out.sort_values("fused", ascending=False, ignore_index=True)[cols].head(n)
+    return out.sort_values("fused", ascending=False, ignore_index=True)[cols]

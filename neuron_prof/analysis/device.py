@@ -338,13 +338,13 @@ TOP_KERNEL_COLUMNS = ["rank", "device", "name", "kernels", "ops", "total_ms", "p
                       "source", "user_source"]
 
 
-def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, top: int = 10) -> pd.DataFrame:
+def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     """Where device time goes: kernels by name per rank and device, with their count, ops, device
     time over the run and per ``basis`` step (None when none ran in one), mean duration, share of
     the device's busy time, and the line that queued the most of that device time (the first op of
     that line's longest kernel): a sum, so one kernel held up by the host's scheduler cannot name
-    the line. The ``top`` by device time: on an asynchronous device this, not the host ops' time,
-    is the cost."""
+    the line. Most device time first (every name: the report cuts the list): on an asynchronous
+    device this, not the host ops' time, is the cost."""
     if kernels.empty:
         return pd.DataFrame(columns=TOP_KERNEL_COLUMNS)
     n = steps_per_rank(basis)
@@ -374,7 +374,7 @@ def top_kernels(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame, 
         out["source"] = _strings_at(corr["source"], first_op[chosen], named[chosen])
         out["user_source"] = _strings_at(corr["user_source"], first_op[chosen], named[chosen])
     out["per_step_ms"] = out["per_step_ms"].astype(object).where(out["per_step_ms"] > 0, None) if n else None
-    return out.sort_values("total_ms", ascending=False, ignore_index=True).head(top)[TOP_KERNEL_COLUMNS]
+    return out.sort_values("total_ms", ascending=False, ignore_index=True)[TOP_KERNEL_COLUMNS]
 
 
 FUSION_COLUMNS = ["rank", "device", "kernels", "ops", "ops_per_kernel", "one_op_kernels", "one_op_pct",
@@ -449,14 +449,13 @@ def _strings_at(col: pd.Series, rows: np.ndarray, hit: np.ndarray) -> np.ndarray
     return out
 
 
-def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame,
-                      top: int = 10) -> pd.DataFrame:
+def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
     """Runs of at least ``UNFUSED_MIN_RUN`` consecutive one-op kernels on a stream of a device
     (collective kernels break a run: nothing fuses them), within one step, grouped by what they ran (``kernels``: the first ``SIGNATURE_OPS`` kernel names, "..."
     after) and where (the first and last op's line): ``occurrences``, ``total_kernels``,
     ``total_ms`` (device time), ``launch_ms`` (the launch-cost bound of ``fusion``),
     ``per_step`` (occurrences per ``basis`` step; None when they are not in one) and
-    ``first_step``. The ``top`` by launch cost (what fusing them could save): where a compiled region (``torch.compile
+    ``first_step``. Most launch cost first (what fusing them could save; every run: the report cuts the list): where a compiled region (``torch.compile
     (backend="neuron")``) or a custom kernel would save launches."""
     if kernels.empty:
         return pd.DataFrame(columns=UNFUSED_COLUMNS)
@@ -517,7 +516,7 @@ def unfused_sequences(kernels: pd.DataFrame, corr: pd.DataFrame, basis: pd.DataF
                         "launch_ms": g["launch"].sum(), "steady": g["steady"].sum(),
                         "first_step": g["step"].min()}).reset_index()
     out["per_step"] = pd.Series([s / n_basis if n_basis and s else None for s in out["steady"]], dtype=object)
-    return out.sort_values(["launch_ms", "total_ms"], ascending=False, ignore_index=True).head(top)[UNFUSED_COLUMNS]
+    return out.sort_values(["launch_ms", "total_ms"], ascending=False, ignore_index=True)[UNFUSED_COLUMNS]
 
 
 def queue_depth(enqueues: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:

@@ -422,12 +422,12 @@ def op_device_ns(corr: pd.DataFrame, f: OpFlops, parent: np.ndarray, depth: int,
 
 
 def kernel_efficiency(corr: pd.DataFrame, f: OpFlops, parent: np.ndarray, depth: int, basis: pd.DataFrame,
-                      per_rank: int, top: int = 10) -> pd.DataFrame:
+                      per_rank: int) -> pd.DataFrame:
     """Per rank, device and kernel name, the kernels of the ``basis`` steps that ran work of
     counted ops (``corr``: ``analysis.device.correlation``): kernels, FLOPs, bytes and device time
     per step, achieved TFLOP/s and FLOPs per byte. A counted op's FLOPs and bytes are split evenly
     among the ops it queued (a matmul that queued its ``addmm.out``); a kernel's are the sum of
-    its shares. The ``top`` per rank by FLOPs."""
+    its shares. Per rank, most FLOPs first (every kernel name: the report cuts the list)."""
     if corr.empty or not per_rank:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     owner = _owner(f, parent, depth)
@@ -453,8 +453,7 @@ def kernel_efficiency(corr: pd.DataFrame, f: OpFlops, parent: np.ndarray, depth:
                         "kernels_per_step": g["kernels"] / per_rank, "flops_per_step": g["flops"] / per_rank,
                         "bytes_per_step": g["bytes"] / per_rank, "ms_per_step": g["ns"] / 1e6 / per_rank})
     out = _rates(out, g["ns"] / per_rank)
-    out = out.sort_values(["rank", "flops_per_step"], ascending=[True, False], ignore_index=True)
-    return out.groupby("rank").head(top).reset_index(drop=True)[KERNEL_COLUMNS]
+    return out.sort_values(["rank", "flops_per_step"], ascending=[True, False], ignore_index=True)[KERNEL_COLUMNS]
 
 
 def unknown_ops(ops: pd.DataFrame, f: OpFlops, keep: np.ndarray, per_rank: int) -> pd.DataFrame:
@@ -550,6 +549,37 @@ def roofline(intensity: float | None, tflops: float | None, peak_tflops: float |
     ridge = peak_tflops * 1e12 / (peak_gbps * 1e9)
     roof = min(peak_tflops * 1e12, intensity * peak_gbps * 1e9)
     return ("compute" if intensity >= ridge else "memory"), 100 * tflops * 1e12 / roof
+
+
+@dataclass(frozen=True)
+class PeakRequest:
+    """The peaks a reader asks efficiency to be read against (``report``'s ``--peak-tflops``,
+    ``--peak-gbps``, ``--peak-device``, ``--calibrate``; :func:`resolve_peak` takes each figure from
+    the first of them that has it). The default asks for none: the summary stored in the run is
+    the one of this request."""
+
+    tflops: float | None = None
+    gbps: float | None = None
+    device: str | None = None
+    calibrate: bool = False
+
+
+def _plain(values: pd.Series) -> list[float | None]:
+    """``values`` as Python floats, NaN as None: what :func:`mfu_pct` and :func:`roofline` take."""
+    return [None if pd.isna(v) else float(v) for v in values]
+
+
+def with_mfu(rows: pd.DataFrame, peak_tflops: float | None) -> pd.DataFrame:
+    """``rows`` (``rank_flops`` or ``step_flops``) with ``mfu_pct`` against ``peak_tflops``."""
+    return rows.assign(mfu_pct=[mfu_pct(t, peak_tflops) for t in _plain(rows["tflops"])])
+
+
+def with_roofline(rows: pd.DataFrame, peak_tflops: float | None, peak_gbps: float | None) -> pd.DataFrame:
+    """``rows`` (``op_efficiency`` or ``kernel_efficiency``) with each row's ``bound`` and
+    ``roof_pct`` under the roofline of the peaks (:func:`roofline`)."""
+    points = [roofline(i, t, peak_tflops, peak_gbps) for i, t in zip(_plain(rows["intensity"]), _plain(rows["tflops"]))]
+    return rows.assign(bound=pd.Series([b for b, _ in points], index=rows.index, dtype=object),
+                       roof_pct=pd.Series([p for _, p in points], index=rows.index, dtype=object))
 
 
 def resolve_peak(precision: str, run_device: str | None, tflops: float | None = None, gbps: float | None = None,

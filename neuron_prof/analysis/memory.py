@@ -322,10 +322,10 @@ SITE_KEY = ["source", "user_source", "module", "top_op", "category"]
 op (what the user called, e.g. ``aten::relu`` rather than the ``aten::empty`` inside it), category."""
 
 
-def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
-    """The biggest contributors to live memory at ``ts``, by site (:data:`SITE_KEY`)."""
+def peak_sites(allocs: pd.DataFrame, rank: int, device: str, ts: int) -> pd.DataFrame:
+    """The contributors to live memory at ``ts``, by site (:data:`SITE_KEY`), biggest first."""
     sites = snapshot(allocs, ts, SITE_KEY, rank, device)
-    return sites.rename(columns={"top_op": "op"}).head(top)
+    return sites.rename(columns={"top_op": "op"})
 
 
 SITE_DETAIL_COLUMNS = ["source", "user_source", "module", "op", "category", "bytes", "blocks", "shape", "dtype",
@@ -333,11 +333,11 @@ SITE_DETAIL_COLUMNS = ["source", "user_source", "module", "op", "category", "byt
 
 
 def peak_site_details(allocs: pd.DataFrame, rank: int, device: str, ts: int, top: int = 10) -> pd.DataFrame:
-    """:func:`peak_sites` (same rows, same order) with, per site, its largest live block: ``shape``,
-    ``dtype``, size (``largest``) and ``stack`` (the stack id of the line that made it:
-    ``Run.stack(rank, stack)`` gives its frames); and ``shapes``, how many distinct shapes the
-    site's live blocks have. Equal sizes: the latest-made block."""
-    sites = peak_sites(allocs, rank, device, ts, top)
+    """The first ``top`` rows of :func:`peak_sites` (the viewer's page of them) with, per site, its
+    largest live block: ``shape``, ``dtype``, size (``largest``) and ``stack`` (the stack id of the
+    line that made it: ``Run.stack(rank, stack)`` gives its frames); and ``shapes``, how many
+    distinct shapes the site's live blocks have. Equal sizes: the latest-made block."""
+    sites = peak_sites(allocs, rank, device, ts).head(top)
     if sites.empty:
         return pd.DataFrame(columns=SITE_DETAIL_COLUMNS)
     key = SITE_KEY

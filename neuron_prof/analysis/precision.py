@@ -96,10 +96,10 @@ def precision_mix(ops: pd.DataFrame, precision: np.ndarray, time_ns: np.ndarray,
 
 
 def left_in_fp32(ops: pd.DataFrame, precision: np.ndarray, time_ns: np.ndarray, keep: np.ndarray,
-                 forward: np.ndarray, per_rank: int, top: int = 10) -> pd.DataFrame:
+                 forward: np.ndarray, per_rank: int) -> pd.DataFrame:
     """The forward ops (``forward``: the forward phase, where autocast acts) that computed in fp32
     on a rank whose ``keep`` rows spent time in bf16/fp16: per op name and module, calls, ms per
-    step, share of that rank's time and the user's lines. Costliest first, ``top`` per rank; empty
+    step, share of that rank's time and the user's lines. Per rank, costliest first; empty
     for a run with no low-precision time (no autocast: fp32 everywhere is not news)."""
     mixed = precision_mix(ops, precision, time_ns, keep, per_rank)
     ranks = mixed.loc[mixed["precision"].isin(LOWER), "rank"].unique()
@@ -116,5 +116,4 @@ def left_in_fp32(ops: pd.DataFrame, precision: np.ndarray, time_ns: np.ndarray, 
     g = g.reset_index()
     g["ms_per_step"] = g["ns"] / 1e6 / per_rank
     g["pct"] = 100 * g["ns"] / g["rank"].map(totals)
-    g = g.sort_values(["rank", "ns"], ascending=[True, False]).groupby("rank").head(top)
-    return g.reset_index(drop=True)[FP32_COLUMNS]
+    return g.sort_values(["rank", "ns"], ascending=[True, False], ignore_index=True)[FP32_COLUMNS]

@@ -9,6 +9,7 @@ disagree on it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
@@ -17,15 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis import clock, collective_match, comm_cost
+from neuron_prof.analysis import clock, collective_match, comm_cost, flops, sync
+from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import fallbacks as fb
 from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import precision, streams
-from neuron_prof.analysis.compile import compile_spans
-from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overlap, parent_index, run_time_ops,
-                                     run_time_rows, self_time, step_phases)
+from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overlap, in_steps, parent_index,
+                                     run_time_ops, run_time_rows, self_time, step_phases)
 from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
 
 if TYPE_CHECKING:
@@ -69,6 +70,30 @@ class DeviceCollectives:
     matched: pd.DataFrame
     waits: pd.DataFrame
     overlap: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """``RunAnalysis.efficiency``: FLOPs and their rates over the ``op_basis`` steps
+    (``analysis.flops``), read against the peaks asked for. Every row of each table, sorted: a
+    display cuts them."""
+
+    precision: str
+    """What most FLOPs computed in (which of a device's peaks applies)."""
+    peak_tflops: float | None
+    peak_gbps: float | None
+    peak_source: str
+    """Where the peaks came from (``analysis.flops.resolve_peak``; ``NO_PEAK`` when none is known)."""
+    ranks: pd.DataFrame
+    """``flops.rank_flops`` with ``mfu_pct``."""
+    steps: pd.DataFrame
+    """``flops.step_flops`` with ``mfu_pct``."""
+    ops: pd.DataFrame
+    """``flops.op_efficiency`` with the roofline's ``bound`` and ``roof_pct``."""
+    kernels: pd.DataFrame
+    """``flops.kernel_efficiency`` with the roofline's ``bound`` and ``roof_pct``."""
+    unknown: pd.DataFrame
+    """``flops.unknown_ops``: the ops whose FLOPs are unknown."""
 
 
 class RunAnalysis:
@@ -147,22 +172,97 @@ class RunAnalysis:
         return precision.precision_mix(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
                                        self.op_basis.per_rank)
 
-    def left_in_fp32(self, top: int = 10) -> pd.DataFrame:
-        """The forward ops autocast left in fp32 (``analysis.precision.left_in_fp32``)."""
+    @functools.cached_property
+    def left_in_fp32(self) -> pd.DataFrame:
+        """The forward ops autocast left in fp32, per rank costliest first
+        (``analysis.precision.left_in_fp32``)."""
         return precision.left_in_fp32(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
-                                      self.op_phase == OP_PHASES.index("forward"), self.op_basis.per_rank, top)
+                                      self.op_phase == OP_PHASES.index("forward"), self.op_basis.per_rank)
 
     # ---- steps and compiling
 
     @functools.cached_property
     def compile_spans(self) -> pd.DataFrame:
         """When each thread was compiling (``analysis.compile.compile_spans``)."""
-        return compile_spans(self.run.compiles, self.run.compile_phases)
+        return comp.compile_spans(self.run.compiles, self.run.compile_phases)
 
     @functools.cached_property
     def step_kinds(self) -> pd.DataFrame:
         """``run.steps`` with ``compile_ns``, ``warmup`` and ``steady`` (``analysis.steps.step_kinds``)."""
         return step_kinds(self.run.steps, self.compile_spans)
+
+    @functools.cached_property
+    def region_runs(self) -> pd.DataFrame:
+        """Each run of a compiled region, with its self time and the compile time inside it
+        (``analysis.compile.region_runs``)."""
+        return comp.region_runs(self.run.ops, self.op_parent, self.op_compile.compile_ns)
+
+    @functools.cached_property
+    def scoped_region_runs(self) -> pd.DataFrame:
+        """The ``region_runs`` of the ``op_basis`` steps: what the per-step compile figures are over."""
+        runs = self.region_runs
+        return runs[in_steps(runs, self.op_basis.steps)] if len(runs) else runs
+
+    @functools.cached_property
+    def graph_runs(self) -> pd.DataFrame:
+        """Per compiled graph: runs, total and self ms, per ``op_basis`` step, most self time first
+        (``analysis.compile.graph_runs``)."""
+        return comp.graph_runs(self.scoped_region_runs, self.op_basis.per_rank)
+
+    @functools.cached_property
+    def graph_break_sites(self) -> pd.DataFrame:
+        """The graph breaks by user line and reason class, with the run time of the graphs that end
+        at each, per ``op_basis`` step (``analysis.compile.graph_break_sites``)."""
+        return comp.graph_break_sites(self.run.graph_breaks, self.scoped_region_runs, self.op_basis.per_rank)
+
+    # ---- sync points
+
+    @functools.cached_property
+    def sync_points(self) -> pd.DataFrame:
+        """One row per sync op (``analysis.sync.sync_points``) as the report, port-check and the
+        trace count them: the ops run while compiling (tracing reads values the compiled graph never
+        reads again) and a CPU fallback's copies (the fallback's own) left out."""
+        return sync.sync_points(self.run.ops, self.op_parent,
+                                exclude=self.op_compile.inside | self.cpu_fallbacks.inside)
+
+    # ---- FLOPs and efficiency
+
+    @functools.cached_property
+    def op_flops(self) -> flops.OpFlops:
+        """Each op's FLOPs and bytes (``analysis.flops.op_flops``)."""
+        return flops.op_flops(self.run.ops, self.op_parent)
+
+    @functools.cached_property
+    def _flop_rates(self) -> Efficiency:
+        """:meth:`efficiency`'s tables before any peak: rates over the ``op_scope`` ops, and on a
+        device an op's rate over the device time of its work (its host time is its launch)."""
+        ops, keep, basis, f = self.run.ops, self.op_scope, self.op_basis, self.op_flops
+        steps = flops.step_flops(ops, f, keep, basis.steps)
+        run_ns = ops["dur"].to_numpy() - self.op_compile.compile_ns
+        kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
+        if len(self.run.device_kernels) and len(ops):
+            depth = int(ops["depth"].max())
+            kernels = flops.kernel_efficiency(self.device_correlation, f, self.op_parent, depth, basis.steps,
+                                              basis.per_rank)
+            device_ns = flops.op_device_ns(self.device_correlation, f, self.op_parent, depth, len(ops))
+            run_ns = np.where(device_ns >= 0, device_ns, run_ns)
+        return Efficiency(precision=flops.flop_precision(ops, f, keep), peak_tflops=None, peak_gbps=None,
+                          peak_source=flops.NO_PEAK, ranks=flops.rank_flops(steps, ops, f, keep), steps=steps,
+                          ops=flops.op_efficiency(ops, f, run_ns, keep, basis.per_rank), kernels=kernels,
+                          unknown=flops.unknown_ops(ops, f, keep, basis.per_rank))
+
+    def efficiency(self, peaks: flops.PeakRequest = flops.PeakRequest()) -> Efficiency:
+        """FLOPs per ``op_basis`` step and the FLOP/s achieved per rank, step, op name and device
+        kernel, with MFU and the roofline against the peaks ``peaks`` resolves to
+        (``analysis.flops.resolve_peak``: measured only when asked to, for a CPU run with FLOPs)."""
+        e = self._flop_rates
+        rated = bool(e.ranks["flops_per_step"].fillna(0).astype(bool).any())
+        tflops, gbps, source = flops.resolve_peak(e.precision, self.run.meta.get("device"), peaks.tflops, peaks.gbps,
+                                                  peaks.device, peaks.calibrate and rated)
+        return dataclasses.replace(e, peak_tflops=tflops, peak_gbps=gbps, peak_source=source,
+                                   ranks=flops.with_mfu(e.ranks, tflops), steps=flops.with_mfu(e.steps, tflops),
+                                   ops=flops.with_roofline(e.ops, tflops, gbps),
+                                   kernels=flops.with_roofline(e.kernels, tflops, gbps))
 
     # ---- memory
 

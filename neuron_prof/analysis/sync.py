@@ -5,20 +5,15 @@ stalls the host on an asynchronous device (CUDA, Neuron's eager queue). Whether 
 the device's to say (:func:`stalled`): a read the device had ready (a synchronous backend's) is a
 read, not a wait. On a run with no device (``analysis.accelerator``) nothing waits: the same rows
 are host reads of tensor values that would wait on an accelerator, a porting note. The copies of a
-CPU fallback are the fallback's, not reads: callers leave them out (:func:`run_sync_points`).
+CPU fallback are the fallback's, not reads: callers leave them out (``RunAnalysis.sync_points``).
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from neuron_prof.analysis.ops import has_ancestor, in_steps, parent_index
 from neuron_prof.analysis.steps import steps_per_rank
-
-if TYPE_CHECKING:
-    from neuron_prof.analysis.run_analysis import RunAnalysis
 
 SYNC_OPS: dict[str, str] = {
     "aten::_local_scalar_dense": "read device value (.item(), bool(), int(), float(), print)",
@@ -88,13 +83,6 @@ def sync_points(ops: pd.DataFrame, parent: np.ndarray | None = None,
         keep &= ~exclude
     hit = ops[keep].assign(kind=kind[keep])
     return hit[SYNC_COLUMNS].sort_values(["rank", "ts"], ignore_index=True)
-
-
-def run_sync_points(analysis: RunAnalysis) -> pd.DataFrame:
-    """:func:`sync_points` of a run as the report and port-check count them: the ops run while
-    compiling and a CPU fallback's copies (the fallback's own) left out."""
-    return sync_points(analysis.run.ops, analysis.op_parent,
-                       exclude=analysis.op_compile.inside | analysis.cpu_fallbacks.inside)
 
 
 def stalled(sync: pd.DataFrame, wait_ns: np.ndarray, kernels: pd.DataFrame) -> np.ndarray:

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.loss_rtol is not None and not args.loss_rtol > 0:
         raise NeuronProfError(f"--loss-rtol {args.loss_rtol}: expected a number > 0")
     from neuron_prof.analysis.compare import LOSS_RTOL
-    from neuron_prof.reports.compare import PHASES, PeakAsked, compare_runs, render_markdown, render_text
+    from neuron_prof.reports.compare import PHASES, PeakAsked, compare_runs, render_markdown, render_text, to_json
     from neuron_prof.progress import Phases
     from neuron_prof.store.run import load
     a, b = load(args.run_a), load(args.run_b)
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                               (prices.get("a"), prices.get("b")), loss_rtol=args.loss_rtol or LOSS_RTOL,
                               progress=progress, peaks=peaks, target=target)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(to_json(result), indent=2))
     else:
         print(render_markdown(result) if args.markdown else render_text(result), end="")
     return 0

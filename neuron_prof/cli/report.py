@@ -40,9 +40,8 @@ def _positive(value: float | None, flag: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuron_prof.analysis.flops import DEVICE_PEAKS
+    from neuron_prof.analysis.flops import DEVICE_PEAKS, PeakRequest
     from neuron_prof.store.run import load
-    from neuron_prof.reports.summary.build import peak_for, with_peak
     from neuron_prof.reports.summary.text import render_text
     from neuron_prof.reports.stored import run_summary
     tflops, gbps = _positive(args.peak_tflops, "--peak-tflops"), _positive(args.peak_gbps, "--peak-gbps")
@@ -50,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise NeuronProfError(f"--peak-device {args.peak_device!r}: not a known device; known: "
                               f"{', '.join(DEVICE_PEAKS)} (or give --peak-tflops and --peak-gbps)")
     run_ = load(args.run)
-    summary = run_summary(run_, top=args.top)  # the run's stored summary when it is fresh
-    summary = with_peak(summary, peak_for(summary, tflops, gbps, args.peak_device, args.calibrate))
+    # the run's stored summary when it is fresh, read against the peaks asked for
+    summary = run_summary(run_, top=args.top, peaks=PeakRequest(tflops, gbps, args.peak_device, args.calibrate))
     check = None
     if args.target:  # the inventory depends on the target and the code as it is now: never stored
         from neuron_prof.reports.port import port_check

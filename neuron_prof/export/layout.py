@@ -26,7 +26,6 @@ from neuron_prof.analysis.compile import first_region_runs, normalize_compile_id
 from neuron_prof.analysis.memory import CATEGORIES, NEVER, figures_from, timeline
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.analysis.steps import own_work
-from neuron_prof.analysis.sync import sync_points
 from neuron_prof.export.clock import RankClock, TraceClock
 from neuron_prof.export.event_columns import lanes, string_args
 from neuron_prof.export.layout_collectives import CollectiveTracks
@@ -61,7 +60,7 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     progress("loading ops and steps")
     analysis = analyze(run)
     ops, marks, steps, threads = run.ops, run.marks, analysis.step_kinds, run.threads
-    sync = sync_points(ops, analysis.op_parent, exclude=analysis.op_compile.inside | analysis.cpu_fallbacks.inside)
+    sync = analysis.sync_points
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,

@@ -28,18 +28,21 @@ import pandas as pd
 from neuron_prof.analysis.port import SITE_COLUMNS, SITE_KINDS, call_sites, mark_ran, op_costs, verdict
 from neuron_prof.reports.records import records
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.analysis.sync import run_sync_points, sync_summary
+from neuron_prof.analysis.sync import sync_summary
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.backends.op_support import PATHS, Target, op_paths
 from neuron_prof.paths import is_user_file
 from neuron_prof.store.run import Run
 from neuron_prof.store.safefile import read_whole
+from neuron_prof.reports.table import aligned
 
 SOURCE_LIMIT = 16 << 20
 """A source file larger than this is not read (no hand-written module is)."""
 SHOWN = 3
 """Lines of an op shown in the text (--json has them all)."""
 READ_COLUMNS = ["source", "name", "kind", "count", "in_steps", "per_step"]
+INDENT = "  "
+"""The text's tables stand under their headings."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def port_check(run: Run, target: Target) -> PortCheck:
     no_kernel = custom[custom["path"].isin(["device", "host", "cpu", "mixed", "missing"])][["op", "path"]]
     unknown = sorted(custom.loc[custom["path"] == "unknown", "op"])
     sites, files = _sites(run)
-    reads = sync_summary(run_sync_points(analysis), analysis.op_basis.steps)
+    reads = sync_summary(analysis.sync_points, analysis.op_basis.steps)
     return PortCheck(str(run.path), target.device,
                      verdict(len(sites), costs["cpu"], len(no_kernel), len(unknown), target.device),
                      sites, files, paths, costs["cpu"], mixed, no_kernel.reset_index(drop=True), unknown,
@@ -169,7 +172,7 @@ def render_text(check: PortCheck, display_path=lambda p: p) -> str:
     if len(sites):
         rows = [[f"{display_path(s.file)}:{s.line}", s.kind, "yes" if s.ran else "no", s.text]
                 for s in sites.itertuples()]
-        out += _aligned(["line", "kind", "ran", "code"], rows)
+        out += aligned(["line", "kind", "ran", "code"], rows, indent=INDENT)
         out += ["", "  what to change:"]
         out += [f"    {kind}: {SITE_KINDS[kind].format(device=device)}" for kind in sorted(set(sites["kind"]))]
     else:
@@ -182,18 +185,20 @@ def render_text(check: PortCheck, display_path=lambda p: p) -> str:
     out += ["", f"What the ops need on {device} ({len(check.ops)} ops checked through the dispatcher)"]
     if len(check.fallbacks):
         out.append("  ops that fall back to the CPU (each call waits for the device and copies its tensors both ways):")
-        out += _aligned(["op", "calls", "self ms", "% of op time", "lines"], _cost_rows(check.fallbacks),
-                        right=(1, 2, 3))
+        out += aligned(["op", "calls", "self ms", "% of op time", "lines"], _cost_rows(check.fallbacks),
+                       right=(1, 2, 3), indent=INDENT)
     else:
         out.append("  no op falls back to the CPU")
     if len(check.mixed):
         out.append("  ops that fall back for some overloads (which one ran, a run does not record):")
         rows = [row[:4] + [", ".join(overloads)]
                 for row, overloads in zip(_cost_rows(check.mixed), check.mixed["cpu_overloads"])]
-        out += _aligned(["op", "calls", "self ms", "% of op time", "overloads that fall back"], rows, right=(1, 2, 3))
+        out += aligned(["op", "calls", "self ms", "% of op time", "overloads that fall back"], rows, right=(1, 2, 3),
+                       indent=INDENT)
     if len(check.no_kernel):
         out.append(f"  custom ops without a {device} kernel:")
-        out += _aligned(["op", f"on {device}"], [[r.op, PATHS[r.path]] for r in check.no_kernel.itertuples()])
+        out += aligned(["op", f"on {device}"], [[r.op, PATHS[r.path]] for r in check.no_kernel.itertuples()],
+                       indent=INDENT)
     if check.unknown:
         out.append(f"  not registered in this process (--import the module that registers them): "
                    f"{', '.join(check.unknown)}")
@@ -210,7 +215,7 @@ def _reads_text(check: PortCheck) -> list[str]:
         return out + ["  none"]
     rows = [[r.source or "?", r.name, str(r.count), "-" if r.per_step is None else f"{r.per_step:.1f}",
              str(r.count - r.in_steps)] for r in reads.itertuples()]
-    out += _aligned(["line", "op", "count", "/step", "elsewhere"], rows, right=(2, 3, 4))
+    out += aligned(["line", "op", "count", "/step", "elsewhere"], rows, right=(2, 3, 4), indent=INDENT)
     per = {"steady": "per steady step", "all": "per step (no steady step: over all)"}.get(check.read_basis,
                                                                                          "no step completed")
     return out + [f"  (/step: {per}; elsewhere: start-up, warm-up steps or set-up; a read moved out of the loop, or "
@@ -222,9 +227,3 @@ def _cost_rows(costs: pd.DataFrame) -> list[list[str]]:
              ", ".join(r.lines[:SHOWN]) + (f" (+{len(r.lines) - SHOWN})" if len(r.lines) > SHOWN else "")]
             for r in costs.itertuples()]
 
-
-def _aligned(head: list[str], body: list[list[str]], right: tuple[int, ...] = ()) -> list[str]:
-    """A fixed-width table, indented; the columns ``right`` (numbers) right-aligned."""
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    return ["  " + "  ".join(x.rjust(w) if i in right else x.ljust(w) for i, (x, w) in enumerate(zip(row, widths)))
-            .rstrip() for row in [head, *body]]

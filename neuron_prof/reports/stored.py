@@ -30,7 +30,8 @@ from neuron_prof.store import documents
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.run import Run
 from neuron_prof.store.safefile import atomic_output, read_whole
-from neuron_prof.reports.summary.build import TOP_N, command_exit, summarize
+from neuron_prof.analysis.flops import PeakRequest
+from neuron_prof.reports.summary.build import TOP_N, command_exit, peak_for, summarize, with_peak
 from neuron_prof.reports.summary.codec import NotASummary
 from neuron_prof.reports.summary.sections import Summary
 
@@ -161,15 +162,20 @@ def write_summary(run: Run, summary: Summary, top: int = TOP_N) -> bool:
     return True
 
 
-def run_summary(run: Run, top: int = TOP_N, store: bool = True) -> Summary:
-    """``summarize(run, top)``: read from the run when the stored one is fresh, else computed (and,
-    with ``store``, stored for the next reader: a run captured without it, or changed since)."""
+def run_summary(run: Run, top: int = TOP_N, store: bool = True, peaks: PeakRequest = PeakRequest()) -> Summary:
+    """``summarize(run, top, peaks)``: read from the run when the stored one is fresh, else computed
+    (and, with ``store``, stored for the next reader: a run captured without it, or changed since).
+    The stored summary is the one of no peak (``PeakRequest()``, what the capture stores): for
+    another request it is read against the peaks asked for (``with_peak``), never served as it is,
+    and a summary computed for one is not stored (its key names no peak)."""
     summary = load_summary(run, top)
     if summary is not None:
-        return summary
-    summary = summarize(run, top)
+        if peaks == PeakRequest():
+            return summary
+        return with_peak(summary, peak_for(summary, peaks.tflops, peaks.gbps, peaks.device, peaks.calibrate))
+    summary = summarize(run, top, peaks)
     counts["computed"] += 1
-    if store and top == TOP_N:
+    if store and top == TOP_N and peaks == PeakRequest():
         write_summary(run, summary, top)
     return summary
 

@@ -1,6 +1,6 @@
 """Compare: this run against a second one, the migration checklist side by side (step time,
 throughput, compile stability, coverage, sync stalls, memory, loss agreement:
-``analysis.compare.checklist``, what ``neuron-prof compare`` prints), the graph breaks of one run
+``reports.compare.compare_runs``, what ``neuron-prof compare`` prints), the graph breaks of one run
 only, each step's loss and step time, and the ops whose time changed most.
 
 The second run is ``$NEURON_PROF_DIFF_RUN`` (``neuron-prof view RUN --compare RUN2``) or one of the
@@ -14,10 +14,9 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis.compare import checklist
 from neuron_prof.analysis.metrics import series
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.reports.compare import format_value, side
+from neuron_prof.reports.compare import compare_runs, format_value
 from neuron_prof.viewer import data
 from neuron_prof.viewer.text import md, plot
 
@@ -80,8 +79,9 @@ this_is_baseline = st.toggle("use this run as the baseline", key="diff_swap",
 a_path, b_path = (current, other) if this_is_baseline else (other, current)
 a_name, b_name = (a_path.name, b_path.name) if a_path.name != b_path.name else (str(a_path), str(b_path))
 run_a, run_b = data.load(a_path), data.load(b_path)
-result = checklist(side(run_a, "a", summary=data.summary(a_path)), side(run_b, "b", summary=data.summary(b_path)))
-cmp = result["rows"]
+compared = compare_runs(run_a, run_b, summaries=(data.summary(a_path), data.summary(b_path)))
+result = compared.checklist
+cmp = pd.DataFrame(result.rows)
 st.caption(f"**a** (baseline): {md(a_path)} · **b**: {md(b_path)} · ratio = b / a; lower is better but where "
            "marked higher; measured numbers within 5% count as the same. `neuron-prof compare A B` prints the "
            "same (with `--price` for the cost per million tokens, `--markdown` for a report)")
@@ -104,7 +104,7 @@ if better:
     st.success(f"better in b: {', '.join(better)}")
 if not worse and not better:
     st.info("no checklist number changed beyond noise")
-for note in result["notes"]:
+for note in result.notes:
     st.caption(md(note))
 
 _COLORS = {"better": "color: green", "worse": "color: red; font-weight: bold", "diverged": "color: red; font-weight: bold"}
@@ -112,14 +112,12 @@ table = cmp.rename(columns={"a": f"a: {a_name}", "b": f"b: {b_name}"})
 st.dataframe(table.style.map(lambda v: _COLORS.get(v, ""), subset=["verdict"]), hide_index=True,
              column_config={"ratio": st.column_config.NumberColumn("ratio b/a", format="%.2fx")})
 
-for key, name in (("a_only", a_name), ("b_only", b_name)):
-    sites = result["graph_breaks"][key]
+for key, sites in (("a", compared.breaks_a_only), ("b", compared.breaks_b_only)):
     if sites:
-        st.subheader(f"Graph breaks only in {key[0]}")
+        st.subheader(f"Graph breaks only in {key}")
         st.dataframe(pd.DataFrame(sites)[["source", "reason_class", "reason", "breaks"]], hide_index=True)
 
 st.subheader("Loss per step")
-loss = result["loss"]
 losses = pd.concat([pd.DataFrame({"step": v.index, "loss": v.to_numpy(), "run": label})
                     for label, v in ((f"a: {plot(a_name)}", series(run_a.metrics, "loss")),
                                      (f"b: {plot(b_name)}", series(run_b.metrics, "loss")))], ignore_index=True)
@@ -130,10 +128,10 @@ else:
     st.caption(md(cards.loc["loss: max relative difference", "detail"]))
 
 st.subheader("Ops whose time changed most")
-if result["ops"].empty:
+if not result.ops:
     st.caption("no steady captured step in one of the runs")
 else:
-    st.dataframe(result["ops"], hide_index=True,
+    st.dataframe(pd.DataFrame(result.ops), hide_index=True,
                  column_config={"a_ms_per_step": st.column_config.NumberColumn("a ms/step", format="%.3f"),
                                 "b_ms_per_step": st.column_config.NumberColumn("b ms/step", format="%.3f"),
                                 "change_ms": st.column_config.NumberColumn("change ms/step", format="%+.3f")})

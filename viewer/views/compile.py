@@ -11,7 +11,6 @@ import plotly.express as px
 import streamlit as st
 
 from neuron_prof.analysis import compile as comp
-from neuron_prof.analysis.ops import in_steps
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.reports.summary.sections import BreakSite
 from neuron_prof.viewer import data
@@ -22,11 +21,7 @@ from neuron_prof.viewer.text import md, plot_array
 
 @st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
 def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
-    run = data.load(Path(path))
-    analysis = analyze(run)
-    basis = analysis.op_basis
-    runs = comp.region_runs(run.ops, analysis.op_parent, analysis.op_compile.compile_ns)
-    return comp.graph_runs(runs[in_steps(runs, basis.steps)] if len(runs) else runs, basis.per_rank)
+    return analyze(data.load(Path(path))).graph_runs
 
 
 def _recorded_files(run, stack_ids) -> set[str]:
@@ -145,7 +140,7 @@ else:
         "hit_rate": st.column_config.ProgressColumn("hit rate", format="percent", min_value=0, max_value=1)})
 
 st.subheader("Fusion groups per kernel")
-fus = comp.top_fusions(run.fusions, len(run.fusions))
+fus = comp.top_fusions(run.fusions)
 if fus.empty:
     st.caption("no fused kernels recorded (inductor generates them; eager and aot_eager don't fuse)")
 else:

@@ -20,7 +20,7 @@ from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import flops
 from neuron_prof.analysis import memory as mem
-from neuron_prof.analysis import metrics as scalars
+from neuron_prof.analysis import metrics
 from neuron_prof.analysis import precision
 from neuron_prof.analysis import streams
 from neuron_prof.analysis.accelerator import ran_on_device
@@ -30,10 +30,10 @@ from neuron_prof.analysis.intervals import length_by_key
 from neuron_prof.analysis.ops import comm_ops, in_steps, op_stats, phase_time
 from neuron_prof.reports.records import records
 from neuron_prof.analysis.recompute import recompute_by_module
-from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.analysis.run_analysis import RunAnalysis, analyze
 from neuron_prof.analysis.steps import step_breakdown, step_stats, steps_per_rank, time_split
 from neuron_prof.analysis.stragglers import NO_SPANS, SHARE, Spans, steady_steps, straggler_steps, stragglers
-from neuron_prof.analysis.sync import run_sync_points, stalled, sync_summary
+from neuron_prof.analysis.sync import stalled, sync_summary
 from neuron_prof.store.run import Run
 from neuron_prof.reports.summary.codec import ABSENT
 from neuron_prof.reports.summary.sections import (
@@ -74,8 +74,9 @@ def run_op_stats(run: Run, by: tuple[str, ...] = ("name", "module")) -> pd.DataF
     return stats
 
 
-def summarize(run: Run, top: int = TOP_N) -> Summary:
-    """Everything the report shows (``top``: rows of the longest lists: ops, kernels, sites)."""
+def summarize(run: Run, top: int = TOP_N, peaks: flops.PeakRequest = flops.PeakRequest()) -> Summary:
+    """Everything the report shows (``top``: rows of the longest lists: ops, kernels, sites), its
+    efficiency read against the peaks ``peaks`` asks for."""
     meta = run.meta
     analysis = analyze(run)
     kinds = analysis.step_kinds
@@ -87,14 +88,12 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
     stats = run_op_stats(run).head(top)
     top_level = analysis.scoped_ops(top_level=True)
     phase_ns = phase_time(ops, analysis.op_phase, analysis.op_compile.run_self_ns, keep)
-    sync = run_sync_points(analysis)
+    sync = analysis.sync_points
     flushes = run.queue_flushes
     measured = run.device_kernels.size or flushes.size or analysis.cpu_fallbacks.table.size or run.device_copies.size
     sync_waits = dev.sync_waits(sync, flushes) if measured else None
     stalls = stalled(sync, sync_waits, run.device_kernels) if measured else None
-    runs = comp.region_runs(ops, parent, compile_ns)
-    scope_runs = runs[in_steps(runs, scope)] if len(runs) else runs
-    sites = comp.graph_break_sites(run.graph_breaks, scope_runs, n_scope)
+    sites = analysis.graph_break_sites
     recompiles = comp.recompile_summary(run.recompiles, run.compiles)
     ctime = comp.compile_time(run.compiles, run.compile_phases)
     warmup = kinds[kinds["warmup"]]
@@ -120,10 +119,10 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
         ops=OpsSection(captured_steps=n_scope, basis=basis, events=int(len(ops)), compile_events=int(inside.sum()),
                        top_by_self_time=_rows(OpRow, stats)),
         precision=PrecisionSection(time=precision.time_basis(run.device_kernels), mix=_rows(PrecisionShare, analysis.precision_mix),
-                                   left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32(top))),
+                                   left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32.groupby("rank").head(top))),
         recompute=_rows(Recompute, recompute_by_module(ops, parent, analysis.op_compile.run_self_ns, keep,
                                                        analysis.op_basis.per_rank)),
-        efficiency=_efficiency(run, top),
+        efficiency=_efficiency(analysis, top, peaks),
         sync_points=SyncSection(events=int(len(sync)), waits_measured=bool(measured), on_device=ran_on_device(run),
                                 by_source=_rows(SyncSite, sync_summary(sync, scope, sync_waits, stalls)),
                                 stalls=int(stalls.sum()) if stalls is not None else ABSENT),
@@ -140,12 +139,12 @@ def summarize(run: Run, top: int = TOP_N) -> Summary:
             recompiles_by_frame=_rows(FrameRecompiles, recompiles),
             compile_time=_compile_time(ctime.head(top)),
             cache=_rows(CacheStats, comp.cache_stats(run.compile_cache)),
-            top_fusions=_rows(FusedKernel, comp.top_fusions(run.fusions, top)),
-            graph_runs=_rows(GraphRun, comp.graph_runs(scope_runs, n_scope).head(top)),
+            top_fusions=_rows(FusedKernel, comp.top_fusions(run.fusions).head(top)),
+            graph_runs=_rows(GraphRun, analysis.graph_runs.head(top)),
         ),
         memory=_memory(run, top),
         collectives=collectives,
-        metrics=_rows(MetricSummary, scalars.summary(run.metrics)),
+        metrics=_rows(MetricSummary, metrics.summary(run.metrics)),
         dumps=_dumps(run),
         health=Health(
             damage=[DamagedFile(rank=rd.rank, file=str(d.file.relative_to(run.path)), what=d.what,
@@ -171,34 +170,17 @@ def command_exit(exit: dict[str, Any] | None) -> CommandExit | None:
     return CommandExit(code=exit.get("code", ABSENT), signal=exit.get("signal", ABSENT))
 
 
-def _efficiency(run: Run, top: int) -> EfficiencySection:
-    """FLOPs per basis step, the FLOP/s achieved, and per op name and device kernel their bytes,
-    FLOP/s and intensity (``analysis.flops``), over the op scope. No peak: MFU and the roofline
-    positions are None here, filled by :func:`with_peak` for the reader's peak (the summary is
-    stored once, a peak may be given at every read)."""
-    analysis = analyze(run)
-    ops, keep, basis = run.ops, analysis.op_scope, analysis.op_basis
-    parent = analysis.op_parent
-    f = flops.op_flops(ops, parent)
-    steps = flops.step_flops(ops, f, keep, basis.steps)
-    run_ns = ops["dur"].to_numpy() - analysis.op_compile.compile_ns
-    kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
-    if len(run.device_kernels) and len(ops):
-        depth = int(ops["depth"].max())
-        kernels = flops.kernel_efficiency(analysis.device_correlation, f, parent, depth, basis.steps, basis.per_rank,
-                                          top)
-        # on a device an op's host time is its launch: rated on the device time of its work instead
-        device_ns = flops.op_device_ns(analysis.device_correlation, f, parent, depth, len(ops))
-        run_ns = np.where(device_ns >= 0, device_ns, run_ns)
-    unpeaked = {"bound": None, "roof_pct": None}
+def _efficiency(analysis: RunAnalysis, top: int, peaks: flops.PeakRequest) -> EfficiencySection:
+    """FLOPs per basis step, the FLOP/s achieved, MFU, and per op name and device kernel (``top``
+    per rank) their bytes, FLOP/s, intensity and place under the roofline, against the peaks
+    ``peaks`` resolves to (``RunAnalysis.efficiency``)."""
+    e = analysis.efficiency(peaks)
     return EfficiencySection(
-        basis=basis.kind, basis_steps=basis.per_rank, precision=flops.flop_precision(ops, f, keep),
-        peak=Peak(tflops=None, gbps=None, source=flops.NO_PEAK),
-        ranks=_rows(FlopsRank, flops.rank_flops(steps, ops, f, keep).assign(mfu_pct=None)),
-        steps=_rows(FlopsStep, steps.assign(mfu_pct=None)),
-        ops=_rows(OpEfficiency, flops.op_efficiency(ops, f, run_ns, keep, basis.per_rank).assign(**unpeaked)),
-        kernels=_rows(KernelEfficiency, kernels.assign(**unpeaked)),
-        unknown=_rows(FlopsUnknown, flops.unknown_ops(ops, f, keep, basis.per_rank)))
+        basis=analysis.op_basis.kind, basis_steps=analysis.op_basis.per_rank, precision=e.precision,
+        peak=Peak(tflops=e.peak_tflops, gbps=e.peak_gbps, source=e.peak_source),
+        ranks=_rows(FlopsRank, e.ranks), steps=_rows(FlopsStep, e.steps), ops=_rows(OpEfficiency, e.ops),
+        kernels=_rows(KernelEfficiency, e.kernels.groupby("rank").head(top)),
+        unknown=_rows(FlopsUnknown, e.unknown))
 
 
 def peak_for(summary: Summary, tflops: float | None = None, gbps: float | None = None, device: str | None = None,
@@ -301,9 +283,9 @@ def _device(run: Run, kinds: pd.DataFrame, scope: pd.DataFrame, basis: str, top:
                                                 idle_ms=verdicts["idle_ns"] / 1e6, wait_ms=verdicts["wait_ns"] / 1e6)
                     .drop(columns=["dur", "busy_ns", "idle_ns", "wait_ns"])) if len(verdicts) else [],
         stalls=_rows(Stall, dev.stalls(run.queue_flushes, scope)),
-        top_kernels=_rows(TopKernel, dev.top_kernels(kernels, corr, scope, top)),
+        top_kernels=_rows(TopKernel, dev.top_kernels(kernels, corr, scope).head(top)),
         fusion=_rows(Fusion, dev.fusion(kernels)),
-        unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope, top)),
+        unfused=_rows(UnfusedRun, dev.unfused_sequences(kernels, corr, scope).head(top)),
         copies=_rows(DeviceCopy, dev.copy_summary(run.device_copies, scope)),
         fallbacks=_rows(Fallback, dev.fallback_summary(analysis.cpu_fallbacks.table, scope)),
         coverage=_rows(Coverage, dev.coverage(analysis.cpu_fallbacks.native, analysis.cpu_fallbacks.table)),
@@ -419,8 +401,8 @@ def _memory(run: Run, top: int) -> MemorySection | NotCaptured:
                                                   "alloc_bytes", "category")})
             device.peak_by_category = _rows(CategoryBytes, mem.snapshot(allocs, int(best["ts"]), "category",
                                                                         int(g["rank"]), g["device"]))
-            device.peak_sites = _rows(PeakSite, mem.peak_sites(allocs, int(g["rank"]), g["device"], int(best["ts"]),
-                                                               top))
+            device.peak_sites = _rows(PeakSite, mem.peak_sites(allocs, int(g["rank"]), g["device"],
+                                                               int(best["ts"])).head(top))
         devices.append(device)
     return MemorySection(devices=devices, process=_rows(ProcessMemory, mem.process_growth(run.process_memory, run.steps)),
                          leaks=_rows(MemoryLeak, analysis.memory_leaks),

@@ -17,6 +17,7 @@ from neuron_prof.reports.findings import (LINES_NOTE, Sited, called_from, confir
                                   dump_queue_text, figures_text, findings, in_flight_text, process_note, ranks_text,
                                   lost_to_damage, stall_site, steps_text, straggler_text, user_line)
 from neuron_prof.store.reader import describe_exit
+from neuron_prof.reports.table import aligned
 from neuron_prof.reports.summary.codec import ABSENT, to_json
 from neuron_prof.reports.summary.sections import (ClockOffset, CollectivesSection, CompileSection, DeviceSection, Dump,
                                           EfficiencySection, MemorySection, MetricSummary,
@@ -120,7 +121,8 @@ def _render_efficiency(e: EfficiencySection, basis: str) -> list[str]:
 
 
 def _table(rows: Sequence[R], cols: list[Column]) -> list[str]:
-    """Fixed-width text table: a missing number reads ``-``, missing text nothing."""
+    """``rows`` as a fixed-width table (``table.aligned``): a missing number reads ``-``, missing text
+    nothing; numbers right-aligned but in the first and last columns."""
     cells = [[h for h, _, _ in cols]]
     for r in rows:
         line = []
@@ -128,9 +130,8 @@ def _table(rows: Sequence[R], cols: list[Column]) -> list[str]:
             v = cell(r)
             line.append("-" if v is None and f else format(v, f) if f else str(v if v is not None else ""))
         cells.append(line)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    return ["  " + "  ".join(c.ljust(w) if i in (0, len(cols) - 1) or not cols[i][1] else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in cells]
+    numbers = {i for i, (_, f, _) in enumerate(cols) if f and i not in (0, len(cols) - 1)}  # the ends: left
+    return aligned(cells[0], cells[1:], right=numbers, indent="  ")
 
 
 def _most(rows: list[R], key: Callable[[R], float]) -> list[R]:
