@@ -6,17 +6,15 @@ import sys
 import threading
 from typing import Iterable, Sequence
 
-from neuron_prof.capture.always_on import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS, AlwaysOn
+from neuron_prof.capture.always_on import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
 from neuron_prof.recording.api import frames_of
 from neuron_prof.capture.autostep import OptimizerStepClock
 from neuron_prof.capture.buffer import DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.capture.options import DEFAULT_COLLECTORS, CaptureOptions
 from neuron_prof.capture.ownership import current
-from neuron_prof.capture.scalars import check_value
+from neuron_prof.capture.scalars import per_step
 from neuron_prof.capture.schedule import Schedule
-from neuron_prof.capture.session import DEFAULT_COLLECTORS, Session, log
-
-
-MODES = ("detail", "always-on")
+from neuron_prof.capture.session import Session, log
 
 
 class profile:  # noqa: N801 - mirrors torch.profiler.profile
@@ -59,17 +57,13 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
                  hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S, follow_cpu_memory: bool = False,
                  tokens_per_step: float | None = None,
                  samples_per_step: float | None = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
-        if follow_cpu_memory and mode != "always-on":
-            raise ValueError("follow_cpu_memory is for mode=\"always-on\" (detail capture follows CPU memory at "
-                             "every step already); drop it or pass mode=\"always-on\"")
-        always_on = (AlwaysOn(ring_steps=ring_steps, detail_every=detail_every, hang_timeout_s=hang_timeout_s,
-                              follow_cpu_memory=follow_cpu_memory) if mode == "always-on" else None)
-        self.session = Session(run_dir, schedule, collectors, max_buffered_events=max_buffered_events,
-                               max_events=max_events, max_bytes=max_bytes, command=command, run_id=run_id,
-                               origin_ns=origin_ns, yield_if_stepless=yield_if_stepless, always_on=always_on,
-                               step_scalars=_per_step(tokens_per_step, samples_per_step))
+        options = CaptureOptions(
+            run_dir=run_dir, schedule=schedule, collectors=collectors, auto_step=auto_step,
+            max_buffered_events=max_buffered_events, max_events=max_events, max_bytes=max_bytes, command=command,
+            origin_ns=origin_ns, run_id=run_id, yield_if_stepless=yield_if_stepless, mode=mode, ring_steps=ring_steps,
+            detail_every=detail_every, hang_timeout_s=hang_timeout_s, follow_cpu_memory=follow_cpu_memory,
+            tokens_per_step=tokens_per_step, samples_per_step=samples_per_step)
+        self.session = Session(options)
         self._clock = OptimizerStepClock(self.session.step) if auto_step else None
 
     @property
@@ -104,7 +98,7 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     def step(self, tokens: float | None = None, samples: float | None = None) -> None:
         """End the current training step; ``tokens``/``samples``: what it trained on (throughput
         and cost per token in ``neuron-prof compare``; default: ``tokens_per_step``/``samples_per_step``)."""
-        self.session.step(None if tokens is None and samples is None else _per_step(tokens, samples))
+        self.session.step(None if tokens is None and samples is None else per_step(tokens, samples))
 
     def dump(self, reason: str = "on demand") -> bool:
         """Always-on mode: write the last sampled steps' detail into the run now (the job goes on)."""
@@ -121,8 +115,3 @@ class profile:  # noqa: N801 - mirrors torch.profiler.profile
     def __exit__(self, exc_type, exc, tb) -> None:
         self.stop(exc if isinstance(exc, BaseException) else None)
 
-
-def _per_step(tokens: float | None, samples: float | None) -> dict[str, float]:
-    """The per-step scalars given, checked (a one-line error for what is not a number)."""
-    given = {name: v for name, v in (("tokens", tokens), ("samples", samples)) if v is not None}
-    return {name: check_value(name, v) for name, v in given.items()}

@@ -50,6 +50,13 @@ def check_value(name: str, value: Any) -> Any:
         raise NeuronProfError(f"neuron_prof.log({name!r}): {type(value).__name__} is not a number") from None
 
 
+def per_step(tokens: float | None, samples: float | None) -> dict[str, float]:
+    """The per-step scalars given (``tokens``, ``samples``), checked (a one-line error for what is
+    not a number)."""
+    given = {name: v for name, v in (("tokens", tokens), ("samples", samples)) if v is not None}
+    return {name: check_value(name, v) for name, v in given.items()}
+
+
 def _read(rows: list[tuple[int, int, int, Any]]) -> list[tuple[int, int, int, float]]:
     """The rows with their tensors read (a value is a float or a one-element tensor)."""
     return [(ts, tid, name, v if isinstance(v, float) else float(v.item())) for ts, tid, name, v in rows]

@@ -1,49 +1,44 @@
 """The capture session: owns the collectors, the step clock, the interners and the rank writer.
 
 It implements the Recorder protocol (neuron_prof.recording.api) that collectors write to, and is the
-only place that decides when data is kept, flushed and committed. What it holds between flushes
-and the rank's disk budget are ``capture_buffer``'s; which process records and writes the rank's
-folder is ``ownership``'s.
+only place that decides when data is kept, flushed and committed. Its parts, one job each: which
+steps are captured in detail (``windows``), the step rows and the rank's writer that flushes write
+(``flushing``), the always-on ring and its dumps (``dumps``), what it holds between flushes and the
+rank's disk budget (``buffer``), which process records and writes the rank's folder
+(``ownership``).
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
-from neuron_prof.capture.always_on import BACKGROUND_INTERVAL_S, AlwaysOn, Background, DetailRing, Triggers, exit_by_signal, traceback_frames
-from neuron_prof.recording.api import frames_of
-from neuron_prof.capture.buffer import (DEFAULT_MAX_BUFFERED_EVENTS, DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS,
-                                        DETAIL_TABLES, IDLE_FLUSH_INTERVAL_NS, CaptureBuffer)
+from neuron_prof.capture.always_on import BACKGROUND_INTERVAL_S, Background, Triggers, exit_by_signal, traceback_frames
+from neuron_prof.capture.dumps import SampledDetail
+from neuron_prof.capture.flushing import RankOrigin, StepJournal, open_writer
+from neuron_prof.capture.buffer import IDLE_FLUSH_INTERVAL_NS, CaptureBuffer
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.interner import Interner
 from neuron_prof.capture.ondemand import ControlChannel
-from neuron_prof.capture.ownership import (claim_process, device_name, forget_in_child, open_rank, rank_and_world,
-                                   release_process, yields_rank)
-from neuron_prof.recording.api import Collector
+from neuron_prof.capture.options import RECORD_ENV, CaptureOptions
+from neuron_prof.capture.ownership import claim_process, forget_in_child, rank_and_world, release_process, yields_rank
+from neuron_prof.recording.api import Collector, frames_of
 from neuron_prof.store.schema import Frame, went_on
 from neuron_prof.capture.scalars import ScalarBuffer
-from neuron_prof.capture.schedule import Action, Schedule
-from neuron_prof.store.schema import RUN_META, SCHEMA_VERSION, TABLES, row_dtype
-from neuron_prof.store.step_ring import StepRing
-from neuron_prof.store.writer import RankWriter, load_json, update_run_meta
+from neuron_prof.capture.schedule import Action
+from neuron_prof.capture.windows import Windows
+from neuron_prof.store.writer import RankWriter
 
 log = logging.getLogger("neuron_prof")
 
-DEFAULT_COLLECTORS = ("eager", "compiler", "memory", "collectives", "device", "loss")
-_STEP_ROW = row_dtype(TABLES["steps"])
 STARTUP_SPAN = "start-up"
 SUMMARY_AT_CLOSE_ROWS = 1_000_000
 """A rank that wrote this many op and mark rows has its run's summary stored at close (in the
@@ -65,63 +60,48 @@ def _make_collectors(names: Iterable[str]) -> list[Collector]:
 class Session:
     """One capture in one process (one rank). Use ``neuron_prof.profile`` rather than this directly."""
 
-    def __init__(self, run_dir: str | os.PathLike, schedule: Schedule | None = None,
-                 collectors: Iterable[str] = DEFAULT_COLLECTORS, *,
-                 max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
-                 max_events: int = DEFAULT_MAX_EVENTS, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                 command: Sequence[str] | None = None, run_id: str | None = None, origin_ns: int | None = None,
-                 yield_if_stepless: bool = False, always_on: AlwaysOn | None = None,
-                 step_scalars: Mapping[str, float] | None = None) -> None:
-        if always_on is not None and schedule is not None:
-            raise ValueError("always-on capture samples its own detail steps and takes no schedule")
-        self.run_dir = Path(run_dir)
+    def __init__(self, options: CaptureOptions) -> None:
+        self.run_dir = Path(options.run_dir)
         # one id per capture: every process of one `record` shares record's; a session of its own
         # (the profile() API) has its own. rank.json carries it, so a folder's owner is known.
-        self.run_id = run_id or uuid.uuid4().hex
-        self._run_id_scope = "command" if run_id else "process"
-        self._origin_ns = origin_ns  # capture start when given (record: the interpreter's start)
+        self.run_id = options.run_id or uuid.uuid4().hex
+        self._run_id_scope = "command" if options.run_id else "process"
+        self._origin_ns = options.origin_ns  # capture start when given (record: the interpreter's start)
         # a capture that completes no step writes nothing if its rank is already this run's
         # (record's launcher-like processes: the ranks they start write the run)
-        self.yield_if_stepless = yield_if_stepless
+        self.yield_if_stepless = options.yield_if_stepless
         # capture began with the process (origin_ns, record): until its first module call the
         # process is starting up (imports, model and data set-up), and that is not step 0
         self._first_call_ns: int | None = None
-        self.schedule = schedule
         # scalars every step has (record --tokens-per-step): logged at each boundary unless the
         # step's own call gives them
-        self.step_scalars = {name: float(v) for name, v in (step_scalars or {}).items()}
-        self.max_buffered_events = max_buffered_events
+        self.step_scalars = {name: float(v) for name, v in options.step_scalars().items()}
+        self.max_buffered_events = options.max_buffered_events
+        command = options.command
         self.command = list(command) if command is not None else [sys.executable, *sys.argv]
-        self.collectors = _make_collectors(collectors)
+        self.collectors = _make_collectors(options.collectors)
         self._on_step = [c for c in self.collectors if hasattr(c, "on_step")]
         self._excluders = [c for c in self.collectors if hasattr(c, "exclude")]
         self.step_num = 0
         self._interner = Interner()
-        self._buffer = CaptureBuffer(max_events, max_bytes)
+        self._buffer = CaptureBuffer(options.max_events, options.max_bytes)
         self._scalars = ScalarBuffer()
         self._scalar_ids: dict[str, int] = {}  # a scalar's name -> its string id (a loss per backward())
         self._failed: set[str] = set()
         self._writer: RankWriter | None = None
         self._lock = threading.RLock()
-        self._window_on = False
         self._step_start = 0
         self._started = False
         self._closed = False
-        self._step_rows: list[tuple[int, int, int, bool, bool]] = []  # steps ended since the last flush
-        self._step_ring: StepRing | None = None  # every step's row as it ends, kill -9 or not (neuron_prof.store.step_ring)
-        self._step_ring_tried = False
+        self._journal = StepJournal()
         # always-on (neuron_prof.capture.always_on): sampled steps' detail goes to a ring, written by dumps;
         # steps asked for on demand (capture_next) go to disk like a scheduled window's
-        self.always_on = always_on
-        self._ring = DetailRing(always_on.max_ring_rows) if always_on else None
-        self._sampled: deque[tuple[int, int]] = deque(maxlen=always_on.ring_steps if always_on else 1)
-        """(step, start) of the completed sampled steps whose detail the ring holds, oldest first."""
-        self._on_demand = (0, 0)  # [first, end) steps captured on demand, straight to disk
-        self._requested = 0  # steps asked for by capture_next, from the next boundary on
+        self.always_on = always_on = options.always_on()
+        self._windows = Windows(options.schedule, always_on, self._buffer)
+        self._detail = SampledDetail(always_on) if always_on else None
         self._triggers: Triggers | None = None
         self._background: Background | None = None
         self._channel: ControlChannel | None = None  # on-demand requests (neuron-prof trigger PID)
-        self._dumping = False
         self._deferred: tuple[str, list[Frame], int | None] | None = None
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forked())
@@ -200,7 +180,7 @@ class Session:
     @property
     def recording(self) -> bool:
         """True while detailed capture is on (warmup or active step)."""
-        return self._window_on
+        return self._windows.on
 
     def start(self) -> "Session":
         claim_process(self)
@@ -237,28 +217,28 @@ class Session:
             now = time.monotonic_ns()
             if self.step_num == 0 and self._origin_ns is not None:
                 self._split_startup()
-            action = self._action(self.step_num)
+            action = self._windows.action(self.step_num)
             self._append_step(now, complete=True, action=action)
-            if self._ring is None or self._scalars.device_due():
+            if self._detail is None or self._scalars.device_due():
                 self._settle_scalars(final=False)  # always-on: host values are read by _tick
             for c in self._on_step:
                 self._guard(c, c.on_step, self.step_num, now)
-            if self._requested:
+            if self._windows.requested:
                 self._begin_on_demand()
             mark = now
-            if self._window_on and self._window_ends_here():
+            if self._windows.on and self._windows.ends_after(self.step_num):
                 # a window closing: the ops open on this thread (torch.optim's step range, whose
                 # post-hook ends the step) end here, in this step's data (reopened by _enter_step)
                 mark = self._own_work_since(mark)
                 self._set_window(False)
-            if self._ring is not None:
+            if self._detail is not None:
                 self._always_on_step_end(action, now)
             elif self._flush_due(action, now):
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
             # the next step begins after our own work: steps are contiguous but for these gaps
             # (a window that was on in this step: ops still open on this thread must not count it)
-            self._step_start = self._own_work_since(mark) if self._window_on or mark != now else time.monotonic_ns()
+            self._step_start = self._own_work_since(mark) if self._windows.on or mark != now else time.monotonic_ns()
             self._enter_step()
             if self._triggers is not None:
                 self._triggers.step_done(self._step_start)
@@ -269,7 +249,7 @@ class Session:
         """Always-on capture: write the detail of the last steps and of the step in flight into
         the run now, with a ``dumps`` row per thread in ``stacks`` ((OS tid, frames innermost
         first); default: the caller's). False if capture is not running."""
-        if self._ring is None:
+        if self._detail is None:
             raise NeuronProfError("dump() needs always-on capture: neuron_prof.profile(..., mode=\"always-on\")")
         if stacks is None:
             stacks = [(threading.get_native_id(), frames_of(sys._getframe(1)))]
@@ -284,12 +264,10 @@ class Session:
         """Always-on capture: capture the next ``steps`` steps (from the next step boundary on) in
         full detail, written to the run like a scheduled window's. Safe from any thread (the
         on-demand channel's, a signal handler)."""
-        if self._ring is None:
+        if self._detail is None:
             raise NeuronProfError("capture_next() is for always-on capture: neuron_prof.profile(..., "
                                   "mode=\"always-on\"); a detail capture records every step already")
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, not {steps}")
-        self._requested = max(self._requested, int(steps))
+        self._windows.request(steps)
 
     def request_dump(self, reason: str, frames: list[Frame], then_exit: int | None = None) -> None:
         """A signal handler's dump. A signal that lands in the session's own work (its lock held
@@ -299,7 +277,7 @@ class Session:
             self._deferred = (reason, frames, then_exit)
             return
         try:
-            if self._ring is not None and self.dump(reason, [(threading.get_native_id(), frames)]):
+            if self._detail is not None and self.dump(reason, [(threading.get_native_id(), frames)]):
                 if then_exit is not None:
                     self.stop()
         finally:
@@ -326,13 +304,11 @@ class Session:
                 for c in self.collectors:
                     if hasattr(c, "on_error"):
                         self._guard(c, c.on_error, self, exc, self.step_num)
-                if self._ring is not None:
+                if self._detail is not None:
                     self._write_dump(f"exception: {type(exc).__name__}: {exc}".strip()[:2000],
                                      [(threading.get_native_id(), traceback_frames(exc))])
-            self._flush(keep=self._action(self.step_num) is Action.RECORD, final=True)
-            if self._step_ring is not None:
-                self._step_ring.remove()  # the rank is closed: its tables hold every step
-                self._step_ring = None
+            self._flush(keep=self._windows.action(self.step_num) is Action.RECORD, final=True)
+            self._journal.close()
             self._set_window(False)
             for c in self.collectors:
                 self._guard(c, c.uninstall)
@@ -346,73 +322,35 @@ class Session:
         self.stop(getattr(sys, "last_value", None))
 
     # ---- internals
-    def _action(self, step: int) -> Action:
-        if self._buffer.cut is not None:
-            return Action.NONE
-        if self.always_on is not None:
-            return Action.RECORD if self._is_on_demand(step) or self.always_on.sampled(step) else Action.NONE
-        return Action.RECORD if self.schedule is None else self.schedule.action(step)
-
-    def _is_on_demand(self, step: int) -> bool:
-        return self._on_demand[0] <= step < self._on_demand[1]
-
-    def _window_ends_here(self) -> bool:
-        """At this step's end the window closes if the next step records nothing, or (always-on)
-        if its detail goes elsewhere: a sampled step's to the ring, an on-demand step's to disk.
-        Either way the ops still open belong to this step, on its side."""
-        step = self.step_num
-        if self._action(step + 1) is Action.NONE:
-            return True
-        return self._ring is not None and self._is_on_demand(step) != self._is_on_demand(step + 1)
-
     def _flush_due(self, action: Action, now: int) -> bool:
         """Detail steps flush at every boundary (what a kill -9 can lose is the step in flight);
         other steps flush about once a second, their rows in the step ring meanwhile."""
         return (action is not Action.NONE or now - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS
-                or self._steps_due())
-
-    def _steps_due(self) -> bool:
-        """Step rows are committed now, whatever the mode: at the first boundary (the commit
-        makes the rank's folder, and with it the step ring), and before the ring would lap a row
-        not committed yet (steps far shorter than the background thread's second)."""
-        if self._step_ring is None:
-            return not self._step_ring_tried
-        return len(self._step_rows) >= self._step_ring.room
-
-    def _open_step_ring(self, writer: RankWriter) -> None:
-        """The rank's step ring, made with its folder. A file system that cannot map it leaves a
-        failure row: a kill -9 may then lose the last second of step rows."""
-        self._step_ring_tried = True
-        try:
-            self._step_ring = StepRing(writer.dir)
-        except OSError as exc:
-            self.failure("step ring", OSError(f"{exc}; a kill -9 may lose the last second of step rows"))
+                or self._journal.due())
 
     def _begin_on_demand(self) -> None:
         """capture_next's steps begin with the next step (a window already open on demand grows)."""
-        first = self._on_demand[0] if self._is_on_demand(self.step_num + 1) else self.step_num + 1
-        self._on_demand = (first, max(self._on_demand[1], self.step_num + 1 + self._requested))
-        self._requested = 0
-        log.warning("neuron_prof: capturing steps %d-%d in full detail (on demand) into %s", first,
-                    self._on_demand[1] - 1, self.run_dir)
+        steps = self._windows.begin_on_demand(self.step_num)
+        log.warning("neuron_prof: capturing steps %d-%d in full detail (on demand) into %s", steps[0],
+                    steps[-1], self.run_dir)
 
     def _always_on_step_end(self, action: Action, now: int) -> None:
         """A sampled step's detail goes to the ring, with no disk write; a step captured on demand
         is written at its end (a kill -9 loses at most the step in flight, as in a window); the
         step-level rows of every step wait for the background thread (``_tick``), in the step ring
-        meanwhile, unless ``_steps_due``."""
+        meanwhile, unless the step journal is due (``flushing.StepJournal.due``)."""
         if action is Action.NONE:
-            if self._steps_due():
+            if self._journal.due():
                 self._commit_steps()
             return
-        if self._is_on_demand(self.step_num):
+        windows = self._windows
+        if windows.is_on_demand(self.step_num):
             self._flush(keep=True)
-            if self.step_num + 1 == self._on_demand[1] and self._channel is not None:
-                self._channel.done(list(range(*self._on_demand)))
+            if self.step_num + 1 == windows.on_demand[1] and self._channel is not None:
+                self._channel.done(list(range(*windows.on_demand)))
             return
         self._flush(keep=True, write=False)
-        self._sampled.append((self.step_num, self._step_start))
-        self._ring.trim(self._sampled[0][1])
+        self._detail.keep(self.step_num, self._step_start)
 
     def _tick(self) -> None:
         """The background thread's periodic work: the step-level rows to disk, on-demand
@@ -425,7 +363,7 @@ class Session:
             requested = self._channel.poll() if self._channel is not None else None
             if requested:
                 self.capture_next(requested)
-            if self._step_rows or time.monotonic_ns() - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS:
+            if self._journal.rows or time.monotonic_ns() - self._buffer.last_commit >= IDLE_FLUSH_INTERVAL_NS:
                 self._commit_steps()
         if self._triggers is not None:
             self._triggers.check_hang()
@@ -443,54 +381,24 @@ class Session:
     def _write_dump(self, reason: str, stacks: list[tuple[int, list[Frame]]]) -> None:
         """The ring, the step in flight and one ``dumps`` row per thread, committed (lock held).
         ``dumped_steps`` names the sampled steps it wrote whole."""
-        first = self._sampled[0][0] if self._sampled else self.step_num
-        now = time.monotonic_ns()
-        if self._sampled:
-            self._buffer.pending["dumped_steps"].append({
-                "ts": np.full(len(self._sampled), now, np.int64),
-                "step": np.array([step for step, _ in self._sampled], np.int32)})
-        self._buffer.pending["dumps"].append({
-            "ts": np.full(len(stacks), now, np.int64), "reason": np.full(len(stacks), self.intern(reason), np.int32),
-            "first_step": np.full(len(stacks), first, np.int32),
-            "last_step": np.full(len(stacks), self.step_num, np.int32),
-            "tid": np.array([tid for tid, _ in stacks], np.int64),
-            "stack": np.array([self.intern_stack(frames) for _, frames in stacks], np.int32)})
+        now, first = self._detail.add_dump_rows(self, self._buffer, reason, stacks, self.step_num)
         for c in self.collectors:  # where the job is: collectives in flight, device queues
             if hasattr(c, "on_dump"):
                 self._guard(c, c.on_dump, self, now)
-        self._dumping = True
+        self._detail.dumping = True
         try:
             self._flush(keep=True)
         finally:
-            self._dumping = False
+            self._detail.dumping = False
         log.warning("neuron_prof: always-on dump (%s): the detail of steps %d-%d is in %s", reason, first,
                     self.step_num, self.run_dir)
 
-    def _into_ring(self) -> None:
-        """Always-on: this flush's detail rows go to the ring (those of a step captured on demand
-        stay for the writer), or (a dump) the ring's to the writer."""
-        pending = self._buffer.pending
-        if not self._dumping:
-            if not self._is_on_demand(self.step_num):
-                self._ring.add({t: pending.pop(t) for t in DETAIL_TABLES if t in pending})
-            return
-        detail = {t: pending.pop(t) for t in DETAIL_TABLES if t in pending}
-        since = self._sampled[0][1] if self._sampled else self._step_start
-        for table, batches in self._ring.take(since).items():
-            pending[table].extend(batches)
-        self._sampled.clear()
-        for table, batches in detail.items():
-            pending[table].extend(batches)
-        if self._ring.dropped_rows:
-            self._buffer.dropped["ring"] += self._ring.dropped_rows
-            self._ring.dropped_rows = 0
-
     def _enter_step(self) -> None:
-        self._set_window(self._action(self.step_num) is not Action.NONE)
+        self._set_window(self._windows.action(self.step_num) is not Action.NONE)
 
     def _set_window(self, on: bool) -> None:
-        if on != self._window_on:
-            self._window_on = on
+        if on != self._windows.on:
+            self._windows.on = on
             for c in list(self.collectors):
                 self._guard(c, c.window, on)
 
@@ -514,11 +422,8 @@ class Session:
     def _append_step(self, now: int, complete: bool, action: Action) -> None:
         # active: its detail is on disk (always-on: a step captured on demand; a sampled step's
         # only if a dump writes it, which names it in ``dumped_steps``)
-        active = action is Action.RECORD and (self._ring is None or self._is_on_demand(self.step_num))
-        row = (self.step_num, self._step_start, now - self._step_start, active, complete)
-        self._step_rows.append(row)
-        if complete and self._step_ring is not None:
-            self._step_ring.put(*row)
+        active = action is Action.RECORD and (self._detail is None or self._windows.is_on_demand(self.step_num))
+        self._journal.add((self.step_num, self._step_start, now - self._step_start, active, complete))
 
     def _settle_scalars(self, final: bool, host_only: bool = False) -> None:
         try:
@@ -547,8 +452,8 @@ class Session:
         aside: that goes to the ring)."""
         for c in self.collectors:
             self._guard(c, c.flush, self, keep)
-        if self._ring is not None:
-            self._into_ring()
+        if self._detail is not None:
+            self._detail.into_ring(self._buffer, self._windows.is_on_demand(self.step_num), self._step_start)
         if not write:
             return
         self._buffer.keep_or_discard_events(keep)
@@ -556,11 +461,10 @@ class Session:
             self._settle_scalars(final=True)
         if final and (self._writer is not None or self._buffer.pending or self.step_num > 0):
             # the step in progress when capture ends: kept, but not counted as a training step
-            self._append_step(time.monotonic_ns(), complete=False, action=self._action(self.step_num))
-        if self._step_rows:
-            # one row per step in the steps journal's own layout: written as it is
-            self._buffer.pending["steps"].append(np.array(self._step_rows, dtype=_STEP_ROW))
-            self._step_rows = []
+            self._append_step(time.monotonic_ns(), complete=False, action=self._windows.action(self.step_num))
+        steps = self._journal.take()
+        if steps is not None:
+            self._buffer.pending["steps"].append(steps)
         writer = self._ensure_writer(final)
         if writer is None:
             return  # nothing to write yet, or nothing this process may write (see _ensure_writer)
@@ -573,39 +477,22 @@ class Session:
         the process that wrote its rank."""
         if self._writer is not None or not (self._buffer.pending or now):
             return self._writer
-        import torch
         rank, world = rank_and_world()
         stepless = final and self.step_num == 0
         if stepless and self.yield_if_stepless and yields_rank(self.run_dir, self.run_id, rank):
             return None
-        meta = {
-            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "rank": rank, "world_size": world,
-            "pid": os.getpid(), "hostname": socket.gethostname(), "device": device_name(),
-            "torch_version": torch.__version__, "python": sys.version.split()[0],
-            "clock_offset_ns": self._clock_offset_ns, "start_ns": self._start_ns,
-            "collectors": [c.name for c in self.collectors],
-            "schedule": None if self.schedule is None else vars(self.schedule),
-            "max_buffered_events": self.max_buffered_events, "max_events": self._buffer.max_events,
-            "max_bytes": self._buffer.max_bytes,
-            "stepless": stepless,  # a training process of the same run may replace this folder
-        }
-        self._writer = open_rank(self.run_dir, rank, meta, report=not (stepless and self.yield_if_stepless))
+        origin = RankOrigin(
+            run_dir=self.run_dir, run_id=self.run_id, run_id_scope=self._run_id_scope, command=self.command,
+            start_ns=self._start_ns, clock_offset_ns=self._clock_offset_ns,
+            collectors=[c.name for c in self.collectors], schedule=self._windows.schedule,
+            max_buffered_events=self.max_buffered_events, max_events=self._buffer.max_events,
+            max_bytes=self._buffer.max_bytes)
+        self._writer = open_writer(origin, rank, world, stepless, report=not (stepless and self.yield_if_stepless))
         if self._writer is None:
             self._refuse(final)
             return None
         if not final:
-            self._open_step_ring(self._writer)
-        # rank 0 writes run.json; another rank writes it where no rank has (record's own, with
-        # rank 0 dead in step 0; or none yet)
-        existing = load_json(self.run_dir / RUN_META)
-        if rank == 0 or "world_size" not in existing:
-            from neuron_prof.version import __version__
-            update_run_meta(self.run_dir, self.run_id, {
-                "schema_version": SCHEMA_VERSION, "neuron_prof_version": __version__,
-                "run_id_scope": self._run_id_scope, "command": self.command, "cwd": os.getcwd(),
-                "torch_version": torch.__version__, "device": meta["device"], "world_size": world,
-                "start_time_ns": self._start_ns + self._clock_offset_ns, "hostname": meta["hostname"]},
-                replace=rank == 0 or not existing)
+            self._journal.open_ring(self._writer, self.failure)
         return self._writer
 
     def _refuse(self, final: bool) -> None:
@@ -656,7 +543,7 @@ def summarize_later(run_dir: Path) -> None:
     first ``report`` or viewer page of a big run reads it instead of computing it (seconds to
     tens of seconds), and the training process exits without waiting. A shell starts it in the
     background and exits at once: nothing is left for this process to reap."""
-    env = {k: v for k, v in os.environ.items() if k != "NEURON_PROF_RECORD"}  # not a process of the run
+    env = {k: v for k, v in os.environ.items() if k != RECORD_ENV}  # not a process of the run
     try:
         subprocess.run(["/bin/sh", "-c", 'exec "$@" </dev/null >/dev/null 2>&1 &', "sh", sys.executable, "-m",
                         "neuron_prof.reports.stored", str(run_dir)], env=env, timeout=10, check=False,

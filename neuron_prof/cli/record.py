@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -10,62 +9,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
-from neuron_prof.capture.always_on import DEFAULT_DETAIL_EVERY, DEFAULT_HANG_TIMEOUT_S, DEFAULT_RING_STEPS
-from neuron_prof.capture.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_EVENTS
+from neuron_prof.capture.options import RECORD_ENV, CaptureOptions
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.reader import describe_exit
 from neuron_prof.store.schema import CONFLICT_GLOB, SCHEMA_VERSION
-from neuron_prof.capture.session import DEFAULT_COLLECTORS
 from neuron_prof.store.writer import load_json, run_ranks, update_run_meta, write_run_meta
-from neuron_prof.units import parse_bytes
 from neuron_prof.version import __version__
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "capture" / "bootstrap"
 PARENT_ENV = "NEURON_PROF_PARENT"  # sitecustomize.py's, which imports nothing of neuron_prof to say it once
-
-
-def parse_schedule(text: str) -> dict[str, int]:
-    """``WAIT,WARMUP,ACTIVE[,REPEAT]`` as torch.profiler.schedule takes them."""
-    try:
-        parts = [int(p) for p in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (3, 4) or min(parts) < 0 or parts[2] < 1:
-        raise argparse.ArgumentTypeError(f"invalid schedule {text!r}: expected WAIT,WARMUP,ACTIVE[,REPEAT], "
-                                         "e.g. 1,1,3,1")
-    return dict(zip(("wait", "warmup", "active", "repeat"), parts))
-
-
-def parse_size(text: str) -> int:
-    """A positive byte count, as ``units.parse_bytes`` reads one: ``300000``, ``512M``, ``1.5G``,
-    ``2GiB`` (powers of 1024), ``500MB`` (powers of 1000)."""
-    try:
-        size = parse_bytes(text)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: expected a positive byte count such as 512M or 2G")
-    return size
-
-
-def _at_least(convert: Callable[[str], float], low: float, what: str, expected: str) -> Callable[[str], float]:
-    """An argparse type: ``convert(text)``, at least ``low``."""
-    def parse(text: str) -> float:
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not value >= low:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: expected {expected}")
-        return value
-    return parse
-
-
-_positive_int = _at_least(int, 1, "count", "a whole number >= 1")
-_seconds = _at_least(float, 0, "time", "seconds >= 0 (0: no watchdog)")
-_positive_number = _at_least(float, 0, "count", "a number >= 0")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,36 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "starts are captured from their import of torch, other Python processes from "
                                    "their first optimizer step. Steps end when the training loop's optimizer "
                                    "steps. Exit code and output are the command's.")
-    p.add_argument("-o", "--output", type=Path, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument("--schedule", type=parse_schedule, metavar="WAIT,WARMUP,ACTIVE[,REPEAT]",
-                   help="capture only these steps in detail (default: every step, up to --max-bytes)")
-    p.add_argument("--collectors", default=",".join(DEFAULT_COLLECTORS),
-                   help=f"comma-separated event sources (default: {','.join(DEFAULT_COLLECTORS)}; collectives "
-                        "records only where torch.distributed runs)")
-    p.add_argument("--max-bytes", type=parse_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
-                   help=f"disk budget per rank, every table counted: detail capture stops when a rank's folder "
-                        f"holds this much, step times and per-step memory go on (default {DEFAULT_MAX_BYTES >> 20}M)")
-    p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
-                   help=f"op and mark rows per rank after which detail capture stops (default {DEFAULT_MAX_EVENTS:,})")
-    p.add_argument("--always-on", action="store_true",
-                   help="for whole jobs: step times, compiles, per-step memory, losses and collectives to disk; "
-                        "op and allocation detail one step in --detail-every, that of the last --ring-steps such "
-                        "steps kept in memory and written on an exception, SIGUSR1, SIGTERM or a hang (no step for "
-                        "--hang-timeout seconds); `neuron-prof trigger PID` captures the next steps in detail")
-    p.add_argument("--ring-steps", type=_positive_int, default=DEFAULT_RING_STEPS, metavar="N",
-                   help=f"--always-on: sampled steps whose detail is kept in memory (default {DEFAULT_RING_STEPS})")
-    p.add_argument("--detail-every", type=_positive_int, default=DEFAULT_DETAIL_EVERY, metavar="N",
-                   help=f"--always-on: full detail one step in N (default {DEFAULT_DETAIL_EVERY}; 1: every step)")
-    p.add_argument("--hang-timeout", type=_seconds, default=DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
-                   help=f"--always-on: no step for this long is a hang, dumped (default {DEFAULT_HANG_TIMEOUT_S:.0f}; "
-                        "0: no watchdog)")
-    p.add_argument("--follow-cpu-memory", action="store_true",
-                   help="--always-on: follow CPU allocations between sampled steps too (the CPU's tensor memory "
-                        "at every step and its live set at an out-of-memory error; about 1.1x on a launch-bound "
-                        "CPU step); without it the CPU's per-step memory is the process's resident memory")
-    p.add_argument("--tokens-per-step", type=_positive_number, metavar="N",
-                   help="tokens each step trains on (throughput and cost per token in `neuron-prof compare`)")
-    p.add_argument("--samples-per-step", type=_positive_number, metavar="N", help="samples each step trains on")
+    CaptureOptions.add_flags(p)
     p.add_argument("-q", "--quiet", action="store_true", help="don't print where the run went")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(func=run)
@@ -120,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
                               "step already); drop it or add --always-on")
     run_dir = (args.output or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     from neuron_prof.collectors import REGISTRY
-    collectors = [c for c in args.collectors.split(",") if c]
-    unknown = [c for c in collectors if c not in REGISTRY]
+    unknown = [c for c in args.collectors if c not in REGISTRY]
     if unknown:
         raise NeuronProfError(f"unknown collector {unknown[0]!r} in --collectors; choose from "
                               f"{', '.join(sorted(REGISTRY))}")
@@ -129,13 +52,7 @@ def run(args: argparse.Namespace) -> int:
     _begin_run(run_dir, run_id, cmd)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
-    env["NEURON_PROF_RECORD"] = json.dumps({
-        "run_dir": str(run_dir), "schedule": args.schedule, "collectors": collectors,
-        "max_events": args.max_events, "max_bytes": args.max_bytes, "command": cmd, "run_id": run_id,
-        "mode": "always-on" if args.always_on else "detail", "ring_steps": args.ring_steps,
-        "detail_every": args.detail_every, "follow_cpu_memory": args.follow_cpu_memory,
-        "hang_timeout_s": args.hang_timeout or None, "tokens_per_step": args.tokens_per_step,
-        "samples_per_step": args.samples_per_step})
+    env[RECORD_ENV] = CaptureOptions.from_flags(args, run_dir=run_dir, command=cmd, run_id=run_id).to_json()
     env[PARENT_ENV] = "launcher"  # the command's own Python process is a main (sitecustomize.py)
     try:
         proc = subprocess.Popen(cmd, env=env)

@@ -37,6 +37,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+RECORD_ENV = "NEURON_PROF_RECORD"  # record's options, as neuron_prof.capture.options.CaptureOptions writes them
 PARENT_ENV = "NEURON_PROF_PARENT"  # "launcher": children are mains; "trainer": children are helpers
 PARENT_RANK_ENV = "NEURON_PROF_PARENT_RANK"  # the trainer parent's rank, from its environment
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
@@ -78,27 +79,22 @@ def _post_import_hooks():
     return module
 
 
-def _start_main_or_helper(config: dict, helper: bool) -> None:
+def _start_main_or_helper(config: str, helper: bool) -> None:
     """A main captures from the interpreter's start; one that completes no step (a launcher-like
     parent) writes nothing if the ranks it started wrote the run. A helper captures from its first
-    step and reports a rank another process owns."""
+    step and reports a rank another process owns. ``config``: record's options
+    (``neuron_prof.capture.options.CaptureOptions.to_json``)."""
     try:
         import neuron_prof
-        sched = config.get("schedule")
-        neuron_prof.profile(
-            config["run_dir"], schedule=neuron_prof.schedule(**sched) if sched else None,
-            collectors=config["collectors"], auto_step=True,
-            **{cap: config[cap] for cap in ("max_events", "max_bytes") if config.get(cap)},
-            command=config.get("command"), run_id=config["run_id"], origin_ns=None if helper else _ORIGIN_NS,
-            yield_if_stepless=not helper,
-            **{key: config[key] for key in ("mode", "ring_steps", "detail_every", "hang_timeout_s",
-                                            "follow_cpu_memory", "tokens_per_step", "samples_per_step") if key in config},
-            ).start()  # stopped by the session's atexit handler
+        from neuron_prof.capture.options import CaptureOptions
+        options = CaptureOptions.from_json(config, auto_step=True, origin_ns=None if helper else _ORIGIN_NS,
+                                           yield_if_stepless=not helper)
+        neuron_prof.profile(**options.keywords()).start()  # stopped by the session's atexit handler
     except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
         _warn("capture not started", exc)
 
 
-def _start_at_first_step(config: dict) -> None:
+def _start_at_first_step(config: str) -> None:
     """A helper: nothing until its first optimizer step, then capture from that step's start.
 
     A global optimizer step *pre*-hook starts it: the capture's own step clock (a post-hook, a
@@ -118,8 +114,7 @@ def _start_at_first_step(config: dict) -> None:
 
 
 def _start() -> None:
-    import json
-    config = json.loads(os.environ["NEURON_PROF_RECORD"])
+    config = os.environ[RECORD_ENV]
     argv = list(getattr(sys, "orig_argv", sys.argv))
     if _is_launcher(argv):
         os.environ[PARENT_ENV] = "launcher"
@@ -155,7 +150,7 @@ def _chain_next_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-if os.environ.get("NEURON_PROF_RECORD"):
+if os.environ.get(RECORD_ENV):
     try:
         _start()
     except Exception as exc:  # noqa: BLE001 - the user's program must run regardless
