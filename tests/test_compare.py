@@ -14,7 +14,6 @@ from conftest import cli, line_of, on_terminal
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.reports.compare import _step_median, compare_runs, render_markdown, to_json
 from neuron_prof.reports.markdown import md
-from neuron_prof.reports.summary.build import run_op_stats
 from neuron_prof.reports.stored import run_summary
 
 STEPS, CHANGE_AT, TOKENS = 8, 4, 512
@@ -104,7 +103,7 @@ def test_every_row_is_the_runs_own_analysis_or_the_hand_computation(runs):
     # the ops: matched by op and module path, each run's self time per steady step
     per_op = {}
     for key in ("a", "b"):
-        st = run_op_stats(runs[key])
+        st = analyze(runs[key]).op_stats
         per_op[key] = st.groupby([st["name"].astype(str), st["module"].astype(str)])["self_ms_per_step"].sum()
     assert len(result["ops"]) == 10
     for o in result["ops"]:

@@ -12,7 +12,8 @@ import pytest
 
 import neuron_prof
 from conftest import line_of, script_facts, viewer_page
-from neuron_prof.reports.summary.build import run_op_stats, summarize
+from neuron_prof.analysis.run_analysis import analyze
+from neuron_prof.reports.summary.build import summarize
 
 pytestmark = pytest.mark.multiprocess  # the training runs in a process of its own
 
@@ -102,7 +103,7 @@ def test_recomputed_ops_are_marked_and_a_phase_of_their_own(precision_run):
     assert sorted((r.module, r.reruns) for r in summary.recompute) == [("blocks.0", 3), ("blocks.1", 3),
                                                                         ("blocks.2", 3)]
     # the op table: the same op of the same module forward, and apart as recompute
-    table = run_op_stats(run)
+    table = analyze(run).op_stats
     linear = table[(table["name"] == "aten::linear") & (table["module"] == "blocks.0.fc")]
     assert sorted(zip(linear["recompute"], linear["backward"], linear["calls"])) == [(False, False, 6), (True, True, 6)]
 

@@ -1,6 +1,7 @@
 """What communication costs: time in collectives per rank and step, the part no compute
 overlapped (``overlap``: the Overview's "communication" split), and achieved bandwidth per
-collective and per group (``bandwidth``, ``group_bandwidth``).
+collective and per group (``bandwidth``, ``group_bandwidth``), and time and waits per group and
+op (``by_op``).
 
 Overlap is measured per rank on its own clock (compute and communication of one rank need no
 alignment); bandwidth comes from the matched collectives (``collective_match.matched``), whose
@@ -145,3 +146,27 @@ def overlap_by_rank(ov: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                         "step_ms": g["step_ns"].mean() / 1e6}).reset_index()
     out["exposed_pct"] = 100 * out["exposed_ms"] / out["step_ms"]
     return out[cols]
+
+
+def by_op(waits: pd.DataFrame, matched: pd.DataFrame, steady: set[int]) -> pd.DataFrame:
+    """Per group and op: collectives, rank calls, bytes one rank sent (summed over the
+    collectives), mean time per rank in them (issue to completion) and mean wait per rank, over
+    the whole run, each instant of a rank once (the union of its intervals: async collectives
+    under way together are not added up); ``per_step``: collectives per ``steady`` step
+    (``stragglers.steady_steps``). ``waits``: ``collective_match.waits`` of ``matched``."""
+    t = waits.assign(group=waits["group"].astype(str), op=waits["op"].astype(str))
+    per = t.groupby(["group", "op"]).agg(calls=("rank", "size"), ranks=("rank", "nunique"))
+    codes, keys = pd.MultiIndex.from_frame(t[["group", "op", "rank"]]).factorize()
+    start = t["start"].to_numpy(np.int64)
+    for col, end in (("time_ns", np.where(t["end"] >= 0, t["end"], start)), ("wait_ns", start + t["wait_ns"])):
+        k, ns = length_by_key(codes, start, end)
+        per[col] = pd.Series(ns, index=keys[k] if len(k) else keys[:0]).groupby(level=[0, 1]).sum()
+    mm = matched.groupby(["group", "op"]).agg(collectives=("seq", "size"), bytes=("bytes", "sum"),
+                                              in_steady=("step", lambda s: int(s.isin(steady).sum())))
+    out = mm.join(per).reset_index()
+    n_steady = max(len(steady), 1)
+    return pd.DataFrame({"group": out["group"], "op": out["op"], "collectives": out["collectives"],
+                         "calls": out["calls"], "bytes": out["bytes"],
+                         "time_ms_per_rank": out["time_ns"] / out["ranks"] / 1e6,
+                         "wait_ms_per_rank": out["wait_ns"] / out["ranks"] / 1e6,
+                         "per_step": out["in_steady"] / n_steady if steady else float("nan")})

@@ -3,9 +3,10 @@
 ``Run`` reads (tables, strings resolved, ranks merged); this facade computes, like Holistic Trace
 Analysis's ``TraceAnalysis``: every analysis result the report, the viewer and the exporters share
 is a cached field here, named for what it holds, and the analysis modules stay pure functions
-(DataFrames in, DataFrames out) that tests call directly. The scope every per-step figure is over
-is chosen here once (``op_basis``, ``op_scope``), so the report and the viewer's pages cannot
-disagree on it.
+(DataFrames in, DataFrames out) that tests call directly. Which tables feed each analysis, and the
+scope every per-step figure is over, are chosen here once (``op_basis``, ``op_scope``,
+``device_basis``, ``steady_steps``), so the report and the viewer's pages cannot disagree on them.
+Members hold every row: a display cuts them.
 """
 from __future__ import annotations
 
@@ -18,16 +19,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from neuron_prof.analysis import clock, collective_match, comm_cost, flops, sync
+from neuron_prof.analysis import clock, collective_match, comm_cost, flops, metrics, stragglers, sync
 from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis import device as dev
 from neuron_prof.analysis import fallbacks as fb
 from neuron_prof.analysis import device_collectives as dcoll
 from neuron_prof.analysis import memory as mem
 from neuron_prof.analysis import precision, streams
-from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, compile_overlap, in_steps, parent_index,
-                                     run_time_ops, run_time_rows, self_time, step_phases)
-from neuron_prof.analysis.steps import Basis, basis_steps, step_kinds
+from neuron_prof.analysis.accelerator import ran_on_device
+from neuron_prof.analysis.ops import (OP_PHASES, RUN_TIME_COLUMNS, comm_ops, compile_overlap, in_steps, op_stats,
+                                     parent_index, phase_time, run_time_ops, run_time_rows, self_time, step_phases)
+from neuron_prof.analysis.recompute import recompute_by_module
+from neuron_prof.analysis.steps import (Basis, basis_steps, step_breakdown, step_kinds, step_stats, steps_per_rank,
+                                       time_split)
 
 if TYPE_CHECKING:
     from neuron_prof.store.run import Run
@@ -96,6 +100,35 @@ class Efficiency:
     """``flops.unknown_ops``: the ops whose FLOPs are unknown."""
 
 
+@dataclass(frozen=True)
+class MemoryPeak:
+    """``RunAnalysis.memory_device_peaks``: a device's highest step peak and what made it."""
+
+    row: pd.Series
+    """The ``memory_peaks`` row with the most bytes (the first such step on a tie)."""
+    by_category: pd.DataFrame
+    """What was live then, by category (``analysis.memory.snapshot``)."""
+    sites: pd.DataFrame
+    """The sites whose allocations were live then, most bytes first (``analysis.memory.peak_sites``)."""
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """The stragglers of one set of matched collectives, on host or on device time
+    (``analysis.stragglers``). Every row: a display cuts them."""
+
+    ranking: pd.DataFrame
+    """``stragglers.stragglers`` with ``wait_in_steps_ns`` (the wait it caused in the steps where
+    it was the significant straggler)."""
+    sites: pd.DataFrame
+    """``stragglers.worst_collectives``: per ranked rank, where it made the others wait longest."""
+    steps: pd.DataFrame
+    """``stragglers.straggler_steps``."""
+    threshold_ns: float
+    """The wait a step needed to name its straggler (``SHARE`` of the median steady step where no
+    step was seen)."""
+
+
 class RunAnalysis:
     """The analyses of ``run``, computed on first use and kept (get it with :func:`analyze`)."""
 
@@ -145,7 +178,41 @@ class RunAnalysis:
         """Each op's phase of the step, an index into ``analysis.ops.OP_PHASES``."""
         return step_phases(self.run.ops, self.op_parent)
 
+    @functools.cached_property
+    def op_stats(self) -> pd.DataFrame:
+        """Self time per (name, module) of the ``op_scope`` ops (``analysis.ops.op_stats``), with
+        ``self_ms_per_step`` when there is an ``op_basis`` step: the op table of the report and of
+        compare. Every row, most self time first."""
+        by = ("name", "module")
+        stats = op_stats(self.scoped_ops((*by, "bwd", "recompute")), by)
+        if self.op_basis.per_rank:
+            stats["self_ms_per_step"] = stats["self_ms"] / self.op_basis.per_rank
+        return stats
+
+    @functools.cached_property
+    def top_level_ops(self) -> pd.DataFrame:
+        """The top-level ``op_scope`` ops (``scoped_ops(top_level=True)``): what a step's time splits into."""
+        return self.scoped_ops(top_level=True)
+
+    @functools.cached_property
+    def phase_time(self) -> pd.DataFrame:
+        """Run-time self time of the ``op_scope`` ops per step and phase (``analysis.ops.phase_time``)."""
+        return phase_time(self.run.ops, self.op_phase, self.op_compile.run_self_ns, self.op_scope)
+
+    @functools.cached_property
+    def recompute(self) -> pd.DataFrame:
+        """Activation-checkpoint recompute per module over the ``op_scope`` ops, per ``op_basis`` step
+        (``analysis.recompute.recompute_by_module``)."""
+        return recompute_by_module(self.run.ops, self.op_parent, self.op_compile.run_self_ns, self.op_scope,
+                                   self.op_basis.per_rank)
+
     # ---- precision
+
+    @functools.cached_property
+    def precision_time_basis(self) -> str:
+        """What an op's weight in the precision figures is: its device time where the run has kernels,
+        else its host self time (``analysis.precision.time_basis``)."""
+        return precision.time_basis(self.run.device_kernels)
 
     @functools.cached_property
     def _op_precision(self) -> np.ndarray:
@@ -155,7 +222,7 @@ class RunAnalysis:
     @functools.cached_property
     def _precision_time(self) -> np.ndarray:
         """Each op's weight in the precision figures (``analysis.precision.time_basis``), ns."""
-        if precision.time_basis(self.run.device_kernels) == "device":
+        if self.precision_time_basis == "device":
             return precision.device_ns_per_op(len(self.run.ops), self.device_correlation)
         return self.op_compile.run_self_ns.astype(np.float64)
 
@@ -192,6 +259,57 @@ class RunAnalysis:
         return step_kinds(self.run.steps, self.compile_spans)
 
     @functools.cached_property
+    def step_stats(self) -> pd.DataFrame:
+        """Per rank: step counts and the step time statistics over the basis steps
+        (``analysis.steps.step_stats``)."""
+        return step_stats(self.step_kinds)
+
+    @functools.cached_property
+    def warmup_steps(self) -> pd.DataFrame:
+        """The ``step_kinds`` rows of the warm-up steps: what the steady figures leave out."""
+        kinds = self.step_kinds
+        return kinds[kinds["warmup"]]
+
+    @functools.cached_property
+    def step_breakdown(self) -> pd.DataFrame:
+        """Per rank, where the ``op_basis`` steps' wall time went by phase, mean ms per step
+        (``analysis.steps.step_breakdown``)."""
+        return step_breakdown(self.top_level_ops, self.op_basis.steps, self.phase_time)
+
+    @functools.cached_property
+    def time_split(self) -> pd.DataFrame:
+        """Per rank, where the ``op_basis`` steps' time went: communication (the exposed part of
+        ``collective_overlap`` where collectives were captured), sync (the host's measured waits for
+        the device where ``waits_measured``), compute, compile, idle (``analysis.steps.time_split``)."""
+        run = self.run
+        exposed = self.collective_overlap if not run.collectives.empty else None
+        comm = comm_ops(run.ops, self.op_parent, self.op_scope, self.op_compile.compile_ns)
+        return time_split(self.top_level_ops, self.op_basis.steps, self.sync_points, comm, exposed,
+                          run.queue_flushes if self.waits_measured else None)
+
+    # ---- compiling
+
+    @functools.cached_property
+    def recompiles(self) -> pd.DataFrame:
+        """Per frame: recompiles, failed guards, cache limit hit (``analysis.compile.recompile_summary``)."""
+        return comp.recompile_summary(self.run.recompiles, self.run.compiles)
+
+    @functools.cached_property
+    def compile_times(self) -> pd.DataFrame:
+        """Per compile: total and per-phase ms (``analysis.compile.compile_time``). Every row."""
+        return comp.compile_time(self.run.compiles, self.run.compile_phases)
+
+    @functools.cached_property
+    def compile_cache(self) -> pd.DataFrame:
+        """Per compile cache: hits, misses, bypasses, hit rate (``analysis.compile.cache_stats``)."""
+        return comp.cache_stats(self.run.compile_cache)
+
+    @functools.cached_property
+    def fusions(self) -> pd.DataFrame:
+        """Generated kernels by how many FX nodes they fuse, most first (``analysis.compile.top_fusions``)."""
+        return comp.top_fusions(self.run.fusions)
+
+    @functools.cached_property
     def region_runs(self) -> pd.DataFrame:
         """Each run of a compiled region, with its self time and the compile time inside it
         (``analysis.compile.region_runs``)."""
@@ -224,6 +342,45 @@ class RunAnalysis:
         reads again) and a CPU fallback's copies (the fallback's own) left out."""
         return sync.sync_points(self.run.ops, self.op_parent,
                                 exclude=self.op_compile.inside | self.cpu_fallbacks.inside)
+
+    @functools.cached_property
+    def waits_measured(self) -> bool:
+        """Whether the device side was captured (kernels, queue flushes, CPU fallbacks or copies): the
+        host's waits for the device, the stalls and the Device section exist only then."""
+        run = self.run
+        return bool(run.device_kernels.size or run.queue_flushes.size or self.cpu_fallbacks.table.size
+                    or run.device_copies.size)
+
+    @functools.cached_property
+    def sync_waits(self) -> np.ndarray | None:
+        """Per ``sync_points`` row, the time its thread waited for a device queue inside it
+        (``analysis.device.sync_waits``); None where not ``waits_measured``."""
+        return dev.sync_waits(self.sync_points, self.run.queue_flushes) if self.waits_measured else None
+
+    @functools.cached_property
+    def sync_stalls(self) -> np.ndarray | None:
+        """Per ``sync_points`` row, whether the host waited for the device in it
+        (``analysis.sync.stalled``); None where not ``waits_measured``."""
+        if self.sync_waits is None:
+            return None
+        return sync.stalled(self.sync_points, self.sync_waits, self.run.device_kernels)
+
+    @functools.cached_property
+    def sync_sites(self) -> pd.DataFrame:
+        """The sync points by source line, with their count per ``op_basis`` step and waits
+        (``analysis.sync.sync_summary``)."""
+        return sync.sync_summary(self.sync_points, self.op_basis.steps, self.sync_waits, self.sync_stalls)
+
+    @functools.cached_property
+    def on_device(self) -> bool:
+        """Whether the run used an accelerator (``analysis.accelerator.ran_on_device``)."""
+        return ran_on_device(self.run)
+
+    @functools.cached_property
+    def metric_summary(self) -> pd.DataFrame:
+        """Per rank and logged scalar: steps, first, last, min, max, mean of its per-step values
+        (``analysis.metrics.summary``)."""
+        return metrics.summary(self.run.metrics)
 
     # ---- FLOPs and efficiency
 
@@ -283,13 +440,51 @@ class RunAnalysis:
         return mem.peaks(self.memory_allocations, self.run.steps)
 
     @functools.cached_property
+    def memory_device_peaks(self) -> dict[tuple[int, str], MemoryPeak]:
+        """Per (rank, device) with ``memory_peaks``: the highest, what was live then by category and
+        the sites that held it."""
+        peaks, allocs = self.memory_peaks, self.memory_allocations
+        out: dict[tuple[int, str], MemoryPeak] = {}
+        if peaks.empty:
+            return out
+        for (rank, device), p in peaks.groupby([peaks["rank"], peaks["device"].astype(str)], sort=False):
+            best = p.loc[p["bytes"].idxmax()]
+            ts = int(best["ts"])
+            out[(int(rank), device)] = MemoryPeak(best, mem.snapshot(allocs, ts, "category", int(rank), device),
+                                                  mem.peak_sites(allocs, int(rank), device, ts))
+        return out
+
+    @functools.cached_property
+    def memory_figures_from(self) -> pd.DataFrame:
+        """Per (rank, device): where its memory figures come from, the allocator's events or the
+        backend's counters (``analysis.memory.figures_from``)."""
+        return mem.figures_from(self.run.memory_steps, self.run.memory_sources)
+
+    @functools.cached_property
+    def memory_growth(self) -> pd.DataFrame:
+        """Per rank and device: step-over-step growth of the live bytes at step boundaries
+        (``analysis.memory.growth``)."""
+        return mem.growth(self.run.memory_steps)
+
+    @functools.cached_property
+    def memory_unseen_steps(self) -> dict[tuple[int, str], list[int]]:
+        """Per (rank, device): the steps whose memory was not seen (``analysis.memory.unseen_steps``)."""
+        return mem.unseen_steps(self.run.memory_steps, self.run.process_memory)
+
+    @functools.cached_property
+    def process_memory_growth(self) -> pd.DataFrame:
+        """Per rank: the process's resident memory over the steps and its growth
+        (``analysis.memory.process_growth``)."""
+        return mem.process_growth(self.run.process_memory, self.run.steps)
+
+    @functools.cached_property
     def memory_leaks(self) -> pd.DataFrame:
         """Step-over-step growth of live memory and the sites whose allocations survive (none on a
         device read from its backend's counters: ``analysis.memory.figures_from``), with the user's
         line in the step loop they were made from and what keeps them (``analysis.memory.Keepers``)."""
         run = self.run
         return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory,
-                         figures=mem.figures_from(run.memory_steps, run.memory_sources),
+                         figures=self.memory_figures_from,
                          keepers=mem.Keepers(run.memory_keepers, run.keeper_walks, run.stack, run.display_path))
 
     def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
@@ -333,6 +528,55 @@ class RunAnalysis:
         (``analysis.comm_cost.overlap``)."""
         run = self.run
         return comm_cost.overlap(run.collectives, run.ops, run.steps)
+
+    @functools.cached_property
+    def collective_overlap_by_rank(self) -> pd.DataFrame:
+        """``collective_overlap`` per rank over the steady steps (``analysis.comm_cost.overlap_by_rank``)."""
+        return comm_cost.overlap_by_rank(self.collective_overlap, self.step_kinds)
+
+    @functools.cached_property
+    def collective_bandwidth(self) -> pd.DataFrame:
+        """Achieved bandwidth per group and op of the ``collectives_matched``
+        (``analysis.comm_cost.group_bandwidth``)."""
+        return comm_cost.group_bandwidth(comm_cost.bandwidth(self.collectives_matched))
+
+    @functools.cached_property
+    def collectives_by_op(self) -> pd.DataFrame:
+        """Time and waits per group and op, collectives per ``steady_steps`` step
+        (``analysis.comm_cost.by_op``)."""
+        return comm_cost.by_op(self.collective_waits, self.collectives_matched, self.steady_steps.steps)
+
+    @functools.cached_property
+    def collectives_in_flight(self) -> pd.DataFrame:
+        """Per rank, the collectives issued and never completed: what a hung job was stuck in
+        (``analysis.collective_match.in_flight``)."""
+        return collective_match.in_flight(self.run.collectives, self.collectives_matched)
+
+    @functools.cached_property
+    def steady_steps(self) -> stragglers.SteadySteps:
+        """The steps per-step collective figures are over and their median time
+        (``analysis.stragglers.steady_steps``)."""
+        return stragglers.steady_steps(self.step_kinds)
+
+    @functools.cached_property
+    def host_stragglers(self) -> Stragglers:
+        """The stragglers on host time (``collectives_matched``), neuron_prof's own work left out of
+        what a rank caused (``analysis.collective_match.own_spans``)."""
+        own = collective_match.own_spans(self.run.steps, self.collective_offsets)
+        return self._stragglers(self.collectives_matched, self.collective_waits, own)
+
+    def _stragglers(self, matched: pd.DataFrame, waits: pd.DataFrame,
+                    own: stragglers.Spans = stragglers.NO_SPANS) -> Stragglers:
+        """:class:`Stragglers` of ``matched`` with their per-rank ``waits``."""
+        kinds = self.step_kinds
+        per_step = stragglers.straggler_steps(waits, kinds, own)
+        ranking = stragglers.stragglers(matched, waits, kinds, own)
+        in_steps_ns = [int(per_step[(per_step["rank"] == r) & per_step["significant"]]["wait_caused_ns"].sum())
+                       for r in ranking["rank"]]
+        ranking = ranking.assign(wait_in_steps_ns=pd.Series(in_steps_ns, index=ranking.index, dtype=np.int64))
+        threshold = per_step["threshold_ns"].iloc[0] if len(per_step) else stragglers.SHARE * self.steady_steps.median_ns
+        return Stragglers(ranking=ranking, sites=stragglers.worst_collectives(matched, waits, ranking), steps=per_step,
+                          threshold_ns=float(threshold))
 
     # ---- the device queue
 
@@ -387,10 +631,137 @@ class RunAnalysis:
                                  dcoll.comm_overlap(run.device_kernels, self.step_kinds))
 
     @functools.cached_property
+    def device_comm_summary(self) -> pd.DataFrame:
+        """Per rank and device, communication per ``device_basis`` step: overlapped and exposed
+        (``analysis.device_collectives.comm_summary``)."""
+        return dcoll.comm_summary(self.device_collectives.overlap, self.device_basis.steps)
+
+    @functools.cached_property
+    def device_comm_waits(self) -> pd.DataFrame:
+        """Streams that stood idle waiting for a collective, by the line that issued it
+        (``analysis.device_collectives.comm_waits``)."""
+        run = self.run
+        return dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives, self.device_collectives.kernels,
+                                self.device_basis.steps)
+
+    @functools.cached_property
+    def device_stragglers(self) -> Stragglers | None:
+        """The stragglers on device time (``device_collectives.matched``); None where no collective
+        ran as a device kernel."""
+        found = self.device_collectives
+        return self._stragglers(found.matched, found.waits) if len(found.matched) else None
+
+    @functools.cached_property
     def device_streams(self) -> pd.DataFrame:
         """Per rank, device, complete step and stream: kernels, busy and waiting time
         (``analysis.streams.stream_steps``)."""
         return streams.stream_steps(self.run.device_kernels, self.run.stream_waits, self.step_kinds)
+
+    @functools.cached_property
+    def device_basis(self) -> Basis:
+        """The ``op_basis`` steps that have a device trace (``analysis.device.traced_steps``: a device
+        gap's steps left out): what every per-step device figure is over."""
+        steps = dev.traced_steps(self.op_basis.steps, self.run.device_gaps)
+        return Basis(steps, self.op_basis.kind, steps_per_rank(steps))
+
+    @functools.cached_property
+    def device_verdicts(self) -> pd.DataFrame:
+        """Per rank and step, what bounded it (``analysis.device.step_verdicts`` of ``device_steps``)
+        and whether it was a warm-up or a steady step."""
+        verdicts = dev.step_verdicts(self.device_steps)
+        if len(verdicts):
+            flags = self.step_kinds.set_index(["rank", "step"])[["warmup", "steady"]]
+            verdicts = verdicts.join(flags, on=["rank", "step"])
+        return verdicts
+
+    @functools.cached_property
+    def device_verdict_summary(self) -> pd.DataFrame:
+        """Per rank and verdict over the ``device_basis`` steps (``analysis.device.verdict_summary``)."""
+        return dev.verdict_summary(self.device_verdicts, self.device_basis.steps)
+
+    @functools.cached_property
+    def queue_stalls(self) -> pd.DataFrame:
+        """The host's waits for a device queue by line, host op, reason and device, per
+        ``device_basis`` step (``analysis.device.stalls``)."""
+        return dev.stalls(self.run.queue_flushes, self.device_basis.steps)
+
+    @functools.cached_property
+    def top_kernels(self) -> pd.DataFrame:
+        """Device kernels by time per ``device_basis`` step, most first (``analysis.device.top_kernels``).
+        Every row."""
+        return dev.top_kernels(self.run.device_kernels, self.device_correlation, self.device_basis.steps)
+
+    @functools.cached_property
+    def kernel_fusion(self) -> pd.DataFrame:
+        """Per rank and device: kernels, ops per kernel, one-op kernels and the launch cost
+        (``analysis.device.fusion``)."""
+        return dev.fusion(self.run.device_kernels)
+
+    @functools.cached_property
+    def unfused_sequences(self) -> pd.DataFrame:
+        """Runs of one-op kernels a compiler could fuse, costliest first
+        (``analysis.device.unfused_sequences``). Every row."""
+        return dev.unfused_sequences(self.run.device_kernels, self.device_correlation, self.device_basis.steps)
+
+    @functools.cached_property
+    def device_copies(self) -> pd.DataFrame:
+        """Device copies per rank, device, direction and line, over the run and per ``device_basis``
+        step (``analysis.device.copy_summary``)."""
+        return dev.copy_summary(self.run.device_copies, self.device_basis.steps)
+
+    @functools.cached_property
+    def fallback_summary(self) -> pd.DataFrame:
+        """The ``cpu_fallbacks`` per rank, device and op, over the run and per ``device_basis`` step
+        (``analysis.device.fallback_summary``)."""
+        return dev.fallback_summary(self.cpu_fallbacks.table, self.device_basis.steps)
+
+    @functools.cached_property
+    def device_coverage(self) -> pd.DataFrame:
+        """Per rank and device: the ops it ran itself and those it left to the CPU
+        (``analysis.device.coverage``)."""
+        return dev.coverage(self.cpu_fallbacks.native, self.cpu_fallbacks.table)
+
+    @functools.cached_property
+    def custom_kernels(self) -> pd.DataFrame:
+        """Per rank, device and custom kernel: runs, device time, lines and the compiled graphs it ran
+        in (``analysis.device.custom_kernels``)."""
+        ops, parent = self.run.ops, self.op_parent
+        return dev.custom_kernels(self.run.device_kernels, self.device_correlation, self.device_basis.steps,
+                                  lambda rows: comp.compiled_graph_of(ops, parent, rows))
+
+    @functools.cached_property
+    def device_gap_steps(self) -> pd.DataFrame:
+        """Per device gap, the steps it overlaps and why (``analysis.device.gap_steps``)."""
+        return dev.gap_steps(self.run.device_gaps, self.run.steps)
+
+    @functools.cached_property
+    def stream_overlap(self) -> pd.DataFrame:
+        """Per rank, device and step: the time streams ran kernels at once
+        (``analysis.streams.stream_overlap``)."""
+        return streams.stream_overlap(self.run.device_kernels, self.device_streams, self.step_kinds)
+
+    @functools.cached_property
+    def stream_summary(self) -> pd.DataFrame:
+        """Per rank, device and stream, per ``device_basis`` step: kernels, busy and waiting ms
+        (``analysis.streams.stream_summary``)."""
+        return streams.stream_summary(self.device_streams, self.device_basis.steps)
+
+    @functools.cached_property
+    def several_stream_steps(self) -> pd.DataFrame:
+        """``device_streams`` of the devices that ran more than one stream or waited for one, with
+        each step's overlap (``analysis.streams.several_stream_steps``)."""
+        return streams.several_stream_steps(self.device_streams, self.stream_overlap)
+
+    @functools.cached_property
+    def stream_overlap_summary(self) -> pd.DataFrame:
+        """Per rank and device that ran more than one stream: busy and overlap per ``device_basis``
+        step (``analysis.streams.overlap_summary``)."""
+        return streams.overlap_summary(self.device_streams, self.stream_overlap, self.device_basis.steps)
+
+    @functools.cached_property
+    def stream_wait_sites(self) -> pd.DataFrame:
+        """Where streams waited for another stream, by host line (``analysis.streams.wait_sites``)."""
+        return streams.wait_sites(self.run.stream_waits, self.run.event_enqueues, self.device_basis.steps)
 
 
 _ANALYSES: "weakref.WeakKeyDictionary[Run, RunAnalysis]" = weakref.WeakKeyDictionary()

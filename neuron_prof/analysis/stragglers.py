@@ -162,3 +162,27 @@ def stragglers(matched: pd.DataFrame, waits: pd.DataFrame, steps: pd.DataFrame, 
     out["n_steps"] = out["steps"].str.len()
     return out.sort_values(["n_steps", "wait_caused_ns", "rank"], ascending=[False, False, True],
                            ignore_index=True)[cols]
+
+
+def worst_collectives(matched: pd.DataFrame, waits: pd.DataFrame, ranking: pd.DataFrame) -> pd.DataFrame:
+    """Per rank of ``ranking`` (``stragglers``): the collective of its ``steps`` at which it made the
+    others wait longest (where it was late itself, if anywhere: not where its delay was passed on),
+    as the rank issued it: group, seq, op, bytes, source line, module, backward or not. A rank
+    without one is left out."""
+    cols = ["rank", "group", "seq", "op", "bytes", "source", "user_source", "module", "bwd"]
+    rows = []
+    for rank, steps in zip(ranking["rank"], ranking["steps"]):
+        mine = matched[(matched["root_rank"] == rank) & matched["step"].isin(steps)]
+        if (mine["last_rank"] == rank).any():
+            mine = mine[mine["last_rank"] == rank]
+        if mine.empty:
+            continue
+        top = mine.loc[(mine["wait_ns"] - mine["own_ns"]).idxmax()]
+        issued = waits[(waits["rank"] == rank) & (waits["group"].astype(str) == top["group"])
+                       & (waits["seq"] == top["seq"])]
+        if issued.empty:
+            continue
+        r = issued.iloc[0]
+        rows.append((int(rank), top["group"], int(top["seq"]), top["op"], int(top["bytes"]), str(r["source"]),
+                     str(r["user_source"]), str(r["module"]), bool(r["bwd"])))
+    return pd.DataFrame(rows, columns=cols)

@@ -18,6 +18,8 @@ from neuron_prof.analysis.steps import captured_steps, steps_per_rank
 STREAM_STEP_COLUMNS = ["rank", "device", "step", "stream", "kernels", "busy_ns", "waiting_ns"]
 OVERLAP_COLUMNS = ["rank", "device", "step", "busy_ns", "streams_busy_ns", "overlap_ns"]
 STREAM_COLUMNS = ["rank", "device", "stream", "steps", "kernels_per_step", "busy_ms", "waiting_ms", "busy_pct"]
+SEVERAL_STREAM_COLUMNS = ["rank", "device", "step", "stream", "kernels", "busy_ms", "waiting_ms", "overlap_ms"]
+OVERLAP_SUMMARY_COLUMNS = ["rank", "device", "busy_ms", "overlap_ms", "overlap_pct"]
 WAIT_SITE_COLUMNS = ["rank", "device", "stream", "waited_for", "user_source", "source", "count", "in_steps",
                      "per_step_ms", "total_ms", "mean_ms", "max_ms"]
 
@@ -94,6 +96,41 @@ def stream_summary(per_stream: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFram
                         "busy_ms": g["busy_ns"].sum() / n / 1e6, "waiting_ms": g["waiting_ns"].sum() / n / 1e6,
                         "busy_pct": 100 * g["busy_ns"].sum() / g["step_ns"].sum()}).reset_index()
     return out[(out["busy_ms"] > 0) | (out["waiting_ms"] > 0)].reset_index(drop=True)[STREAM_COLUMNS]
+
+
+def _busy_streams(per_stream: pd.DataFrame) -> pd.Series:
+    """Per (rank, device): how many streams ran kernels in ``per_stream``'s rows (``stream_steps``)."""
+    return per_stream[per_stream["busy_ns"].to_numpy() > 0].groupby(["rank", "device"])["stream"].nunique()
+
+
+def several_stream_steps(per_stream: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
+    """``stream_steps`` (``per_stream``) of the devices that ran more than one stream or waited for
+    one, with ms for ns and each step's ``overlap_ms`` (``stream_overlap``: 0 where not known)."""
+    if per_stream.empty:
+        return pd.DataFrame(columns=SEVERAL_STREAM_COLUMNS)
+    several = _busy_streams(per_stream)
+    waited = per_stream.groupby(["rank", "device"])["waiting_ns"].sum()
+    keep = [(r, d) for (r, d) in several.index.union(waited.index)
+            if several.get((r, d), 0) > 1 or waited.get((r, d), 0) > 0]
+    rows = per_stream.set_index(["rank", "device"]).loc[keep].reset_index() if keep else per_stream.iloc[0:0]
+    rows = rows.merge(overlap[["rank", "device", "step", "overlap_ns"]], on=["rank", "device", "step"], how="left")
+    return rows.assign(busy_ms=rows["busy_ns"] / 1e6, waiting_ms=rows["waiting_ns"] / 1e6,
+                       overlap_ms=rows["overlap_ns"].fillna(0) / 1e6)[SEVERAL_STREAM_COLUMNS]
+
+
+def overlap_summary(per_stream: pd.DataFrame, overlap: pd.DataFrame, basis: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and device that ran kernels on more than one stream in the ``basis`` steps: busy and
+    overlap ms per basis step (``stream_overlap``) and overlap as a share of busy."""
+    rows = overlap[in_steps(overlap, basis)] if len(overlap) and len(basis) else overlap.iloc[0:0]
+    several = _busy_streams(per_stream[in_steps(per_stream, basis)] if len(per_stream) and len(basis)
+                            else per_stream.iloc[0:0])
+    out = []
+    for (rank, device), g in rows.groupby(["rank", "device"]):
+        if several.get((rank, device), 0) < 2:
+            continue  # one stream: nothing ran at once
+        busy, shared = g["busy_ns"].mean() / 1e6, g["overlap_ns"].mean() / 1e6
+        out.append((int(rank), str(device), float(busy), float(shared), float(100 * shared / busy) if busy else 0.0))
+    return pd.DataFrame(out, columns=OVERLAP_SUMMARY_COLUMNS)
 
 
 def match_last(rows: pd.DataFrame, t, table: pd.DataFrame, by: tuple[str, ...], forward: bool = False) -> np.ndarray:

@@ -8,10 +8,10 @@ per device (total and per category) as counters (a device read from its backend'
 allocated bytes at each step boundary), a Memory events track with each step's peak and any
 out-of-memory error, and allocations of at least ``LARGE_ALLOCATION_BYTES`` as slices spanning their
 lifetime; where the collectives collector ran, collective tracks per process group with flows
-across ranks (``trace_collectives``); where a device backend reported its queue, a track per
+across ranks (``layout_collectives``); where a device backend reported its queue, a track per
 device stream with its kernels, flows from the host ops that queued them, the host's waits for
 the queue and its CPU fallbacks on the thread tracks, a queue-depth counter, and flows across
-ranks joining the kernels of each collective the device ran (``trace_device``). Every rank's
+ranks joining the kernels of each collective the device ran (``layout_device``). Every rank's
 events are on rank 0's clock (``clock``: the offsets measured at capture start and end), shown
 as rank 0's time of day, so ranks on different hosts line up.
 """

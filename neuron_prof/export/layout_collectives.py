@@ -121,7 +121,7 @@ def last_rank_flows(writer: TraceWriter, group: np.ndarray, seq: np.ndarray, ran
     slice of it; ``ids``: each row's trace event id, -1 where it was not drawn. One star per
     collective, from the rank the others waited for: a click on the straggler's slice leads to
     the ranks it held up, and a collective of n ranks costs n - 1 flows, not one per pair.
-    Host collectives (``CollectiveTracks``) and collective device kernels (``trace_device``)
+    Host collectives (``CollectiveTracks``) and collective device kernels (``layout_device``)
     share it. Returns the number of flows."""
     f = pd.DataFrame({"group": group, "seq": seq, "rank": rank, "last": last, "id": ids})
     f = f[f["id"] >= 0]

@@ -14,7 +14,7 @@ Per rank:
   collective: args ``op``, ``group``, ``seq`` and ``bytes``, as its host slice has them; and a
   flow from the kernel slice of the rank whose kernel started last (device time, rank 0's clock)
   to every other rank's kernel slice of the same (group, seq), as the host collectives are joined
-  (``trace_collectives``): on an asynchronous device the host's slice is only the issue, the
+  (``layout_collectives``): on an asynchronous device the host's slice is only the issue, the
   straggler is seen on the device. Which collective a kernel ran, and who was last, comes from
   ``analysis.device_collectives``;
 - a flow from each host op slice that queued work to each kernel that ran some of it, one per

@@ -20,7 +20,7 @@ debug annotations; an empty string (or None/NaN) omits the annotation on that ro
 (int, float, bool) are numeric annotations (NaN omits).
 
 The mapping layer depends on this protocol only, never on a format: the formats import their base,
-and only ``trace_formats`` imports the formats.
+and only ``formats`` imports the formats.
 """
 from __future__ import annotations
 

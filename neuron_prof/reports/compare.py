@@ -12,7 +12,7 @@ from neuron_prof.analysis.compare import LOSS_RTOL, TOLERANCE, Checklist, Figure
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.reports.markdown import md
 from neuron_prof.reports.stored import run_summary
-from neuron_prof.reports.summary.build import peak_for, run_op_stats, with_peak
+from neuron_prof.reports.summary.build import peak_for, with_peak
 from neuron_prof.reports.summary.codec import to_json as summary_json
 from neuron_prof.reports.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
 from neuron_prof.reports.table import aligned, markdown
@@ -137,7 +137,7 @@ def side(run: Run, label: str, price_per_hour: float | None = None, summary: Sum
         from neuron_prof.reports.port import port_check  # asks torch's dispatcher: only with a target
         fallback_pct = float(port_check(run, target).fallbacks["pct"].sum())
     return Side(label=label, figures=figures(summary), metrics=run.metrics, steps=analyze(run).step_kinds,
-                ops=run_op_stats(run), hosts=max(1, len(hosts)), price_per_hour=price_per_hour,
+                ops=analyze(run).op_stats, hosts=max(1, len(hosts)), price_per_hour=price_per_hour,
                 target_fallback_pct=fallback_pct)
 
 

@@ -165,9 +165,10 @@ def write_summary(run: Run, summary: Summary, top: int = TOP_N) -> bool:
 def run_summary(run: Run, top: int = TOP_N, store: bool = True, peaks: PeakRequest = PeakRequest()) -> Summary:
     """``summarize(run, top, peaks)``: read from the run when the stored one is fresh, else computed
     (and, with ``store``, stored for the next reader: a run captured without it, or changed since).
-    The stored summary is the one of no peak (``PeakRequest()``, what the capture stores): for
-    another request it is read against the peaks asked for (``with_peak``), never served as it is,
-    and a summary computed for one is not stored (its key names no peak)."""
+    The stored summary is the one of no peak (``PeakRequest()``, what the capture stores; the peak
+    is the reader's): for another request a stored one is read against the peaks asked for
+    (``with_peak``), never served as it is, and one computed for it is stored as the summary of no
+    peak (``summarize`` again, over the same cached analyses)."""
     summary = load_summary(run, top)
     if summary is not None:
         if peaks == PeakRequest():
@@ -175,8 +176,8 @@ def run_summary(run: Run, top: int = TOP_N, store: bool = True, peaks: PeakReque
         return with_peak(summary, peak_for(summary, peaks.tflops, peaks.gbps, peaks.device, peaks.calibrate))
     summary = summarize(run, top, peaks)
     counts["computed"] += 1
-    if store and top == TOP_N and peaks == PeakRequest():
-        write_summary(run, summary, top)
+    if store and top == TOP_N:
+        write_summary(run, summary if peaks == PeakRequest() else summarize(run, top), top)
     return summary
 
 

@@ -1,7 +1,7 @@
 """Typed summary sections to parsed JSON and back, driven by the dataclasses' annotations.
 
 The summary is JSON in two places: ``neuron-prof report --json`` and the copy stored in the run
-(``summary_store``). Both go through here, so the JSON is exactly the dataclasses' fields, in
+(``reports.stored``). Both go through here, so the JSON is exactly the dataclasses' fields, in
 their order. Reading back is a check as much as a conversion: a stored summary is a run file,
 someone else's data, and the report, the findings and the viewer format its fields without
 checking them again (``f"{row.median_ms:.1f}"``). So :func:`from_json` accepts a value only if

@@ -271,7 +271,7 @@ class TimeSplit:
 
 @row
 class OpRow:
-    """``analysis.ops.op_stats`` over ``RunAnalysis.scoped_ops`` (``summary.build.run_op_stats``)."""
+    """``RunAnalysis.op_stats``: ``analysis.ops.op_stats`` over ``RunAnalysis.scoped_ops``."""
 
     name: str
     module: str
@@ -909,7 +909,7 @@ class CollectiveGroup:
 
 @row
 class CollectiveOp:
-    """Time and waits per group and op (``summary.build._by_op`` over ``RunAnalysis.collective_waits``)."""
+    """Time and waits per group and op (``RunAnalysis.collectives_by_op``: ``analysis.comm_cost.by_op``)."""
 
     group: str
     op: str
