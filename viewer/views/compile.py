@@ -10,7 +10,6 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from neuron_prof.analysis import compile as comp
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.reports.summary.sections import BreakSite
 from neuron_prof.viewer import data
@@ -113,7 +112,7 @@ else:
             st.code("\n".join(r.reasons) or "(no failed guard recorded)", language=None)
 
 st.subheader("Compile time by frame and phase")
-ctime = comp.compile_time(run.compiles, run.compile_phases)
+ctime = analyze(run).compile_times
 if ctime.empty:
     st.caption("no frame compiles recorded (the `compiler` collector was off)")
 else:
@@ -132,7 +131,7 @@ else:
         st.plotly_chart(fig, width="stretch")
 
 st.subheader("FX graph / AOT autograd caches")
-cache = comp.cache_stats(run.compile_cache)
+cache = analyze(run).compile_cache
 if cache.empty:
     st.caption("no cache lookups recorded (the inductor backend looks its caches up; eager and aot_eager don't)")
 else:
@@ -140,7 +139,7 @@ else:
         "hit_rate": st.column_config.ProgressColumn("hit rate", format="percent", min_value=0, max_value=1)})
 
 st.subheader("Fusion groups per kernel")
-fus = comp.top_fusions(run.fusions)
+fus = analyze(run).fusions
 if fus.empty:
     st.caption("no fused kernels recorded (inductor generates them; eager and aot_eager don't fuse)")
 else:

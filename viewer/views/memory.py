@@ -95,15 +95,21 @@ def _leaks(path: str, mtime: float) -> pd.DataFrame:
 @st.cache_data(max_entries=4, show_spinner=False)
 def _figures(path: str, mtime: float, rank: int, device: str) -> tuple[str, str]:
     """Where the device's per-step figures come from (``analysis.memory.figures_from``): figures_from, api."""
-    run = _run(path)
-    f = mem.figures_from(run.memory_steps, run.memory_sources)
+    f = analyze(_run(path)).memory_figures_from
     f = f[(f["rank"] == rank) & (f["device"] == device)]
     return (str(f["figures_from"].iloc[0]), str(f["api"].iloc[0])) if len(f) else (MEMORY_FIGURES[0], "")
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
+def _growth(path: str, mtime: float, rank: int, device: str) -> float:
+    """The device's tracked tensors' growth per step (``RunAnalysis.memory_growth``)."""
+    g = analyze(_run(path)).memory_growth
+    return float(g[(g["rank"] == rank) & (g["device"].astype(str) == device)].iloc[0]["growth_per_step"])
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
 def _process(path: str, mtime: float) -> pd.DataFrame:
-    return mem.process_growth(_run(path).process_memory, _run(path).steps)
+    return analyze(_run(path)).process_memory_growth
 
 
 @st.cache_data(max_entries=32, show_spinner="what was live at the peak ...")
@@ -291,7 +297,7 @@ if len(pm):
     cols = st.columns(2)
     # always-on capture follows the CPU allocator in its sampled steps only: no per-step figure
     cols[0].metric("tracked tensors: growth per step",
-                   format_bytes(mem.growth(ms).iloc[0]["growth_per_step"]) if len(ms) else "not followed")
+                   format_bytes(_growth(key, mtime, rank, device)) if len(ms) else "not followed")
     cols[1].metric("process (RSS): growth per step", "not judged" if pd.isna(per_step) else format_bytes(per_step))
     fig = px.line(pm, x="step", y="rss", markers=True,
                   labels={"rss": "resident bytes", "step": "step boundary (end of step)"})

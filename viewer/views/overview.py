@@ -9,7 +9,6 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from neuron_prof.analysis.run_analysis import analyze
-from neuron_prof.analysis.steps import step_stats
 from neuron_prof.reports.findings import findings
 from neuron_prof.reports.summary.sections import DeviceSection, NotCaptured, Summary
 from neuron_prof.viewer import data
@@ -76,7 +75,7 @@ st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
 st.code(cmd, language=None, wrap_lines=True)  # the recorded command, as typed: never Markdown
 kinds = analyze(run).step_kinds
-steps = step_stats(kinds)
+steps = analyze(run).step_stats
 startup = run.spans[run.spans["name"].astype(str) == "start-up"]
 cols = st.columns(6)
 cols[0].metric("device", md(meta.get("device") or "?"))
