@@ -103,7 +103,7 @@ def test_every_row_is_the_runs_own_analysis_or_the_hand_computation(runs):
     # the ops: matched by op and module path, each run's self time per steady step
     per_op = {}
     for key in ("a", "b"):
-        st = analyze(runs[key]).op_stats
+        st = analyze(runs[key]).op_time.stats
         per_op[key] = st.groupby([st["name"].astype(str), st["module"].astype(str)])["self_ms_per_step"].sum()
     assert len(result["ops"]) == 10
     for o in result["ops"]:

@@ -103,7 +103,7 @@ def test_recomputed_ops_are_marked_and_a_phase_of_their_own(precision_run):
     assert sorted((r.module, r.reruns) for r in summary.recompute) == [("blocks.0", 3), ("blocks.1", 3),
                                                                         ("blocks.2", 3)]
     # the op table: the same op of the same module forward, and apart as recompute
-    table = analyze(run).op_stats
+    table = analyze(run).op_time.stats
     linear = table[(table["name"] == "aten::linear") & (table["module"] == "blocks.0.fc")]
     assert sorted(zip(linear["recompute"], linear["backward"], linear["calls"])) == [(False, False, 6), (True, True, 6)]
 

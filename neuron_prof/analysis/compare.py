@@ -87,7 +87,7 @@ class Side:
     steps: pd.DataFrame
     """``RunAnalysis.step_kinds``."""
     ops: pd.DataFrame
-    """``RunAnalysis.op_stats``: self time per (name, module) with ``self_ms_per_step``."""
+    """``RunAnalysis.op_time.stats``: self time per (name, module) with ``self_ms_per_step``."""
     hosts: int = 1
     price_per_hour: float | None = None
     target_fallback_pct: float | None = None

@@ -5,8 +5,15 @@ Analysis's ``TraceAnalysis``: every analysis result the report, the viewer and t
 is a cached field here, named for what it holds, and the analysis modules stay pure functions
 (DataFrames in, DataFrames out) that tests call directly. Which tables feed each analysis, and the
 scope every per-step figure is over, are chosen here once (``op_basis``, ``op_scope``,
-``device_basis``, ``steady_steps``), so the report and the viewer's pages cannot disagree on them.
-Members hold every row: a display cuts them.
+``device.basis``, ``comms.steady_steps``), so the report and the viewer's pages cannot disagree on
+them. Members hold every row: a display cuts them.
+
+``RunAnalysis`` itself keeps at most 25 public members, so that it reads in one sitting: the
+row-level tables derived from the run (op nesting and scope, step kinds, allocations, peaks and
+leaks, collectives matched across ranks, the device's correlation, fallbacks and steps) and six
+parts, one per question the report answers, each owning the figures of its question:
+``step_time``, ``op_time`` (with the sync points), ``compiled``, ``memory``, ``comms`` and
+``device``. A part reaches the others and the run through the facade it belongs to.
 """
 from __future__ import annotations
 
@@ -138,8 +145,6 @@ class RunAnalysis:
     def __repr__(self) -> str:
         return f"RunAnalysis({self.run!r})"
 
-    # ---- ops: nesting, compile time, self time, and the scope per-step op figures are over
-
     @functools.cached_property
     def op_parent(self) -> np.ndarray:
         """Row position in ``run.ops`` of each op's enclosing op (-1: top level). The nesting pass
@@ -152,7 +157,7 @@ class RunAnalysis:
         """Which ops ran while compiling, the compile time inside each, and their self time
         without it."""
         ops = self.run.ops
-        inside, compile_ns = compile_overlap(ops, self.compile_spans)
+        inside, compile_ns = compile_overlap(ops, self.compiled.spans)
         run_self = self_time(ops, self.op_parent, ops["dur"].to_numpy() - compile_ns if compile_ns.any() else None)
         return OpCompile(inside, compile_ns, run_self)
 
@@ -174,254 +179,9 @@ class RunAnalysis:
                             columns, top_level=top_level)
 
     @functools.cached_property
-    def op_phase(self) -> np.ndarray:
-        """Each op's phase of the step, an index into ``analysis.ops.OP_PHASES``."""
-        return step_phases(self.run.ops, self.op_parent)
-
-    @functools.cached_property
-    def op_stats(self) -> pd.DataFrame:
-        """Self time per (name, module) of the ``op_scope`` ops (``analysis.ops.op_stats``), with
-        ``self_ms_per_step`` when there is an ``op_basis`` step: the op table of the report and of
-        compare. Every row, most self time first."""
-        by = ("name", "module")
-        stats = op_stats(self.scoped_ops((*by, "bwd", "recompute")), by)
-        if self.op_basis.per_rank:
-            stats["self_ms_per_step"] = stats["self_ms"] / self.op_basis.per_rank
-        return stats
-
-    @functools.cached_property
-    def top_level_ops(self) -> pd.DataFrame:
-        """The top-level ``op_scope`` ops (``scoped_ops(top_level=True)``): what a step's time splits into."""
-        return self.scoped_ops(top_level=True)
-
-    @functools.cached_property
-    def phase_time(self) -> pd.DataFrame:
-        """Run-time self time of the ``op_scope`` ops per step and phase (``analysis.ops.phase_time``)."""
-        return phase_time(self.run.ops, self.op_phase, self.op_compile.run_self_ns, self.op_scope)
-
-    @functools.cached_property
-    def recompute(self) -> pd.DataFrame:
-        """Activation-checkpoint recompute per module over the ``op_scope`` ops, per ``op_basis`` step
-        (``analysis.recompute.recompute_by_module``)."""
-        return recompute_by_module(self.run.ops, self.op_parent, self.op_compile.run_self_ns, self.op_scope,
-                                   self.op_basis.per_rank)
-
-    # ---- precision
-
-    @functools.cached_property
-    def precision_time_basis(self) -> str:
-        """What an op's weight in the precision figures is: its device time where the run has kernels,
-        else its host self time (``analysis.precision.time_basis``)."""
-        return precision.time_basis(self.run.device_kernels)
-
-    @functools.cached_property
-    def _op_precision(self) -> np.ndarray:
-        """Each op's precision (``analysis.precision.op_precision``)."""
-        return precision.op_precision(self.run.ops)
-
-    @functools.cached_property
-    def _precision_time(self) -> np.ndarray:
-        """Each op's weight in the precision figures (``analysis.precision.time_basis``), ns."""
-        if self.precision_time_basis == "device":
-            return precision.device_ns_per_op(len(self.run.ops), self.device_correlation)
-        return self.op_compile.run_self_ns.astype(np.float64)
-
-    @functools.cached_property
-    def _precision_scope(self) -> np.ndarray:
-        """The ``op_scope`` ops of the forward and backward passes (recompute included): what
-        autocast decides the precision of."""
-        passes = np.isin(self.op_phase, [OP_PHASES.index(p) for p in ("forward", "backward", "recompute")])
-        return self.op_scope & passes
-
-    @functools.cached_property
-    def precision_mix(self) -> pd.DataFrame:
-        """Per rank: each precision's time per ``op_basis`` step and share (``analysis.precision``)."""
-        return precision.precision_mix(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
-                                       self.op_basis.per_rank)
-
-    @functools.cached_property
-    def left_in_fp32(self) -> pd.DataFrame:
-        """The forward ops autocast left in fp32, per rank costliest first
-        (``analysis.precision.left_in_fp32``)."""
-        return precision.left_in_fp32(self.run.ops, self._op_precision, self._precision_time, self._precision_scope,
-                                      self.op_phase == OP_PHASES.index("forward"), self.op_basis.per_rank)
-
-    # ---- steps and compiling
-
-    @functools.cached_property
-    def compile_spans(self) -> pd.DataFrame:
-        """When each thread was compiling (``analysis.compile.compile_spans``)."""
-        return comp.compile_spans(self.run.compiles, self.run.compile_phases)
-
-    @functools.cached_property
     def step_kinds(self) -> pd.DataFrame:
         """``run.steps`` with ``compile_ns``, ``warmup`` and ``steady`` (``analysis.steps.step_kinds``)."""
-        return step_kinds(self.run.steps, self.compile_spans)
-
-    @functools.cached_property
-    def step_stats(self) -> pd.DataFrame:
-        """Per rank: step counts and the step time statistics over the basis steps
-        (``analysis.steps.step_stats``)."""
-        return step_stats(self.step_kinds)
-
-    @functools.cached_property
-    def warmup_steps(self) -> pd.DataFrame:
-        """The ``step_kinds`` rows of the warm-up steps: what the steady figures leave out."""
-        kinds = self.step_kinds
-        return kinds[kinds["warmup"]]
-
-    @functools.cached_property
-    def step_breakdown(self) -> pd.DataFrame:
-        """Per rank, where the ``op_basis`` steps' wall time went by phase, mean ms per step
-        (``analysis.steps.step_breakdown``)."""
-        return step_breakdown(self.top_level_ops, self.op_basis.steps, self.phase_time)
-
-    @functools.cached_property
-    def time_split(self) -> pd.DataFrame:
-        """Per rank, where the ``op_basis`` steps' time went: communication (the exposed part of
-        ``collective_overlap`` where collectives were captured), sync (the host's measured waits for
-        the device where ``waits_measured``), compute, compile, idle (``analysis.steps.time_split``)."""
-        run = self.run
-        exposed = self.collective_overlap if not run.collectives.empty else None
-        comm = comm_ops(run.ops, self.op_parent, self.op_scope, self.op_compile.compile_ns)
-        return time_split(self.top_level_ops, self.op_basis.steps, self.sync_points, comm, exposed,
-                          run.queue_flushes if self.waits_measured else None)
-
-    # ---- compiling
-
-    @functools.cached_property
-    def recompiles(self) -> pd.DataFrame:
-        """Per frame: recompiles, failed guards, cache limit hit (``analysis.compile.recompile_summary``)."""
-        return comp.recompile_summary(self.run.recompiles, self.run.compiles)
-
-    @functools.cached_property
-    def compile_times(self) -> pd.DataFrame:
-        """Per compile: total and per-phase ms (``analysis.compile.compile_time``). Every row."""
-        return comp.compile_time(self.run.compiles, self.run.compile_phases)
-
-    @functools.cached_property
-    def compile_cache(self) -> pd.DataFrame:
-        """Per compile cache: hits, misses, bypasses, hit rate (``analysis.compile.cache_stats``)."""
-        return comp.cache_stats(self.run.compile_cache)
-
-    @functools.cached_property
-    def fusions(self) -> pd.DataFrame:
-        """Generated kernels by how many FX nodes they fuse, most first (``analysis.compile.top_fusions``)."""
-        return comp.top_fusions(self.run.fusions)
-
-    @functools.cached_property
-    def region_runs(self) -> pd.DataFrame:
-        """Each run of a compiled region, with its self time and the compile time inside it
-        (``analysis.compile.region_runs``)."""
-        return comp.region_runs(self.run.ops, self.op_parent, self.op_compile.compile_ns)
-
-    @functools.cached_property
-    def scoped_region_runs(self) -> pd.DataFrame:
-        """The ``region_runs`` of the ``op_basis`` steps: what the per-step compile figures are over."""
-        runs = self.region_runs
-        return runs[in_steps(runs, self.op_basis.steps)] if len(runs) else runs
-
-    @functools.cached_property
-    def graph_runs(self) -> pd.DataFrame:
-        """Per compiled graph: runs, total and self ms, per ``op_basis`` step, most self time first
-        (``analysis.compile.graph_runs``)."""
-        return comp.graph_runs(self.scoped_region_runs, self.op_basis.per_rank)
-
-    @functools.cached_property
-    def graph_break_sites(self) -> pd.DataFrame:
-        """The graph breaks by user line and reason class, with the run time of the graphs that end
-        at each, per ``op_basis`` step (``analysis.compile.graph_break_sites``)."""
-        return comp.graph_break_sites(self.run.graph_breaks, self.scoped_region_runs, self.op_basis.per_rank)
-
-    # ---- sync points
-
-    @functools.cached_property
-    def sync_points(self) -> pd.DataFrame:
-        """One row per sync op (``analysis.sync.sync_points``) as the report, port-check and the
-        trace count them: the ops run while compiling (tracing reads values the compiled graph never
-        reads again) and a CPU fallback's copies (the fallback's own) left out."""
-        return sync.sync_points(self.run.ops, self.op_parent,
-                                exclude=self.op_compile.inside | self.cpu_fallbacks.inside)
-
-    @functools.cached_property
-    def waits_measured(self) -> bool:
-        """Whether the device side was captured (kernels, queue flushes, CPU fallbacks or copies): the
-        host's waits for the device, the stalls and the Device section exist only then."""
-        run = self.run
-        return bool(run.device_kernels.size or run.queue_flushes.size or self.cpu_fallbacks.table.size
-                    or run.device_copies.size)
-
-    @functools.cached_property
-    def sync_waits(self) -> np.ndarray | None:
-        """Per ``sync_points`` row, the time its thread waited for a device queue inside it
-        (``analysis.device.sync_waits``); None where not ``waits_measured``."""
-        return dev.sync_waits(self.sync_points, self.run.queue_flushes) if self.waits_measured else None
-
-    @functools.cached_property
-    def sync_stalls(self) -> np.ndarray | None:
-        """Per ``sync_points`` row, whether the host waited for the device in it
-        (``analysis.sync.stalled``); None where not ``waits_measured``."""
-        if self.sync_waits is None:
-            return None
-        return sync.stalled(self.sync_points, self.sync_waits, self.run.device_kernels)
-
-    @functools.cached_property
-    def sync_sites(self) -> pd.DataFrame:
-        """The sync points by source line, with their count per ``op_basis`` step and waits
-        (``analysis.sync.sync_summary``)."""
-        return sync.sync_summary(self.sync_points, self.op_basis.steps, self.sync_waits, self.sync_stalls)
-
-    @functools.cached_property
-    def on_device(self) -> bool:
-        """Whether the run used an accelerator (``analysis.accelerator.ran_on_device``)."""
-        return ran_on_device(self.run)
-
-    @functools.cached_property
-    def metric_summary(self) -> pd.DataFrame:
-        """Per rank and logged scalar: steps, first, last, min, max, mean of its per-step values
-        (``analysis.metrics.summary``)."""
-        return metrics.summary(self.run.metrics)
-
-    # ---- FLOPs and efficiency
-
-    @functools.cached_property
-    def op_flops(self) -> flops.OpFlops:
-        """Each op's FLOPs and bytes (``analysis.flops.op_flops``)."""
-        return flops.op_flops(self.run.ops, self.op_parent)
-
-    @functools.cached_property
-    def _flop_rates(self) -> Efficiency:
-        """:meth:`efficiency`'s tables before any peak: rates over the ``op_scope`` ops, and on a
-        device an op's rate over the device time of its work (its host time is its launch)."""
-        ops, keep, basis, f = self.run.ops, self.op_scope, self.op_basis, self.op_flops
-        steps = flops.step_flops(ops, f, keep, basis.steps)
-        run_ns = ops["dur"].to_numpy() - self.op_compile.compile_ns
-        kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
-        if len(self.run.device_kernels) and len(ops):
-            depth = int(ops["depth"].max())
-            kernels = flops.kernel_efficiency(self.device_correlation, f, self.op_parent, depth, basis.steps,
-                                              basis.per_rank)
-            device_ns = flops.op_device_ns(self.device_correlation, f, self.op_parent, depth, len(ops))
-            run_ns = np.where(device_ns >= 0, device_ns, run_ns)
-        return Efficiency(precision=flops.flop_precision(ops, f, keep), peak_tflops=None, peak_gbps=None,
-                          peak_source=flops.NO_PEAK, ranks=flops.rank_flops(steps, ops, f, keep), steps=steps,
-                          ops=flops.op_efficiency(ops, f, run_ns, keep, basis.per_rank), kernels=kernels,
-                          unknown=flops.unknown_ops(ops, f, keep, basis.per_rank))
-
-    def efficiency(self, peaks: flops.PeakRequest = flops.PeakRequest()) -> Efficiency:
-        """FLOPs per ``op_basis`` step and the FLOP/s achieved per rank, step, op name and device
-        kernel, with MFU and the roofline against the peaks ``peaks`` resolves to
-        (``analysis.flops.resolve_peak``: measured only when asked to, for a CPU run with FLOPs)."""
-        e = self._flop_rates
-        rated = bool(e.ranks["flops_per_step"].fillna(0).astype(bool).any())
-        tflops, gbps, source = flops.resolve_peak(e.precision, self.run.meta.get("device"), peaks.tflops, peaks.gbps,
-                                                  peaks.device, peaks.calibrate and rated)
-        return dataclasses.replace(e, peak_tflops=tflops, peak_gbps=gbps, peak_source=source,
-                                   ranks=flops.with_mfu(e.ranks, tflops), steps=flops.with_mfu(e.steps, tflops),
-                                   ops=flops.with_roofline(e.ops, tflops, gbps),
-                                   kernels=flops.with_roofline(e.kernels, tflops, gbps))
-
-    # ---- memory
+        return step_kinds(self.run.steps, self.compiled.spans)
 
     @functools.cached_property
     def memory_allocations(self) -> pd.DataFrame:
@@ -430,52 +190,9 @@ class RunAnalysis:
         return mem.allocations(run.memory_events, run.memory_tensors, run.steps)
 
     @functools.cached_property
-    def memory_timeline(self) -> pd.DataFrame:
-        """Live bytes over time per device, total and per category, min/max downsampled."""
-        return mem.timeline(self.memory_allocations)
-
-    @functools.cached_property
     def memory_peaks(self) -> pd.DataFrame:
         """Each captured step's peak per device and the allocation that reached it."""
         return mem.peaks(self.memory_allocations, self.run.steps)
-
-    @functools.cached_property
-    def memory_device_peaks(self) -> dict[tuple[int, str], MemoryPeak]:
-        """Per (rank, device) with ``memory_peaks``: the highest, what was live then by category and
-        the sites that held it."""
-        peaks, allocs = self.memory_peaks, self.memory_allocations
-        out: dict[tuple[int, str], MemoryPeak] = {}
-        if peaks.empty:
-            return out
-        for (rank, device), p in peaks.groupby([peaks["rank"], peaks["device"].astype(str)], sort=False):
-            best = p.loc[p["bytes"].idxmax()]
-            ts = int(best["ts"])
-            out[(int(rank), device)] = MemoryPeak(best, mem.snapshot(allocs, ts, "category", int(rank), device),
-                                                  mem.peak_sites(allocs, int(rank), device, ts))
-        return out
-
-    @functools.cached_property
-    def memory_figures_from(self) -> pd.DataFrame:
-        """Per (rank, device): where its memory figures come from, the allocator's events or the
-        backend's counters (``analysis.memory.figures_from``)."""
-        return mem.figures_from(self.run.memory_steps, self.run.memory_sources)
-
-    @functools.cached_property
-    def memory_growth(self) -> pd.DataFrame:
-        """Per rank and device: step-over-step growth of the live bytes at step boundaries
-        (``analysis.memory.growth``)."""
-        return mem.growth(self.run.memory_steps)
-
-    @functools.cached_property
-    def memory_unseen_steps(self) -> dict[tuple[int, str], list[int]]:
-        """Per (rank, device): the steps whose memory was not seen (``analysis.memory.unseen_steps``)."""
-        return mem.unseen_steps(self.run.memory_steps, self.run.process_memory)
-
-    @functools.cached_property
-    def process_memory_growth(self) -> pd.DataFrame:
-        """Per rank: the process's resident memory over the steps and its growth
-        (``analysis.memory.process_growth``)."""
-        return mem.process_growth(self.run.process_memory, self.run.steps)
 
     @functools.cached_property
     def memory_leaks(self) -> pd.DataFrame:
@@ -484,7 +201,7 @@ class RunAnalysis:
         line in the step loop they were made from and what keeps them (``analysis.memory.Keepers``)."""
         run = self.run
         return mem.leaks(self.memory_allocations, run.memory_steps, run.steps, run.process_memory,
-                         figures=self.memory_figures_from,
+                         figures=self.memory.figures_from,
                          keepers=mem.Keepers(run.memory_keepers, run.keeper_walks, run.stack, run.display_path))
 
     def memory_snapshot(self, step: int, by: str | list[str] = "category", rank: int = 0) -> pd.DataFrame:
@@ -495,8 +212,6 @@ class RunAnalysis:
         if s.empty:
             raise KeyError(f"no step {step} on rank {rank} in {self.run.path}")
         return mem.snapshot(self.memory_allocations, int(s["ts"].iloc[0] + s["dur"].iloc[0]), by, rank)
-
-    # ---- collectives
 
     @functools.cached_property
     def collective_offsets(self) -> pd.DataFrame:
@@ -528,57 +243,6 @@ class RunAnalysis:
         (``analysis.comm_cost.overlap``)."""
         run = self.run
         return comm_cost.overlap(run.collectives, run.ops, run.steps)
-
-    @functools.cached_property
-    def collective_overlap_by_rank(self) -> pd.DataFrame:
-        """``collective_overlap`` per rank over the steady steps (``analysis.comm_cost.overlap_by_rank``)."""
-        return comm_cost.overlap_by_rank(self.collective_overlap, self.step_kinds)
-
-    @functools.cached_property
-    def collective_bandwidth(self) -> pd.DataFrame:
-        """Achieved bandwidth per group and op of the ``collectives_matched``
-        (``analysis.comm_cost.group_bandwidth``)."""
-        return comm_cost.group_bandwidth(comm_cost.bandwidth(self.collectives_matched))
-
-    @functools.cached_property
-    def collectives_by_op(self) -> pd.DataFrame:
-        """Time and waits per group and op, collectives per ``steady_steps`` step
-        (``analysis.comm_cost.by_op``)."""
-        return comm_cost.by_op(self.collective_waits, self.collectives_matched, self.steady_steps.steps)
-
-    @functools.cached_property
-    def collectives_in_flight(self) -> pd.DataFrame:
-        """Per rank, the collectives issued and never completed: what a hung job was stuck in
-        (``analysis.collective_match.in_flight``)."""
-        return collective_match.in_flight(self.run.collectives, self.collectives_matched)
-
-    @functools.cached_property
-    def steady_steps(self) -> stragglers.SteadySteps:
-        """The steps per-step collective figures are over and their median time
-        (``analysis.stragglers.steady_steps``)."""
-        return stragglers.steady_steps(self.step_kinds)
-
-    @functools.cached_property
-    def host_stragglers(self) -> Stragglers:
-        """The stragglers on host time (``collectives_matched``), neuron_prof's own work left out of
-        what a rank caused (``analysis.collective_match.own_spans``)."""
-        own = collective_match.own_spans(self.run.steps, self.collective_offsets)
-        return self._stragglers(self.collectives_matched, self.collective_waits, own)
-
-    def _stragglers(self, matched: pd.DataFrame, waits: pd.DataFrame,
-                    own: stragglers.Spans = stragglers.NO_SPANS) -> Stragglers:
-        """:class:`Stragglers` of ``matched`` with their per-rank ``waits``."""
-        kinds = self.step_kinds
-        per_step = stragglers.straggler_steps(waits, kinds, own)
-        ranking = stragglers.stragglers(matched, waits, kinds, own)
-        in_steps_ns = [int(per_step[(per_step["rank"] == r) & per_step["significant"]]["wait_caused_ns"].sum())
-                       for r in ranking["rank"]]
-        ranking = ranking.assign(wait_in_steps_ns=pd.Series(in_steps_ns, index=ranking.index, dtype=np.int64))
-        threshold = per_step["threshold_ns"].iloc[0] if len(per_step) else stragglers.SHARE * self.steady_steps.median_ns
-        return Stragglers(ranking=ranking, sites=stragglers.worst_collectives(matched, waits, ranking), steps=per_step,
-                          threshold_ns=float(threshold))
-
-    # ---- the device queue
 
     @functools.cached_property
     def device_correlation(self) -> pd.DataFrame:
@@ -631,137 +295,542 @@ class RunAnalysis:
                                  dcoll.comm_overlap(run.device_kernels, self.step_kinds))
 
     @functools.cached_property
-    def device_comm_summary(self) -> pd.DataFrame:
-        """Per rank and device, communication per ``device_basis`` step: overlapped and exposed
-        (``analysis.device_collectives.comm_summary``)."""
-        return dcoll.comm_summary(self.device_collectives.overlap, self.device_basis.steps)
+    def step_time(self) -> "StepTime":
+        """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and the training scalars, per rank."""
+        return StepTime(self)
 
     @functools.cached_property
-    def device_comm_waits(self) -> pd.DataFrame:
-        """Streams that stood idle waiting for a collective, by the line that issued it
-        (``analysis.device_collectives.comm_waits``)."""
+    def op_time(self) -> "OpTime":
+        """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against peaks, and the sync points (host reads of device values) among them."""
+        return OpTime(self)
+
+    @functools.cached_property
+    def compiled(self) -> "Compiled":
+        """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and the compiled regions' runs and graph-break sites at run time."""
+        return Compiled(self)
+
+    @functools.cached_property
+    def memory(self) -> "MemoryFigures":
+        """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth step over step (the tracked tensors' and the process's) and the boundaries not seen."""
+        return MemoryFigures(self)
+
+    @functools.cached_property
+    def comms(self) -> "Comms":
+        """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in flight, the steady steps and the stragglers."""
+        return Comms(self)
+
+    @functools.cached_property
+    def device(self) -> "DeviceFigures":
+        """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU fallbacks, coverage, custom kernels, gaps, its streams and the collectives it ran."""
+        return DeviceFigures(self)
+
+
+class StepTime:
+    """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and the training scalars, per rank. (``RunAnalysis.step_time``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
+
+    @functools.cached_property
+    def stats(self) -> pd.DataFrame:
+        """Per rank: step counts and the step time statistics over the basis steps
+        (``analysis.steps.step_stats``)."""
+        return step_stats(self.analysis.step_kinds)
+
+    @functools.cached_property
+    def warmup(self) -> pd.DataFrame:
+        """The ``step_kinds`` rows of the warm-up steps: what the steady figures leave out."""
+        kinds = self.analysis.step_kinds
+        return kinds[kinds["warmup"]]
+
+    @functools.cached_property
+    def breakdown(self) -> pd.DataFrame:
+        """Per rank, where the ``op_basis`` steps' wall time went by phase, mean ms per step
+        (``analysis.steps.step_breakdown``)."""
+        return step_breakdown(self.analysis.op_time.top_level, self.analysis.op_basis.steps, self.analysis.op_time.phase_time)
+
+    @functools.cached_property
+    def split(self) -> pd.DataFrame:
+        """Per rank, where the ``op_basis`` steps' time went: communication (the exposed part of
+        ``collective_overlap`` where collectives were captured), sync (the host's measured waits for
+        the device where ``waits_measured``), compute, compile, idle (``analysis.steps.time_split``)."""
         run = self.run
-        return dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives, self.device_collectives.kernels,
-                                self.device_basis.steps)
+        exposed = self.analysis.collective_overlap if not run.collectives.empty else None
+        comm = comm_ops(run.ops, self.analysis.op_parent, self.analysis.op_scope, self.analysis.op_compile.compile_ns)
+        return time_split(self.analysis.op_time.top_level, self.analysis.op_basis.steps, self.analysis.op_time.sync_points, comm, exposed,
+                          run.queue_flushes if self.analysis.op_time.sync_waits_measured else None)
 
     @functools.cached_property
-    def device_stragglers(self) -> Stragglers | None:
-        """The stragglers on device time (``device_collectives.matched``); None where no collective
-        ran as a device kernel."""
-        found = self.device_collectives
-        return self._stragglers(found.matched, found.waits) if len(found.matched) else None
+    def scalars(self) -> pd.DataFrame:
+        """Per rank and logged scalar: steps, first, last, min, max, mean of its per-step values
+        (``analysis.metrics.summary``)."""
+        return metrics.summary(self.run.metrics)
+
+
+class OpTime:
+    """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against peaks, and the sync points (host reads of device values) among them. (``RunAnalysis.op_time``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
 
     @functools.cached_property
-    def device_streams(self) -> pd.DataFrame:
+    def phase(self) -> np.ndarray:
+        """Each op's phase of the step, an index into ``analysis.ops.OP_PHASES``."""
+        return step_phases(self.run.ops, self.analysis.op_parent)
+
+    @functools.cached_property
+    def stats(self) -> pd.DataFrame:
+        """Self time per (name, module) of the ``op_scope`` ops (``analysis.ops.op_stats``), with
+        ``self_ms_per_step`` when there is an ``op_basis`` step: the op table of the report and of
+        compare. Every row, most self time first."""
+        by = ("name", "module")
+        stats = op_stats(self.analysis.scoped_ops((*by, "bwd", "recompute")), by)
+        if self.analysis.op_basis.per_rank:
+            stats["self_ms_per_step"] = stats["self_ms"] / self.analysis.op_basis.per_rank
+        return stats
+
+    @functools.cached_property
+    def top_level(self) -> pd.DataFrame:
+        """The top-level ``op_scope`` ops (``scoped_ops(top_level=True)``): what a step's time splits into."""
+        return self.analysis.scoped_ops(top_level=True)
+
+    @functools.cached_property
+    def phase_time(self) -> pd.DataFrame:
+        """Run-time self time of the ``op_scope`` ops per step and phase (``analysis.ops.phase_time``)."""
+        return phase_time(self.run.ops, self.phase, self.analysis.op_compile.run_self_ns, self.analysis.op_scope)
+
+    @functools.cached_property
+    def recompute(self) -> pd.DataFrame:
+        """Activation-checkpoint recompute per module over the ``op_scope`` ops, per ``op_basis`` step
+        (``analysis.recompute.recompute_by_module``)."""
+        return recompute_by_module(self.run.ops, self.analysis.op_parent, self.analysis.op_compile.run_self_ns, self.analysis.op_scope,
+                                   self.analysis.op_basis.per_rank)
+
+    @functools.cached_property
+    def precision_basis(self) -> str:
+        """What an op's weight in the precision figures is: its device time where the run has kernels,
+        else its host self time (``analysis.precision.time_basis``)."""
+        return precision.time_basis(self.run.device_kernels)
+
+    @functools.cached_property
+    def _precision(self) -> np.ndarray:
+        """Each op's precision (``analysis.precision.op_precision``)."""
+        return precision.op_precision(self.run.ops)
+
+    @functools.cached_property
+    def _precision_time(self) -> np.ndarray:
+        """Each op's weight in the precision figures (``analysis.precision.time_basis``), ns."""
+        if self.precision_basis == "device":
+            return precision.device_ns_per_op(len(self.run.ops), self.analysis.device_correlation)
+        return self.analysis.op_compile.run_self_ns.astype(np.float64)
+
+    @functools.cached_property
+    def _precision_scope(self) -> np.ndarray:
+        """The ``op_scope`` ops of the forward and backward passes (recompute included): what
+        autocast decides the precision of."""
+        passes = np.isin(self.phase, [OP_PHASES.index(p) for p in ("forward", "backward", "recompute")])
+        return self.analysis.op_scope & passes
+
+    @functools.cached_property
+    def precision_mix(self) -> pd.DataFrame:
+        """Per rank: each precision's time per ``op_basis`` step and share (``analysis.precision``)."""
+        return precision.precision_mix(self.run.ops, self._precision, self._precision_time, self._precision_scope,
+                                       self.analysis.op_basis.per_rank)
+
+    @functools.cached_property
+    def left_in_fp32(self) -> pd.DataFrame:
+        """The forward ops autocast left in fp32, per rank costliest first
+        (``analysis.precision.left_in_fp32``)."""
+        return precision.left_in_fp32(self.run.ops, self._precision, self._precision_time, self._precision_scope,
+                                      self.phase == OP_PHASES.index("forward"), self.analysis.op_basis.per_rank)
+
+    @functools.cached_property
+    def op_flops(self) -> flops.OpFlops:
+        """Each op's FLOPs and bytes (``analysis.flops.op_flops``)."""
+        return flops.op_flops(self.run.ops, self.analysis.op_parent)
+
+    @functools.cached_property
+    def _flop_rates(self) -> Efficiency:
+        """:meth:`efficiency`'s tables before any peak: rates over the ``op_scope`` ops, and on a
+        device an op's rate over the device time of its work (its host time is its launch)."""
+        ops, keep, basis, f = self.run.ops, self.analysis.op_scope, self.analysis.op_basis, self.op_flops
+        steps = flops.step_flops(ops, f, keep, basis.steps)
+        run_ns = ops["dur"].to_numpy() - self.analysis.op_compile.compile_ns
+        kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
+        if len(self.run.device_kernels) and len(ops):
+            depth = int(ops["depth"].max())
+            kernels = flops.kernel_efficiency(self.analysis.device_correlation, f, self.analysis.op_parent, depth, basis.steps,
+                                              basis.per_rank)
+            device_ns = flops.op_device_ns(self.analysis.device_correlation, f, self.analysis.op_parent, depth, len(ops))
+            run_ns = np.where(device_ns >= 0, device_ns, run_ns)
+        return Efficiency(precision=flops.flop_precision(ops, f, keep), peak_tflops=None, peak_gbps=None,
+                          peak_source=flops.NO_PEAK, ranks=flops.rank_flops(steps, ops, f, keep), steps=steps,
+                          ops=flops.op_efficiency(ops, f, run_ns, keep, basis.per_rank), kernels=kernels,
+                          unknown=flops.unknown_ops(ops, f, keep, basis.per_rank))
+
+    def efficiency(self, peaks: flops.PeakRequest = flops.PeakRequest()) -> Efficiency:
+        """FLOPs per ``op_basis`` step and the FLOP/s achieved per rank, step, op name and device
+        kernel, with MFU and the roofline against the peaks ``peaks`` resolves to
+        (``analysis.flops.resolve_peak``: measured only when asked to, for a CPU run with FLOPs)."""
+        e = self._flop_rates
+        rated = bool(e.ranks["flops_per_step"].fillna(0).astype(bool).any())
+        tflops, gbps, source = flops.resolve_peak(e.precision, self.run.meta.get("device"), peaks.tflops, peaks.gbps,
+                                                  peaks.device, peaks.calibrate and rated)
+        return dataclasses.replace(e, peak_tflops=tflops, peak_gbps=gbps, peak_source=source,
+                                   ranks=flops.with_mfu(e.ranks, tflops), steps=flops.with_mfu(e.steps, tflops),
+                                   ops=flops.with_roofline(e.ops, tflops, gbps),
+                                   kernels=flops.with_roofline(e.kernels, tflops, gbps))
+
+    @functools.cached_property
+    def sync_points(self) -> pd.DataFrame:
+        """One row per sync op (``analysis.sync.sync_points``) as the report, port-check and the
+        trace count them: the ops run while compiling (tracing reads values the compiled graph never
+        reads again) and a CPU fallback's copies (the fallback's own) left out."""
+        return sync.sync_points(self.run.ops, self.analysis.op_parent,
+                                exclude=self.analysis.op_compile.inside | self.analysis.cpu_fallbacks.inside)
+
+    @functools.cached_property
+    def sync_waits_measured(self) -> bool:
+        """Whether the device side was captured (kernels, queue flushes, CPU fallbacks or copies): the
+        host's waits for the device, the stalls and the Device section exist only then."""
+        run = self.run
+        return bool(run.device_kernels.size or run.queue_flushes.size or self.analysis.cpu_fallbacks.table.size
+                    or run.device_copies.size)
+
+    @functools.cached_property
+    def sync_waits(self) -> np.ndarray | None:
+        """Per ``sync_points`` row, the time its thread waited for a device queue inside it
+        (``analysis.device.sync_waits``); None where not ``waits_measured``."""
+        return dev.sync_waits(self.sync_points, self.run.queue_flushes) if self.sync_waits_measured else None
+
+    @functools.cached_property
+    def sync_stalls(self) -> np.ndarray | None:
+        """Per ``sync_points`` row, whether the host waited for the device in it
+        (``analysis.sync.stalled``); None where not ``waits_measured``."""
+        if self.sync_waits is None:
+            return None
+        return sync.stalled(self.sync_points, self.sync_waits, self.run.device_kernels)
+
+    @functools.cached_property
+    def sync_sites(self) -> pd.DataFrame:
+        """The sync points by source line, with their count per ``op_basis`` step and waits
+        (``analysis.sync.sync_summary``)."""
+        return sync.sync_summary(self.sync_points, self.analysis.op_basis.steps, self.sync_waits, self.sync_stalls)
+
+    @functools.cached_property
+    def on_device(self) -> bool:
+        """Whether the run used an accelerator (``analysis.accelerator.ran_on_device``)."""
+        return ran_on_device(self.run)
+
+
+class Compiled:
+    """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and the compiled regions' runs and graph-break sites at run time. (``RunAnalysis.compiled``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
+
+    @functools.cached_property
+    def spans(self) -> pd.DataFrame:
+        """When each thread was compiling (``analysis.compile.compile_spans``)."""
+        return comp.compile_spans(self.run.compiles, self.run.compile_phases)
+
+    @functools.cached_property
+    def recompiles(self) -> pd.DataFrame:
+        """Per frame: recompiles, failed guards, cache limit hit (``analysis.compile.recompile_summary``)."""
+        return comp.recompile_summary(self.run.recompiles, self.run.compiles)
+
+    @functools.cached_property
+    def times(self) -> pd.DataFrame:
+        """Per compile: total and per-phase ms (``analysis.compile.compile_time``). Every row."""
+        return comp.compile_time(self.run.compiles, self.run.compile_phases)
+
+    @functools.cached_property
+    def cache(self) -> pd.DataFrame:
+        """Per compile cache: hits, misses, bypasses, hit rate (``analysis.compile.cache_stats``)."""
+        return comp.cache_stats(self.run.compile_cache)
+
+    @functools.cached_property
+    def fusions(self) -> pd.DataFrame:
+        """Generated kernels by how many FX nodes they fuse, most first (``analysis.compile.top_fusions``)."""
+        return comp.top_fusions(self.run.fusions)
+
+    @functools.cached_property
+    def region_runs(self) -> pd.DataFrame:
+        """Each run of a compiled region, with its self time and the compile time inside it
+        (``analysis.compile.region_runs``)."""
+        return comp.region_runs(self.run.ops, self.analysis.op_parent, self.analysis.op_compile.compile_ns)
+
+    @functools.cached_property
+    def scoped_region_runs(self) -> pd.DataFrame:
+        """The ``region_runs`` of the ``op_basis`` steps: what the per-step compile figures are over."""
+        runs = self.region_runs
+        return runs[in_steps(runs, self.analysis.op_basis.steps)] if len(runs) else runs
+
+    @functools.cached_property
+    def graph_runs(self) -> pd.DataFrame:
+        """Per compiled graph: runs, total and self ms, per ``op_basis`` step, most self time first
+        (``analysis.compile.graph_runs``)."""
+        return comp.graph_runs(self.scoped_region_runs, self.analysis.op_basis.per_rank)
+
+    @functools.cached_property
+    def break_sites(self) -> pd.DataFrame:
+        """The graph breaks by user line and reason class, with the run time of the graphs that end
+        at each, per ``op_basis`` step (``analysis.compile.graph_break_sites``)."""
+        return comp.graph_break_sites(self.run.graph_breaks, self.scoped_region_runs, self.analysis.op_basis.per_rank)
+
+
+class MemoryFigures:
+    """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth step over step (the tracked tensors' and the process's) and the boundaries not seen. (``RunAnalysis.memory``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
+
+    @functools.cached_property
+    def timeline(self) -> pd.DataFrame:
+        """Live bytes over time per device, total and per category, min/max downsampled."""
+        return mem.timeline(self.analysis.memory_allocations)
+
+    @functools.cached_property
+    def device_peaks(self) -> dict[tuple[int, str], MemoryPeak]:
+        """Per (rank, device) with ``memory_peaks``: the highest, what was live then by category and
+        the sites that held it."""
+        peaks, allocs = self.analysis.memory_peaks, self.analysis.memory_allocations
+        out: dict[tuple[int, str], MemoryPeak] = {}
+        if peaks.empty:
+            return out
+        for (rank, device), p in peaks.groupby([peaks["rank"], peaks["device"].astype(str)], sort=False):
+            best = p.loc[p["bytes"].idxmax()]
+            ts = int(best["ts"])
+            out[(int(rank), device)] = MemoryPeak(best, mem.snapshot(allocs, ts, "category", int(rank), device),
+                                                  mem.peak_sites(allocs, int(rank), device, ts))
+        return out
+
+    @functools.cached_property
+    def figures_from(self) -> pd.DataFrame:
+        """Per (rank, device): where its memory figures come from, the allocator's events or the
+        backend's counters (``analysis.memory.figures_from``)."""
+        return mem.figures_from(self.run.memory_steps, self.run.memory_sources)
+
+    @functools.cached_property
+    def growth(self) -> pd.DataFrame:
+        """Per rank and device: step-over-step growth of the live bytes at step boundaries
+        (``analysis.memory.growth``)."""
+        return mem.growth(self.run.memory_steps)
+
+    @functools.cached_property
+    def unseen_steps(self) -> dict[tuple[int, str], list[int]]:
+        """Per (rank, device): the steps whose memory was not seen (``analysis.memory.unseen_steps``)."""
+        return mem.unseen_steps(self.run.memory_steps, self.run.process_memory)
+
+    @functools.cached_property
+    def process_growth(self) -> pd.DataFrame:
+        """Per rank: the process's resident memory over the steps and its growth
+        (``analysis.memory.process_growth``)."""
+        return mem.process_growth(self.run.process_memory, self.run.steps)
+
+
+class Comms:
+    """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in flight, the steady steps and the stragglers. (``RunAnalysis.comms``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
+
+    @functools.cached_property
+    def overlap_by_rank(self) -> pd.DataFrame:
+        """``collective_overlap`` per rank over the steady steps (``analysis.comm_cost.overlap_by_rank``)."""
+        return comm_cost.overlap_by_rank(self.analysis.collective_overlap, self.analysis.step_kinds)
+
+    @functools.cached_property
+    def bandwidth(self) -> pd.DataFrame:
+        """Achieved bandwidth per group and op of the ``collectives_matched``
+        (``analysis.comm_cost.group_bandwidth``)."""
+        return comm_cost.group_bandwidth(comm_cost.bandwidth(self.analysis.collectives_matched))
+
+    @functools.cached_property
+    def by_op(self) -> pd.DataFrame:
+        """Time and waits per group and op, collectives per ``steady_steps`` step
+        (``analysis.comm_cost.by_op``)."""
+        return comm_cost.by_op(self.analysis.collective_waits, self.analysis.collectives_matched, self.steady_steps.steps)
+
+    @functools.cached_property
+    def in_flight(self) -> pd.DataFrame:
+        """Per rank, the collectives issued and never completed: what a hung job was stuck in
+        (``analysis.collective_match.in_flight``)."""
+        return collective_match.in_flight(self.run.collectives, self.analysis.collectives_matched)
+
+    @functools.cached_property
+    def steady_steps(self) -> stragglers.SteadySteps:
+        """The steps per-step collective figures are over and their median time
+        (``analysis.stragglers.steady_steps``)."""
+        return stragglers.steady_steps(self.analysis.step_kinds)
+
+    @functools.cached_property
+    def stragglers(self) -> Stragglers:
+        """The stragglers on host time (``collectives_matched``), neuron_prof's own work left out of
+        what a rank caused (``analysis.collective_match.own_spans``)."""
+        own = collective_match.own_spans(self.run.steps, self.analysis.collective_offsets)
+        return self.rank_stragglers(self.analysis.collectives_matched, self.analysis.collective_waits, own)
+
+    def rank_stragglers(self, matched: pd.DataFrame, waits: pd.DataFrame,
+                        own: stragglers.Spans | None = None) -> Stragglers:
+        """:class:`Stragglers` of ``matched`` with their per-rank ``waits``, ``own`` (neuron_prof's own
+        work, none by default) left out of what a rank caused. Host and device stragglers alike."""
+        own = stragglers.NO_SPANS if own is None else own
+        kinds = self.analysis.step_kinds
+        per_step = stragglers.straggler_steps(waits, kinds, own)
+        ranking = stragglers.stragglers(matched, waits, kinds, own)
+        in_steps_ns = [int(per_step[(per_step["rank"] == r) & per_step["significant"]]["wait_caused_ns"].sum())
+                       for r in ranking["rank"]]
+        ranking = ranking.assign(wait_in_steps_ns=pd.Series(in_steps_ns, index=ranking.index, dtype=np.int64))
+        threshold = per_step["threshold_ns"].iloc[0] if len(per_step) else stragglers.SHARE * self.steady_steps.median_ns
+        return Stragglers(ranking=ranking, sites=stragglers.worst_collectives(matched, waits, ranking), steps=per_step,
+                          threshold_ns=float(threshold))
+
+
+class DeviceFigures:
+    """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU fallbacks, coverage, custom kernels, gaps, its streams and the collectives it ran. (``RunAnalysis.device``; every member cached, every row kept)."""
+
+    def __init__(self, analysis: RunAnalysis) -> None:
+        self.analysis = analysis
+        self.run = analysis.run
+
+    @functools.cached_property
+    def streams(self) -> pd.DataFrame:
         """Per rank, device, complete step and stream: kernels, busy and waiting time
         (``analysis.streams.stream_steps``)."""
-        return streams.stream_steps(self.run.device_kernels, self.run.stream_waits, self.step_kinds)
+        return streams.stream_steps(self.run.device_kernels, self.run.stream_waits, self.analysis.step_kinds)
 
     @functools.cached_property
-    def device_basis(self) -> Basis:
+    def basis(self) -> Basis:
         """The ``op_basis`` steps that have a device trace (``analysis.device.traced_steps``: a device
         gap's steps left out): what every per-step device figure is over."""
-        steps = dev.traced_steps(self.op_basis.steps, self.run.device_gaps)
-        return Basis(steps, self.op_basis.kind, steps_per_rank(steps))
+        steps = dev.traced_steps(self.analysis.op_basis.steps, self.run.device_gaps)
+        return Basis(steps, self.analysis.op_basis.kind, steps_per_rank(steps))
 
     @functools.cached_property
-    def device_verdicts(self) -> pd.DataFrame:
+    def verdicts(self) -> pd.DataFrame:
         """Per rank and step, what bounded it (``analysis.device.step_verdicts`` of ``device_steps``)
         and whether it was a warm-up or a steady step."""
-        verdicts = dev.step_verdicts(self.device_steps)
+        verdicts = dev.step_verdicts(self.analysis.device_steps)
         if len(verdicts):
-            flags = self.step_kinds.set_index(["rank", "step"])[["warmup", "steady"]]
+            flags = self.analysis.step_kinds.set_index(["rank", "step"])[["warmup", "steady"]]
             verdicts = verdicts.join(flags, on=["rank", "step"])
         return verdicts
 
     @functools.cached_property
-    def device_verdict_summary(self) -> pd.DataFrame:
+    def verdict_summary(self) -> pd.DataFrame:
         """Per rank and verdict over the ``device_basis`` steps (``analysis.device.verdict_summary``)."""
-        return dev.verdict_summary(self.device_verdicts, self.device_basis.steps)
+        return dev.verdict_summary(self.verdicts, self.basis.steps)
 
     @functools.cached_property
     def queue_stalls(self) -> pd.DataFrame:
         """The host's waits for a device queue by line, host op, reason and device, per
         ``device_basis`` step (``analysis.device.stalls``)."""
-        return dev.stalls(self.run.queue_flushes, self.device_basis.steps)
+        return dev.stalls(self.run.queue_flushes, self.basis.steps)
 
     @functools.cached_property
     def top_kernels(self) -> pd.DataFrame:
         """Device kernels by time per ``device_basis`` step, most first (``analysis.device.top_kernels``).
         Every row."""
-        return dev.top_kernels(self.run.device_kernels, self.device_correlation, self.device_basis.steps)
+        return dev.top_kernels(self.run.device_kernels, self.analysis.device_correlation, self.basis.steps)
 
     @functools.cached_property
-    def kernel_fusion(self) -> pd.DataFrame:
+    def fusion(self) -> pd.DataFrame:
         """Per rank and device: kernels, ops per kernel, one-op kernels and the launch cost
         (``analysis.device.fusion``)."""
         return dev.fusion(self.run.device_kernels)
 
     @functools.cached_property
-    def unfused_sequences(self) -> pd.DataFrame:
+    def unfused(self) -> pd.DataFrame:
         """Runs of one-op kernels a compiler could fuse, costliest first
         (``analysis.device.unfused_sequences``). Every row."""
-        return dev.unfused_sequences(self.run.device_kernels, self.device_correlation, self.device_basis.steps)
+        return dev.unfused_sequences(self.run.device_kernels, self.analysis.device_correlation, self.basis.steps)
 
     @functools.cached_property
-    def device_copies(self) -> pd.DataFrame:
+    def copies(self) -> pd.DataFrame:
         """Device copies per rank, device, direction and line, over the run and per ``device_basis``
         step (``analysis.device.copy_summary``)."""
-        return dev.copy_summary(self.run.device_copies, self.device_basis.steps)
+        return dev.copy_summary(self.run.device_copies, self.basis.steps)
 
     @functools.cached_property
-    def fallback_summary(self) -> pd.DataFrame:
+    def fallbacks(self) -> pd.DataFrame:
         """The ``cpu_fallbacks`` per rank, device and op, over the run and per ``device_basis`` step
         (``analysis.device.fallback_summary``)."""
-        return dev.fallback_summary(self.cpu_fallbacks.table, self.device_basis.steps)
+        return dev.fallback_summary(self.analysis.cpu_fallbacks.table, self.basis.steps)
 
     @functools.cached_property
-    def device_coverage(self) -> pd.DataFrame:
+    def coverage(self) -> pd.DataFrame:
         """Per rank and device: the ops it ran itself and those it left to the CPU
         (``analysis.device.coverage``)."""
-        return dev.coverage(self.cpu_fallbacks.native, self.cpu_fallbacks.table)
+        return dev.coverage(self.analysis.cpu_fallbacks.native, self.analysis.cpu_fallbacks.table)
 
     @functools.cached_property
     def custom_kernels(self) -> pd.DataFrame:
         """Per rank, device and custom kernel: runs, device time, lines and the compiled graphs it ran
         in (``analysis.device.custom_kernels``)."""
-        ops, parent = self.run.ops, self.op_parent
-        return dev.custom_kernels(self.run.device_kernels, self.device_correlation, self.device_basis.steps,
+        ops, parent = self.run.ops, self.analysis.op_parent
+        return dev.custom_kernels(self.run.device_kernels, self.analysis.device_correlation, self.basis.steps,
                                   lambda rows: comp.compiled_graph_of(ops, parent, rows))
 
     @functools.cached_property
-    def device_gap_steps(self) -> pd.DataFrame:
+    def gap_steps(self) -> pd.DataFrame:
         """Per device gap, the steps it overlaps and why (``analysis.device.gap_steps``)."""
         return dev.gap_steps(self.run.device_gaps, self.run.steps)
+
+    @functools.cached_property
+    def comm_summary(self) -> pd.DataFrame:
+        """Per rank and device, communication per ``device_basis`` step: overlapped and exposed
+        (``analysis.device_collectives.comm_summary``)."""
+        return dcoll.comm_summary(self.analysis.device_collectives.overlap, self.basis.steps)
+
+    @functools.cached_property
+    def comm_waits(self) -> pd.DataFrame:
+        """Streams that stood idle waiting for a collective, by the line that issued it
+        (``analysis.device_collectives.comm_waits``)."""
+        run = self.run
+        return dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives, self.analysis.device_collectives.kernels,
+                                self.basis.steps)
+
+    @functools.cached_property
+    def stragglers(self) -> Stragglers | None:
+        """The stragglers on device time (``device_collectives.matched``); None where no collective
+        ran as a device kernel."""
+        found = self.analysis.device_collectives
+        return self.analysis.comms.rank_stragglers(found.matched, found.waits) if len(found.matched) else None
 
     @functools.cached_property
     def stream_overlap(self) -> pd.DataFrame:
         """Per rank, device and step: the time streams ran kernels at once
         (``analysis.streams.stream_overlap``)."""
-        return streams.stream_overlap(self.run.device_kernels, self.device_streams, self.step_kinds)
+        return streams.stream_overlap(self.run.device_kernels, self.streams, self.analysis.step_kinds)
 
     @functools.cached_property
     def stream_summary(self) -> pd.DataFrame:
         """Per rank, device and stream, per ``device_basis`` step: kernels, busy and waiting ms
         (``analysis.streams.stream_summary``)."""
-        return streams.stream_summary(self.device_streams, self.device_basis.steps)
+        return streams.stream_summary(self.streams, self.basis.steps)
 
     @functools.cached_property
     def several_stream_steps(self) -> pd.DataFrame:
         """``device_streams`` of the devices that ran more than one stream or waited for one, with
         each step's overlap (``analysis.streams.several_stream_steps``)."""
-        return streams.several_stream_steps(self.device_streams, self.stream_overlap)
+        return streams.several_stream_steps(self.streams, self.stream_overlap)
 
     @functools.cached_property
     def stream_overlap_summary(self) -> pd.DataFrame:
         """Per rank and device that ran more than one stream: busy and overlap per ``device_basis``
         step (``analysis.streams.overlap_summary``)."""
-        return streams.overlap_summary(self.device_streams, self.stream_overlap, self.device_basis.steps)
+        return streams.overlap_summary(self.streams, self.stream_overlap, self.basis.steps)
 
     @functools.cached_property
     def stream_wait_sites(self) -> pd.DataFrame:
         """Where streams waited for another stream, by host line (``analysis.streams.wait_sites``)."""
-        return streams.wait_sites(self.run.stream_waits, self.run.event_enqueues, self.device_basis.steps)
+        return streams.wait_sites(self.run.stream_waits, self.run.event_enqueues, self.basis.steps)
 
 
 _ANALYSES: "weakref.WeakKeyDictionary[Run, RunAnalysis]" = weakref.WeakKeyDictionary()

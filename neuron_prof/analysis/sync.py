@@ -5,7 +5,7 @@ stalls the host on an asynchronous device (CUDA, Neuron's eager queue). Whether 
 the device's to say (:func:`stalled`): a read the device had ready (a synchronous backend's) is a
 read, not a wait. On a run with no device (``analysis.accelerator``) nothing waits: the same rows
 are host reads of tensor values that would wait on an accelerator, a porting note. The copies of a
-CPU fallback are the fallback's, not reads: callers leave them out (``RunAnalysis.sync_points``).
+CPU fallback are the fallback's, not reads: callers leave them out (``RunAnalysis.op_time.sync_points``).
 """
 from __future__ import annotations
 

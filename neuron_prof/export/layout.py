@@ -60,7 +60,7 @@ def write_run(run: Run, writer: TraceWriter, progress: Callable[[str], None] = l
     progress("loading ops and steps")
     analysis = analyze(run)
     ops, marks, steps, threads = run.ops, run.marks, analysis.step_kinds, run.threads
-    sync = analysis.sync_points
+    sync = analysis.op_time.sync_points
     spans = pd.concat([run.spans.assign(name=run.spans["name"].astype(str)),
                        own_work(steps).assign(name=OWN_WORK)], ignore_index=True)
     counts = {"ranks": 0, "op_slices": 0, "mark_slices": 0, "steps": 0, "sync_points": 0, "compiles": 0,

@@ -137,7 +137,7 @@ def side(run: Run, label: str, price_per_hour: float | None = None, summary: Sum
         from neuron_prof.reports.port import port_check  # asks torch's dispatcher: only with a target
         fallback_pct = float(port_check(run, target).fallbacks["pct"].sum())
     return Side(label=label, figures=figures(summary), metrics=run.metrics, steps=analyze(run).step_kinds,
-                ops=analyze(run).op_stats, hosts=max(1, len(hosts)), price_per_hour=price_per_hour,
+                ops=analyze(run).op_time.stats, hosts=max(1, len(hosts)), price_per_hour=price_per_hour,
                 target_fallback_pct=fallback_pct)
 
 

@@ -92,7 +92,7 @@ def port_check(run: Run, target: Target) -> PortCheck:
     no_kernel = custom[custom["path"].isin(["device", "host", "cpu", "mixed", "missing"])][["op", "path"]]
     unknown = sorted(custom.loc[custom["path"] == "unknown", "op"])
     sites, files = _sites(run)
-    reads = sync_summary(analysis.sync_points, analysis.op_basis.steps)
+    reads = sync_summary(analysis.op_time.sync_points, analysis.op_basis.steps)
     return PortCheck(str(run.path), target.device,
                      verdict(len(sites), costs["cpu"], len(no_kernel), len(unknown), target.device),
                      sites, files, paths, costs["cpu"], mixed, no_kernel.reset_index(drop=True), unknown,

@@ -20,7 +20,7 @@ from neuron_prof.viewer.text import md, plot_array
 
 @st.cache_data(max_entries=4, show_spinner="timing compiled graphs ...")
 def _graph_runs(path: str, mtime: float) -> pd.DataFrame:
-    return analyze(data.load(Path(path))).graph_runs
+    return analyze(data.load(Path(path))).compiled.graph_runs
 
 
 def _recorded_files(run, stack_ids) -> set[str]:
@@ -112,7 +112,7 @@ else:
             st.code("\n".join(r.reasons) or "(no failed guard recorded)", language=None)
 
 st.subheader("Compile time by frame and phase")
-ctime = analyze(run).compile_times
+ctime = analyze(run).compiled.times
 if ctime.empty:
     st.caption("no frame compiles recorded (the `compiler` collector was off)")
 else:
@@ -131,7 +131,7 @@ else:
         st.plotly_chart(fig, width="stretch")
 
 st.subheader("FX graph / AOT autograd caches")
-cache = analyze(run).compile_cache
+cache = analyze(run).compiled.cache
 if cache.empty:
     st.caption("no cache lookups recorded (the inductor backend looks its caches up; eager and aot_eager don't)")
 else:
@@ -139,7 +139,7 @@ else:
         "hit_rate": st.column_config.ProgressColumn("hit rate", format="percent", min_value=0, max_value=1)})
 
 st.subheader("Fusion groups per kernel")
-fus = analyze(run).fusions
+fus = analyze(run).compiled.fusions
 if fus.empty:
     st.caption("no fused kernels recorded (inductor generates them; eager and aot_eager don't fuse)")
 else:

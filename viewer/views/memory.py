@@ -75,7 +75,7 @@ def _sampled_only(path: str, mtime: float, rank: int, device: str) -> bool:
 def _timeline(path: str, mtime: float, rank: int, device: str, step: int | None) -> pd.DataFrame:
     run = _run(path)
     if step is None:
-        t = analyze(run).memory_timeline
+        t = analyze(run).memory.timeline
     else:
         s = run.steps[(run.steps["rank"] == rank) & (run.steps["step"] == step)].iloc[0]
         t = memory_window(analyze(run).memory_allocations, rank, int(s["ts"]), int(s["ts"] + s["dur"]), TIMELINE_POINTS)
@@ -95,21 +95,21 @@ def _leaks(path: str, mtime: float) -> pd.DataFrame:
 @st.cache_data(max_entries=4, show_spinner=False)
 def _figures(path: str, mtime: float, rank: int, device: str) -> tuple[str, str]:
     """Where the device's per-step figures come from (``analysis.memory.figures_from``): figures_from, api."""
-    f = analyze(_run(path)).memory_figures_from
+    f = analyze(_run(path)).memory.figures_from
     f = f[(f["rank"] == rank) & (f["device"] == device)]
     return (str(f["figures_from"].iloc[0]), str(f["api"].iloc[0])) if len(f) else (MEMORY_FIGURES[0], "")
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
 def _growth(path: str, mtime: float, rank: int, device: str) -> float:
-    """The device's tracked tensors' growth per step (``RunAnalysis.memory_growth``)."""
-    g = analyze(_run(path)).memory_growth
+    """The device's tracked tensors' growth per step (``RunAnalysis.memory.growth``)."""
+    g = analyze(_run(path)).memory.growth
     return float(g[(g["rank"] == rank) & (g["device"].astype(str) == device)].iloc[0]["growth_per_step"])
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
 def _process(path: str, mtime: float) -> pd.DataFrame:
-    return analyze(_run(path)).process_memory_growth
+    return analyze(_run(path)).memory.process_growth
 
 
 @st.cache_data(max_entries=32, show_spinner="what was live at the peak ...")

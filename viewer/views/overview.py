@@ -75,7 +75,7 @@ st.title("Overview")
 cmd = " ".join(meta["command"]) if isinstance(meta.get("command"), list) else (meta.get("command") or "?")
 st.code(cmd, language=None, wrap_lines=True)  # the recorded command, as typed: never Markdown
 kinds = analyze(run).step_kinds
-steps = analyze(run).step_stats
+steps = analyze(run).step_time.stats
 startup = run.spans[run.spans["name"].astype(str) == "start-up"]
 cols = st.columns(6)
 cols[0].metric("device", md(meta.get("device") or "?"))

@@ -58,11 +58,11 @@ def summarize(run: Run, top: int = TOP_N, peaks: flops.PeakRequest = flops.PeakR
     analysis = analyze(run)
     kinds = analysis.step_kinds
     basis = analysis.op_basis
-    sync = analysis.sync_points
-    stalls = analysis.sync_stalls
-    sites = analysis.graph_break_sites
-    recompiles = analysis.recompiles
-    warmup = analysis.warmup_steps
+    sync = analysis.op_time.sync_points
+    stalls = analysis.op_time.sync_stalls
+    sites = analysis.compiled.break_sites
+    recompiles = analysis.compiled.recompiles
+    warmup = analysis.step_time.warmup
     spans = run.spans
     startup = spans[spans["name"].astype(str) == "start-up"]
     return Summary(
@@ -73,26 +73,26 @@ def summarize(run: Run, top: int = TOP_N, peaks: flops.PeakRequest = flops.PeakR
                         if meta.get("start_time_ns") else None),
             step_numbering=STEP_NUMBERING),
         startup=[Startup(rank=int(r), ms=float(d / 1e6)) for r, d in zip(startup["rank"], startup["dur"])],
-        steps=_rows(StepStats, analysis.step_stats),
+        steps=_rows(StepStats, analysis.step_time.stats),
         warmup_steps=_rows(WarmupStep, warmup.assign(step_ms=warmup["dur"] / 1e6,
                                                      compile_ms=warmup["compile_ns"] / 1e6)
                            [["rank", "step", "step_ms", "compile_ms"]]),
-        step_breakdown=_rows(StepBreakdown, analysis.step_breakdown),
-        time_split=_rows(TimeSplit, analysis.time_split),
+        step_breakdown=_rows(StepBreakdown, analysis.step_time.breakdown),
+        time_split=_rows(TimeSplit, analysis.step_time.split),
         ops=OpsSection(captured_steps=basis.per_rank, basis=basis.kind, events=int(len(run.ops)),
                        compile_events=int(analysis.op_compile.inside.sum()),
-                       top_by_self_time=_rows(OpRow, analysis.op_stats.head(top))),
-        precision=PrecisionSection(time=analysis.precision_time_basis, mix=_rows(PrecisionShare, analysis.precision_mix),
-                                   left_in_fp32=_rows(Fp32Op, analysis.left_in_fp32.groupby("rank").head(top))),
-        recompute=_rows(Recompute, analysis.recompute),
+                       top_by_self_time=_rows(OpRow, analysis.op_time.stats.head(top))),
+        precision=PrecisionSection(time=analysis.op_time.precision_basis, mix=_rows(PrecisionShare, analysis.op_time.precision_mix),
+                                   left_in_fp32=_rows(Fp32Op, analysis.op_time.left_in_fp32.groupby("rank").head(top))),
+        recompute=_rows(Recompute, analysis.op_time.recompute),
         efficiency=_efficiency(analysis, top, peaks),
-        sync_points=SyncSection(events=int(len(sync)), waits_measured=analysis.waits_measured,
-                                on_device=analysis.on_device, by_source=_rows(SyncSite, analysis.sync_sites),
+        sync_points=SyncSection(events=int(len(sync)), waits_measured=analysis.op_time.sync_waits_measured,
+                                on_device=analysis.op_time.on_device, by_source=_rows(SyncSite, analysis.op_time.sync_sites),
                                 stalls=int(stalls.sum()) if stalls is not None else ABSENT),
-        device=_device(analysis, top) if analysis.waits_measured else NotCaptured(),
+        device=_device(analysis, top) if analysis.op_time.sync_waits_measured else NotCaptured(),
         compile=CompileSection(
             frames_compiled=int(len(run.compiles)),
-            compile_ms=float((analysis.compile_spans["end"] - analysis.compile_spans["ts"]).sum() / 1e6),
+            compile_ms=float((analysis.compiled.spans["end"] - analysis.compiled.spans["ts"]).sum() / 1e6),
             compile_in_steps_ms=float(kinds.loc[kinds["complete"], "compile_ns"].sum() / 1e6),  # not the open tail
             graph_breaks=int(len(sites)),
             graph_break_events=int(len(run.graph_breaks)),
@@ -100,14 +100,14 @@ def summarize(run: Run, top: int = TOP_N, peaks: flops.PeakRequest = flops.PeakR
             cache_limit_hit=bool(recompiles["cache_limit_hit"].any()) if len(recompiles) else False,
             break_sites=_rows(BreakSite, sites),
             recompiles_by_frame=_rows(FrameRecompiles, recompiles),
-            compile_time=_compile_time(analysis.compile_times.head(top)),
-            cache=_rows(CacheStats, analysis.compile_cache),
-            top_fusions=_rows(FusedKernel, analysis.fusions.head(top)),
-            graph_runs=_rows(GraphRun, analysis.graph_runs.head(top)),
+            compile_time=_compile_time(analysis.compiled.times.head(top)),
+            cache=_rows(CacheStats, analysis.compiled.cache),
+            top_fusions=_rows(FusedKernel, analysis.compiled.fusions.head(top)),
+            graph_runs=_rows(GraphRun, analysis.compiled.graph_runs.head(top)),
         ),
         memory=_memory(analysis, top),
         collectives=_collectives(analysis),
-        metrics=_rows(MetricSummary, analysis.metric_summary),
+        metrics=_rows(MetricSummary, analysis.step_time.scalars),
         dumps=_dumps(run),
         health=Health(
             damage=[DamagedFile(rank=rd.rank, file=str(d.file.relative_to(run.path)), what=d.what,
@@ -116,7 +116,7 @@ def summarize(run: Run, top: int = TOP_N, peaks: flops.PeakRequest = flops.PeakR
             detail_cuts=_detail_cuts(run),
             failures=_rows(CollectorFailure, run.failures[["rank", "collector", "message"]]) if len(run.failures)
             else [],
-            device_gaps=_rows(DeviceGap, analysis.device_gap_steps),
+            device_gaps=_rows(DeviceGap, analysis.device.gap_steps),
             stale_rank_dirs=[str(d) for d in run.stale_rank_dirs],
             missing_ranks=run.missing_ranks,
             conflicts=_rows(Conflict, run.conflicts),
@@ -136,8 +136,8 @@ def command_exit(exit: dict[str, Any] | None) -> CommandExit | None:
 def _efficiency(analysis: RunAnalysis, top: int, peaks: flops.PeakRequest) -> EfficiencySection:
     """FLOPs per basis step, the FLOP/s achieved, MFU, and per op name and device kernel (``top``
     per rank) their bytes, FLOP/s, intensity and place under the roofline, against the peaks
-    ``peaks`` resolves to (``RunAnalysis.efficiency``)."""
-    e = analysis.efficiency(peaks)
+    ``peaks`` resolves to (``RunAnalysis.op_time.efficiency``)."""
+    e = analysis.op_time.efficiency(peaks)
     return EfficiencySection(
         basis=analysis.op_basis.kind, basis_steps=analysis.op_basis.per_rank, precision=e.precision,
         peak=Peak(tflops=e.peak_tflops, gbps=e.peak_gbps, source=e.peak_source),
@@ -227,44 +227,44 @@ def _dump_queues(rows: pd.DataFrame, ts: int) -> list[DumpQueue]:
 def _device(analysis: RunAnalysis, top: int) -> DeviceSection:
     """The Device section: per step what bounded it, the host's waits by line, fusion, fallbacks,
     coverage and custom kernels (``analysis.device``); per-step figures over the steady captured
-    steps that have a device trace (``RunAnalysis.device_basis``)."""
-    verdicts = analysis.device_verdicts
+    steps that have a device trace (``RunAnalysis.device.basis``)."""
+    verdicts = analysis.device.verdicts
     return DeviceSection(
-        basis=analysis.device_basis.kind, basis_steps=analysis.device_basis.per_rank,
+        basis=analysis.device.basis.kind, basis_steps=analysis.device.basis.per_rank,
         thresholds=DeviceThresholds(device_bound_busy_pct=100 * dev.DEVICE_BOUND_BUSY,
                                     host_bound_busy_pct=100 * dev.HOST_BOUND_BUSY,
                                     host_bound_wait_pct=100 * dev.HOST_BOUND_WAIT),
-        verdict=_rows(DeviceVerdict, analysis.device_verdict_summary),
+        verdict=_rows(DeviceVerdict, analysis.device.verdict_summary),
         steps=_rows(DeviceStep, verdicts.assign(dur_ms=verdicts["dur"] / 1e6, busy_ms=verdicts["busy_ns"] / 1e6,
                                                 idle_ms=verdicts["idle_ns"] / 1e6, wait_ms=verdicts["wait_ns"] / 1e6)
                     .drop(columns=["dur", "busy_ns", "idle_ns", "wait_ns"])) if len(verdicts) else [],
-        stalls=_rows(Stall, analysis.queue_stalls),
-        top_kernels=_rows(TopKernel, analysis.top_kernels.head(top)),
-        fusion=_rows(Fusion, analysis.kernel_fusion),
-        unfused=_rows(UnfusedRun, analysis.unfused_sequences.head(top)),
-        copies=_rows(DeviceCopy, analysis.device_copies),
-        fallbacks=_rows(Fallback, analysis.fallback_summary),
-        coverage=_rows(Coverage, analysis.device_coverage),
-        custom_kernels=_rows(CustomKernel, analysis.custom_kernels),
-        streams=_rows(StreamUse, analysis.stream_summary),
-        stream_steps=_rows(StreamStep, analysis.several_stream_steps),
-        stream_overlap=_rows(StreamOverlap, analysis.stream_overlap_summary),
-        stream_waits=_rows(StreamWaitSite, analysis.stream_wait_sites),
+        stalls=_rows(Stall, analysis.device.queue_stalls),
+        top_kernels=_rows(TopKernel, analysis.device.top_kernels.head(top)),
+        fusion=_rows(Fusion, analysis.device.fusion),
+        unfused=_rows(UnfusedRun, analysis.device.unfused.head(top)),
+        copies=_rows(DeviceCopy, analysis.device.copies),
+        fallbacks=_rows(Fallback, analysis.device.fallbacks),
+        coverage=_rows(Coverage, analysis.device.coverage),
+        custom_kernels=_rows(CustomKernel, analysis.device.custom_kernels),
+        streams=_rows(StreamUse, analysis.device.stream_summary),
+        stream_steps=_rows(StreamStep, analysis.device.several_stream_steps),
+        stream_overlap=_rows(StreamOverlap, analysis.device.stream_overlap_summary),
+        stream_waits=_rows(StreamWaitSite, analysis.device.stream_wait_sites),
         **_device_collectives(analysis),
     )
 
 
 def _device_collectives(analysis: RunAnalysis) -> dict[str, list]:
     """The Device section's collectives: communication per step (overlapped, exposed), the streams
-    that waited for a collective, and the stragglers on device time (``RunAnalysis.device_stragglers``)."""
+    that waited for a collective, and the stragglers on device time (``RunAnalysis.device.stragglers``)."""
     overlap = analysis.device_collectives.overlap
-    found = analysis.device_stragglers
+    found = analysis.device.stragglers
     return dict(
-        collectives=_rows(DeviceComm, analysis.device_comm_summary),
+        collectives=_rows(DeviceComm, analysis.device.comm_summary),
         collective_steps=_rows(DeviceCommStep, overlap.assign(
             comm_ms=overlap["comm_ns"] / 1e6, overlapped_ms=overlap["overlapped_ns"] / 1e6,
             exposed_ms=overlap["exposed_ns"] / 1e6).drop(columns=["comm_ns", "overlapped_ns", "exposed_ns"])),
-        collective_waits=_rows(CommWait, analysis.device_comm_waits),
+        collective_waits=_rows(CommWait, analysis.device.comm_waits),
         stragglers=_stragglers(found) if found is not None else [],
         straggler_steps=_rows(StragglerStep, found.steps) if found is not None else [],
     )
@@ -296,9 +296,9 @@ def _memory(analysis: RunAnalysis, top: int) -> MemorySection | NotCaptured:
     if ms.empty and run.memory_events.empty and run.process_memory.empty:
         return NotCaptured()
     devices = []
-    figures = analysis.memory_figures_from.set_index(["rank", "device"])
-    unseen = analysis.memory_unseen_steps
-    for _, g in analysis.memory_growth.iterrows():
+    figures = analysis.memory.figures_from.set_index(["rank", "device"])
+    unseen = analysis.memory.unseen_steps
+    for _, g in analysis.memory.growth.iterrows():
         said = figures.loc[(g["rank"], g["device"])]
         device = MemoryDevice(
             rank=int(g["rank"]), device=g["device"], figures_from=str(said["figures_from"]),
@@ -307,7 +307,7 @@ def _memory(analysis: RunAnalysis, top: int) -> MemorySection | NotCaptured:
             unseen_steps=unseen.get((int(g["rank"]), str(g["device"])), []),
             peak_between_boundaries=int(ms[(ms["rank"] == g["rank"]) & (ms["device"].astype(str) == g["device"])]
                                         ["peak"].max()))
-        peak = analysis.memory_device_peaks.get((int(g["rank"]), str(g["device"])))
+        peak = analysis.memory.device_peaks.get((int(g["rank"]), str(g["device"])))
         if peak is not None:
             best = peak.row
             device.peak = MemoryPeak(**{k: (best[k].item() if hasattr(best[k], "item") else best[k])
@@ -316,7 +316,7 @@ def _memory(analysis: RunAnalysis, top: int) -> MemorySection | NotCaptured:
             device.peak_by_category = _rows(CategoryBytes, peak.by_category)
             device.peak_sites = _rows(PeakSite, peak.sites.head(top))
         devices.append(device)
-    return MemorySection(devices=devices, process=_rows(ProcessMemory, analysis.process_memory_growth),
+    return MemorySection(devices=devices, process=_rows(ProcessMemory, analysis.memory.process_growth),
                          leaks=_rows(MemoryLeak, analysis.memory_leaks),
                          ooms=_rows(OutOfMemory, run.memory_ooms[["rank", "step", "device", "bytes", "message"]])
                          if len(run.memory_ooms) else [])
@@ -330,8 +330,8 @@ def _collectives(analysis: RunAnalysis) -> CollectivesSection | CollectivesNotCa
     coll = run.collectives
     if coll.empty:
         return CollectivesNotCaptured(ranks=len(run.ranks))
-    found = analysis.host_stragglers
-    steady = analysis.steady_steps
+    found = analysis.comms.stragglers
+    steady = analysis.comms.steady_steps
     status = coll["status"].astype(str).value_counts()
     return CollectivesSection(
         ranks=len(run.ranks),
@@ -339,16 +339,16 @@ def _collectives(analysis: RunAnalysis) -> CollectivesSection | CollectivesNotCa
         calls=int(len(coll)),
         status={k: int(v) for k, v in status.items() if v},
         groups=_rows(CollectiveGroup, _groups(run.collective_groups)),
-        by_op=_rows(CollectiveOp, analysis.collectives_by_op),
+        by_op=_rows(CollectiveOp, analysis.comms.by_op),
         steady_steps=len(steady.steps),
         median_step_ms=steady.median_ns / 1e6,
         threshold_ms=found.threshold_ns / 1e6,
         stragglers=_stragglers(found),
         straggler_steps=_rows(StragglerStep, found.steps),
         mismatches=_rows(Mismatch, analysis.collective_mismatches),
-        in_flight=_rows(InFlight, analysis.collectives_in_flight),
-        overlap=_rows(Overlap, analysis.collective_overlap_by_rank),
-        bandwidth=_rows(Bandwidth, analysis.collective_bandwidth),
+        in_flight=_rows(InFlight, analysis.comms.in_flight),
+        overlap=_rows(Overlap, analysis.comms.overlap_by_rank),
+        bandwidth=_rows(Bandwidth, analysis.comms.bandwidth),
         clock=_rows(ClockOffset, analysis.collective_offsets),
     )
 

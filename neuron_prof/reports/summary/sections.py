@@ -117,7 +117,7 @@ class StepBreakdown:
 
 @row
 class Recompute:
-    """``analysis.recompute.recompute_by_module``: what activation checkpointing re-ran, per
+    """``analysis.op_time.recompute.recompute_by_module``: what activation checkpointing re-ran, per
     checkpointed module."""
     rank: int
     module: str
@@ -271,7 +271,7 @@ class TimeSplit:
 
 @row
 class OpRow:
-    """``RunAnalysis.op_stats``: ``analysis.ops.op_stats`` over ``RunAnalysis.scoped_ops``."""
+    """``RunAnalysis.op_time.stats``: ``analysis.ops.op_stats`` over ``RunAnalysis.scoped_ops``."""
 
     name: str
     module: str
@@ -734,7 +734,7 @@ class GraphRun:
 
 @row
 class CompileSection:
-    """Compiling (``RunAnalysis.compile_spans``) and the ``analysis.compile`` tables.
+    """Compiling (``RunAnalysis.compiled.spans``) and the ``analysis.compile`` tables.
 
     Two counts of graph breaks, for two questions: ``graph_breaks`` is how many *places* break the
     graph, the distinct sites (user source line and reason class, ``analysis.compile.graph_break_sites``:
@@ -909,7 +909,7 @@ class CollectiveGroup:
 
 @row
 class CollectiveOp:
-    """Time and waits per group and op (``RunAnalysis.collectives_by_op``: ``analysis.comm_cost.by_op``)."""
+    """Time and waits per group and op (``RunAnalysis.comms.by_op``: ``analysis.comm_cost.by_op``)."""
 
     group: str
     op: str
