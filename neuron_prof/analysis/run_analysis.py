@@ -296,41 +296,53 @@ class RunAnalysis:
 
     @functools.cached_property
     def step_time(self) -> "StepTime":
-        """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and the training scalars, per rank."""
+        """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and
+        the training scalars, per rank."""
         return StepTime(self)
 
     @functools.cached_property
     def op_time(self) -> "OpTime":
-        """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against peaks, and the sync points (host reads of device values) among them."""
+        """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against
+        peaks, and the sync points (host reads of device values) among them."""
         return OpTime(self)
 
     @functools.cached_property
     def compiled(self) -> "Compiled":
-        """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and the compiled regions' runs and graph-break sites at run time."""
+        """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and
+        the compiled regions' runs and graph-break sites at run time."""
         return Compiled(self)
 
     @functools.cached_property
     def memory(self) -> "MemoryFigures":
-        """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth step over step (the tracked tensors' and the process's) and the boundaries not seen."""
+        """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth
+        step over step (the tracked tensors' and the process's) and the boundaries not seen."""
         return MemoryFigures(self)
 
     @functools.cached_property
     def comms(self) -> "Comms":
-        """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in flight, the steady steps and the stragglers."""
+        """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in
+        flight, the steady steps and the stragglers."""
         return Comms(self)
 
     @functools.cached_property
     def device(self) -> "DeviceFigures":
-        """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU fallbacks, coverage, custom kernels, gaps, its streams and the collectives it ran."""
+        """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU
+        fallbacks, coverage, custom kernels, gaps, its streams and the collectives it ran."""
         return DeviceFigures(self)
 
 
-class StepTime:
-    """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and the training scalars, per rank. (``RunAnalysis.step_time``; every member cached, every row kept)."""
+class _Part:
+    """One question's figures of a run (a part of :class:`RunAnalysis`): the facade it belongs to,
+    through which it reaches the other parts, and the run."""
 
     def __init__(self, analysis: RunAnalysis) -> None:
         self.analysis = analysis
         self.run = analysis.run
+
+
+class StepTime(_Part):
+    """Where a step's time goes: step statistics, warm-up steps, the phase breakdown, the time split and the
+    training scalars, per rank (``RunAnalysis.step_time``; every member cached, every row kept)."""
 
     @functools.cached_property
     def stats(self) -> pd.DataFrame:
@@ -348,7 +360,8 @@ class StepTime:
     def breakdown(self) -> pd.DataFrame:
         """Per rank, where the ``op_basis`` steps' wall time went by phase, mean ms per step
         (``analysis.steps.step_breakdown``)."""
-        return step_breakdown(self.analysis.op_time.top_level, self.analysis.op_basis.steps, self.analysis.op_time.phase_time)
+        a = self.analysis
+        return step_breakdown(a.op_time.top_level, a.op_basis.steps, a.op_time.phase_time)
 
     @functools.cached_property
     def split(self) -> pd.DataFrame:
@@ -358,8 +371,9 @@ class StepTime:
         run = self.run
         exposed = self.analysis.collective_overlap if not run.collectives.empty else None
         comm = comm_ops(run.ops, self.analysis.op_parent, self.analysis.op_scope, self.analysis.op_compile.compile_ns)
-        return time_split(self.analysis.op_time.top_level, self.analysis.op_basis.steps, self.analysis.op_time.sync_points, comm, exposed,
-                          run.queue_flushes if self.analysis.op_time.sync_waits_measured else None)
+        a = self.analysis
+        return time_split(a.op_time.top_level, a.op_basis.steps, a.op_time.sync_points, comm, exposed,
+                          run.queue_flushes if a.op_time.sync_waits_measured else None)
 
     @functools.cached_property
     def scalars(self) -> pd.DataFrame:
@@ -368,12 +382,10 @@ class StepTime:
         return metrics.summary(self.run.metrics)
 
 
-class OpTime:
-    """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against peaks, and the sync points (host reads of device values) among them. (``RunAnalysis.op_time``; every member cached, every row kept)."""
-
-    def __init__(self, analysis: RunAnalysis) -> None:
-        self.analysis = analysis
-        self.run = analysis.run
+class OpTime(_Part):
+    """What the ops cost: per-op statistics, phases, recompute, precision, FLOPs and efficiency against
+    peaks, and the sync points (host reads of device values) among them (``RunAnalysis.op_time``; every
+    member cached, every row kept)."""
 
     @functools.cached_property
     def phase(self) -> np.ndarray:
@@ -405,8 +417,8 @@ class OpTime:
     def recompute(self) -> pd.DataFrame:
         """Activation-checkpoint recompute per module over the ``op_scope`` ops, per ``op_basis`` step
         (``analysis.recompute.recompute_by_module``)."""
-        return recompute_by_module(self.run.ops, self.analysis.op_parent, self.analysis.op_compile.run_self_ns, self.analysis.op_scope,
-                                   self.analysis.op_basis.per_rank)
+        a = self.analysis
+        return recompute_by_module(self.run.ops, a.op_parent, a.op_compile.run_self_ns, a.op_scope, a.op_basis.per_rank)
 
     @functools.cached_property
     def precision_basis(self) -> str:
@@ -461,9 +473,10 @@ class OpTime:
         kernels = pd.DataFrame(columns=flops.KERNEL_COLUMNS)
         if len(self.run.device_kernels) and len(ops):
             depth = int(ops["depth"].max())
-            kernels = flops.kernel_efficiency(self.analysis.device_correlation, f, self.analysis.op_parent, depth, basis.steps,
+            a = self.analysis
+            kernels = flops.kernel_efficiency(a.device_correlation, f, a.op_parent, depth, basis.steps,
                                               basis.per_rank)
-            device_ns = flops.op_device_ns(self.analysis.device_correlation, f, self.analysis.op_parent, depth, len(ops))
+            device_ns = flops.op_device_ns(a.device_correlation, f, a.op_parent, depth, len(ops))
             run_ns = np.where(device_ns >= 0, device_ns, run_ns)
         return Efficiency(precision=flops.flop_precision(ops, f, keep), peak_tflops=None, peak_gbps=None,
                           peak_source=flops.NO_PEAK, ranks=flops.rank_flops(steps, ops, f, keep), steps=steps,
@@ -525,12 +538,10 @@ class OpTime:
         return ran_on_device(self.run)
 
 
-class Compiled:
-    """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and the compiled regions' runs and graph-break sites at run time. (``RunAnalysis.compiled``; every member cached, every row kept)."""
-
-    def __init__(self, analysis: RunAnalysis) -> None:
-        self.analysis = analysis
-        self.run = analysis.run
+class Compiled(_Part):
+    """torch.compile's cost: when threads compiled, recompiles, compile time and caches, fusions, and the
+    compiled regions' runs and graph-break sites at run time (``RunAnalysis.compiled``; every member
+    cached, every row kept)."""
 
     @functools.cached_property
     def spans(self) -> pd.DataFrame:
@@ -582,12 +593,10 @@ class Compiled:
         return comp.graph_break_sites(self.run.graph_breaks, self.scoped_region_runs, self.analysis.op_basis.per_rank)
 
 
-class MemoryFigures:
-    """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth step over step (the tracked tensors' and the process's) and the boundaries not seen. (``RunAnalysis.memory``; every member cached, every row kept)."""
-
-    def __init__(self, analysis: RunAnalysis) -> None:
-        self.analysis = analysis
-        self.run = analysis.run
+class MemoryFigures(_Part):
+    """Memory per device: the live-memory curve, each device's peak, where its figures come from, growth
+    step over step (the tracked tensors' and the process's) and the boundaries not seen.
+    (``RunAnalysis.memory``; every member cached, every row kept)."""
 
     @functools.cached_property
     def timeline(self) -> pd.DataFrame:
@@ -633,12 +642,10 @@ class MemoryFigures:
         return mem.process_growth(self.run.process_memory, self.run.steps)
 
 
-class Comms:
-    """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in flight, the steady steps and the stragglers. (``RunAnalysis.comms``; every member cached, every row kept)."""
-
-    def __init__(self, analysis: RunAnalysis) -> None:
-        self.analysis = analysis
-        self.run = analysis.run
+class Comms(_Part):
+    """Host collectives per rank: communication against compute, bandwidth, the per-op waits, what is in
+    flight, the steady steps and the stragglers (``RunAnalysis.comms``; every member cached, every row
+    kept)."""
 
     @functools.cached_property
     def overlap_by_rank(self) -> pd.DataFrame:
@@ -655,7 +662,8 @@ class Comms:
     def by_op(self) -> pd.DataFrame:
         """Time and waits per group and op, collectives per ``steady_steps`` step
         (``analysis.comm_cost.by_op``)."""
-        return comm_cost.by_op(self.analysis.collective_waits, self.analysis.collectives_matched, self.steady_steps.steps)
+        a = self.analysis
+        return comm_cost.by_op(a.collective_waits, a.collectives_matched, self.steady_steps.steps)
 
     @functools.cached_property
     def in_flight(self) -> pd.DataFrame:
@@ -687,17 +695,16 @@ class Comms:
         in_steps_ns = [int(per_step[(per_step["rank"] == r) & per_step["significant"]]["wait_caused_ns"].sum())
                        for r in ranking["rank"]]
         ranking = ranking.assign(wait_in_steps_ns=pd.Series(in_steps_ns, index=ranking.index, dtype=np.int64))
-        threshold = per_step["threshold_ns"].iloc[0] if len(per_step) else stragglers.SHARE * self.steady_steps.median_ns
+        threshold = (per_step["threshold_ns"].iloc[0] if len(per_step)
+                     else stragglers.SHARE * self.steady_steps.median_ns)
         return Stragglers(ranking=ranking, sites=stragglers.worst_collectives(matched, waits, ranking), steps=per_step,
                           threshold_ns=float(threshold))
 
 
-class DeviceFigures:
-    """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU fallbacks, coverage, custom kernels, gaps, its streams and the collectives it ran. (``RunAnalysis.device``; every member cached, every row kept)."""
-
-    def __init__(self, analysis: RunAnalysis) -> None:
-        self.analysis = analysis
-        self.run = analysis.run
+class DeviceFigures(_Part):
+    """The device per step: busy and idle verdicts, queue stalls, kernels and fusion, copies, CPU fallbacks,
+    coverage, custom kernels, gaps, its streams and the collectives it ran (``RunAnalysis.device``;
+    every member cached, every row kept)."""
 
     @functools.cached_property
     def streams(self) -> pd.DataFrame:
@@ -793,7 +800,8 @@ class DeviceFigures:
         """Streams that stood idle waiting for a collective, by the line that issued it
         (``analysis.device_collectives.comm_waits``)."""
         run = self.run
-        return dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives, self.analysis.device_collectives.kernels,
+        kernels = self.analysis.device_collectives.kernels
+        return dcoll.comm_waits(run.stream_waits, run.event_enqueues, run.collectives, kernels,
                                 self.basis.steps)
 
     @functools.cached_property
