@@ -287,14 +287,18 @@ def folder_package(name: str, package_dirs: dict[str, Path]) -> str:
     return f"{top}.{name}"
 
 
+def _folders(package_dirs: dict[str, Path]) -> dict[str, Path]:
+    """The folder packages: each directly under the top package, and each installed beside it."""
+    top = next(iter(package_dirs))
+    folders = {f"{top}.{d.name}": d for d in sorted(package_dirs[top].iterdir()) if (d / "__init__.py").is_file()}
+    return folders | {package: folder for package, folder in package_dirs.items() if package != top}
+
+
 def declared_layers(package_dirs: dict[str, Path]) -> dict[str, set[str]]:
     """Each folder package directly under the top package (and each installed beside it) -> the
     folder packages its ``__init__`` docstring says it may import (``May import: a, b (why), c.``)."""
-    top = next(iter(package_dirs))
-    folders = {f"{top}.{d.name}": d for d in sorted(package_dirs[top].iterdir()) if (d / "__init__.py").is_file()}
-    folders |= {package: folder for package, folder in package_dirs.items() if package != top}
     out: dict[str, set[str]] = {}
-    for package, folder in folders.items():
+    for package, folder in _folders(package_dirs).items():
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
         found = re.search(r"^May import: (.*)$", doc, re.MULTILINE)
         if found is None:
@@ -360,10 +364,8 @@ def include_violations(sources: dict[str, Path], layers: dict[str, set[str]]) ->
 
 
 def _cpp_folders(package_dirs: dict[str, Path]) -> dict[str, Path]:
-    top = next(iter(package_dirs))
-    folders = {f"{top}.{d.name}": d for d in package_dirs[top].iterdir() if (d / "__init__.py").is_file()}
-    folders |= {p: f for p, f in package_dirs.items() if p != top}
-    return {p: f for p, f in folders.items() if any(x.suffix in (".cpp", ".h") for x in f.iterdir())}
+    """The folder packages that hold C++ sources."""
+    return {p: f for p, f in _folders(package_dirs).items() if any(x.suffix in (".cpp", ".h") for x in f.iterdir())}
 
 
 def test_each_folder_imports_only_the_layers_it_declares():
