@@ -79,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if args.loss_rtol is not None and not args.loss_rtol > 0:
         raise NeuronProfError(f"--loss-rtol {args.loss_rtol}: expected a number > 0")
     from neuron_prof.analysis.compare import LOSS_RTOL
-    from neuron_prof.reports.compare import PHASES, PeakAsked, compare_runs, render_markdown, render_text, to_json
+    from neuron_prof.analysis.flops import PeakRequest
+    from neuron_prof.reports.compare import PHASES, compare_runs, render_markdown, render_text, to_json
     from neuron_prof.progress import Phases
     from neuron_prof.store.run import load
     a, b = load(args.run_a), load(args.run_b)
-    peaks = tuple(PeakAsked(tflops.get(k), devices.get(k)) for k in ("a", "b"))
+    peaks = tuple(PeakRequest(tflops=tflops.get(k), device=devices.get(k)) for k in ("a", "b"))
     target = register_target(args.target) if args.target else None
     with Phases("compare", PHASES) as progress:
         result = compare_runs(a, b, (str(labels.get("a", "a")), str(labels.get("b", "b"))),

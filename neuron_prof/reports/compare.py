@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from neuron_prof.analysis.compare import LOSS_RTOL, TOLERANCE, Checklist, Figures, Side, checklist
+from neuron_prof.analysis.flops import PeakRequest
 from neuron_prof.analysis.run_analysis import analyze
 from neuron_prof.reports.markdown import md
 from neuron_prof.reports.stored import run_summary
-from neuron_prof.reports.summary.build import peak_for, with_peak
+from neuron_prof.reports.summary.build import read_against
 from neuron_prof.reports.summary.codec import to_json as summary_json
 from neuron_prof.reports.summary.sections import BreakSite, DeviceSection, MemoryDevice, MemorySection, Summary
 from neuron_prof.reports.table import aligned, markdown
@@ -21,12 +22,6 @@ from neuron_prof.units import format_bytes
 
 if TYPE_CHECKING:
     from neuron_prof.backends.op_support import Target
-
-
-class PeakAsked(NamedTuple):
-    """The peak a run's MFU is read against: given TFLOP/s, or a known device's (``--peak-device``)."""
-    tflops: float | None = None
-    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,14 +119,13 @@ def figures(summary: Summary) -> Figures:
 
 
 def side(run: Run, label: str, price_per_hour: float | None = None, summary: Summary | None = None,
-         peak: PeakAsked = PeakAsked(), target: Target | None = None) -> Side:
+         peak: PeakRequest = PeakRequest(), target: Target | None = None) -> Side:
     """What the comparison needs of ``run``; ``summary``: its report summary if at hand (default:
     the stored one when fresh, else computed); ``peak``: what its MFU is against; ``target``: a
     backend registered in this process, to price the ops that fall back there."""
     hosts = {str(rd.meta.get("hostname")) for rd in run.rank_data if rd.meta.get("hostname")}
     summary = summary if summary is not None else run_summary(run)
-    if peak.tflops is not None or peak.device is not None:
-        summary = with_peak(summary, peak_for(summary, tflops=peak.tflops, device=peak.device))
+    summary = read_against(summary, peak)
     fallback_pct = None
     if target is not None:
         from neuron_prof.reports.port import port_check  # asks torch's dispatcher: only with a target
@@ -148,7 +142,7 @@ PHASES = ("a: summary and ops", "b: summary and ops", "comparing")
 def compare_runs(a: Run, b: Run, labels: tuple[str, str] = ("a", "b"),
                  prices: tuple[float | None, float | None] = (None, None), tolerance: float = TOLERANCE,
                  loss_rtol: float = LOSS_RTOL, progress: Callable[[str], None] = lambda phase: None,
-                 peaks: tuple[PeakAsked, PeakAsked] = (PeakAsked(), PeakAsked()), target: Target | None = None,
+                 peaks: tuple[PeakRequest, PeakRequest] = (PeakRequest(), PeakRequest()), target: Target | None = None,
                  summaries: tuple[Summary | None, Summary | None] = (None, None)) -> Comparison:
     """The comparison of ``b`` against the baseline ``a``; ``summaries``: their report summaries if
     at hand (the viewer's); ``progress`` is told each of ``PHASES`` as it begins."""

@@ -31,7 +31,7 @@ from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.run import Run
 from neuron_prof.store.safefile import atomic_output, read_whole
 from neuron_prof.analysis.flops import PeakRequest
-from neuron_prof.reports.summary.build import TOP_N, command_exit, peak_for, summarize, with_peak
+from neuron_prof.reports.summary.build import TOP_N, command_exit, read_against, summarize
 from neuron_prof.reports.summary.codec import NotASummary
 from neuron_prof.reports.summary.sections import Summary
 
@@ -167,13 +167,11 @@ def run_summary(run: Run, top: int = TOP_N, store: bool = True, peaks: PeakReque
     (and, with ``store``, stored for the next reader: a run captured without it, or changed since).
     The stored summary is the one of no peak (``PeakRequest()``, what the capture stores; the peak
     is the reader's): for another request a stored one is read against the peaks asked for
-    (``with_peak``), never served as it is, and one computed for it is stored as the summary of no
+    (``read_against``), never served as it is, and one computed for it is stored as the summary of no
     peak (``summarize`` again, over the same cached analyses)."""
     summary = load_summary(run, top)
     if summary is not None:
-        if peaks == PeakRequest():
-            return summary
-        return with_peak(summary, peak_for(summary, peaks.tflops, peaks.gbps, peaks.device, peaks.calibrate))
+        return read_against(summary, peaks)
     summary = summarize(run, top, peaks)
     counts["computed"] += 1
     if store and top == TOP_N:

@@ -36,7 +36,7 @@ from neuron_prof.reports.summary.sections import (
     Straggler, StragglerSite, StragglerStep, StreamOverlap, StreamStep, StreamUse, StreamWaitSite, Summary,
     SyncSection, SyncSite, TimeSplit, TopKernel, UnfusedRun, WarmupStep)
 
-__all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "command_exit", "peak_for", "with_peak"]
+__all__ = ["TOP_N", "STEP_NUMBERING", "summarize", "command_exit", "peak_for", "with_peak", "read_against"]
 
 TOP_N = 10
 STEP_NUMBERING = ("steps count from 0: step N ends at the (N+1)-th step boundary, a prof.step() call or, under "
@@ -174,6 +174,15 @@ def with_peak(summary: Summary, peak: Peak) -> Summary:
     efficiency = dataclasses.replace(e, peak=peak, ranks=[mfu(x) for x in e.ranks], steps=[mfu(x) for x in e.steps],
                                      ops=[roof(x) for x in e.ops], kernels=[roof(x) for x in e.kernels])
     return dataclasses.replace(summary, efficiency=efficiency)
+
+
+
+def read_against(summary: Summary, peaks: flops.PeakRequest) -> Summary:
+    """``summary`` (a stored one, or one made for other peaks) read against the peaks ``peaks`` asks
+    for (:func:`peak_for`, :func:`with_peak`); as it is when nothing is asked."""
+    if peaks == flops.PeakRequest():
+        return summary
+    return with_peak(summary, peak_for(summary, peaks.tflops, peaks.gbps, peaks.device, peaks.calibrate))
 
 
 _COMPILE_TIME_FIELDS = ("compile_id", "func", "backend", "status", "graph_ops", "total_ms")
