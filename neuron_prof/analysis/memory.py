@@ -92,15 +92,14 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     """One row per captured allocation with its lifetime (``free_ts`` = :data:`NEVER` if it was
     still live when capture ended), the step it was made in, attribution and category."""
     kind = events["kind"]
-    made = events[kind.isin(["alloc", "baseline"])]
+    made = np.flatnonzero(kind.isin(["alloc", "baseline"]).to_numpy())
     # an ``unfollowed`` block's lifetime is known until its window closed (CPU blocks, where
     # always-on capture follows CPU allocations in its sampled steps only): it ends there
-    freed = events[kind.isin(["free", "late_free", "unfollowed"])]
-    key = ["rank", "device", "addr", "alloc_ts"]
-    a = made.drop_duplicates(key, keep="first").reset_index(drop=True)
-    frees = freed.drop_duplicates(key, keep="first")
+    freed = np.flatnonzero(kind.isin(["free", "late_free", "unfollowed"]).to_numpy())
     # each allocation's free by exact key lookup (a merge would turn missing int64 times into floats)
-    pos = _lifetime_key(frees).get_indexer(_lifetime_key(a)) if len(frees) else np.full(len(a), -1)
+    first, firsts, pos = _match_frees(_lifetime_key(events), made, freed)
+    a = events.iloc[made[first]].reset_index(drop=True)
+    frees = events.iloc[freed[firsts]]
     hit = pos >= 0
     a["free_ts"] = np.where(hit, frees["ts"].to_numpy(np.int64)[np.maximum(pos, 0)] if len(frees) else 0, NEVER)
     a["free_op"] = _take(frees["op"], pos, hit)
@@ -113,11 +112,10 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
         late = _take(frees[col], pos, hit)
         mine = a[col].astype("category") if not isinstance(a[col].dtype, pd.CategoricalDtype) else a[col]
         missing = _where(mine, lambda v: v == "")
-        if missing.any():
-            both = pd.api.types.union_categoricals([pd.Categorical(mine), late])
-            a[col] = pd.Categorical(np.where(missing, np.asarray(late.astype(object)),
-                                             np.asarray(pd.Categorical(mine).astype(object))),
-                                    categories=both.categories)
+        if missing.any():  # by codes: object arrays of every row took 0.1 s per column at 200k blocks
+            both = pd.api.types.union_categoricals([pd.Categorical(mine), late]).categories
+            a[col] = pd.Categorical.from_codes(np.where(missing, late.set_categories(both).codes,
+                                                        pd.Categorical(mine).set_categories(both).codes), both)
     a["baseline"] = (a["kind"] == "baseline").to_numpy(bool)
     a["bytes"] = a["bytes"].astype(np.int64)
     if steps is not None and len(steps):
@@ -133,15 +131,51 @@ def allocations(events: pd.DataFrame, tensors: pd.DataFrame | None = None,
     return a[ALLOC_COLUMNS]
 
 
-def _lifetime_key(df: pd.DataFrame) -> pd.MultiIndex:
-    """An allocation's identity: rank, device, address and the time it was made."""
-    dev = df["device"]
-    dev = dev.cat.codes if isinstance(dev.dtype, pd.CategoricalDtype) else dev.astype(str)
-    return pd.MultiIndex.from_arrays([df["rank"], dev, df["addr"], df["alloc_ts"]])
+def _lifetime_key(events: pd.DataFrame) -> list[np.ndarray]:
+    """An allocation's identity per event: rank, device (as codes), address and the time it was
+    made; numpy columns, so finding duplicates and frees needs no pandas index."""
+    dev = events["device"]
+    codes = dev.cat.codes.to_numpy() if isinstance(dev.dtype, pd.CategoricalDtype) else \
+        pd.factorize(dev.astype(str).to_numpy(object))[0]
+    return [events["rank"].to_numpy(), codes, events["addr"].to_numpy(), events["alloc_ts"].to_numpy()]
+
+
+def _group_starts(keys: list[np.ndarray], order: np.ndarray) -> np.ndarray:
+    """Mask over the rows in ``order`` (sorted by ``keys``): where a new key begins."""
+    new = np.zeros(len(order), dtype=bool)
+    new[:1] = True
+    for k in keys:
+        sk = k[order]
+        new[1:] |= sk[1:] != sk[:-1]
+    return new
+
+
+def _match_frees(key: list[np.ndarray], made: np.ndarray, freed: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The first of the ``made`` rows of each distinct ``key`` and the first of the ``freed`` rows
+    (``drop_duplicates(keep="first")`` of each: positions into ``made`` and ``freed``, ascending),
+    and per kept made row the position among the kept freed rows of its free (-1: none), as
+    ``MultiIndex.get_indexer`` would find it. One sort of both: pandas factorized every key
+    column of each (0.1 s a table at 200k allocations)."""
+    rows = np.r_[made, freed]
+    k = [c[rows] for c in key]
+    order = np.lexsort(k[::-1])  # stable: in a key's run, its made rows (in row order), then its freed rows
+    new = _group_starts(k, order)
+    is_made = order < len(made)
+    made_first = new & is_made
+    freed_first = ~is_made & (new | np.r_[False, is_made[:-1]])
+    first = np.sort(order[made_first])
+    firsts = np.sort(order[freed_first] - len(made))
+    group = np.cumsum(new) - 1
+    freed_at = np.full(int(group[-1]) + 1 if len(group) else 0, -1, dtype=np.intp)
+    freed_at[group[freed_first]] = np.searchsorted(firsts, order[freed_first] - len(made))
+    pos = np.empty(len(first), dtype=np.intp)
+    pos[np.searchsorted(first, order[made_first])] = freed_at[group[made_first]]
+    return first, firsts, pos
 
 
 def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFrame | None) -> pd.Categorical:
-    cat = np.full(len(a), "other", dtype=object)
+    code = {c: np.int8(i) for i, c in enumerate(CATEGORIES)}  # codes, not strings: no object array per block
+    cat = np.full(len(a), code["other"], dtype=np.int8)
     has_op = _where(a["op"], lambda v: v != "")
     bwd = a["bwd"].to_numpy(bool)
     in_opt = _where(a["top_op"], lambda v: v.startswith(_OPTIMIZER))
@@ -157,21 +191,28 @@ def _categories(a: pd.DataFrame, tensors: pd.DataFrame | None, steps: pd.DataFra
     free_bwd = a["free_bwd"].to_numpy(bool)
     is_input = (forward & _where(a["module"], lambda v: v == "")
                 & _where(a["top_op"], lambda v: bool(_INPUT_OPS.match(v))))
-    cat[forward & ~is_input & ~outlived & ~free_bwd] = "temporary"
-    cat[(bwd | in_opt) & ~outlived] = "temporary"
-    cat[forward & ~is_input & (outlived | free_bwd)] = "activation"
-    cat[is_input] = "input"
+    cat[forward & ~is_input & ~outlived & ~free_bwd] = code["temporary"]
+    cat[(bwd | in_opt) & ~outlived] = code["temporary"]
+    cat[forward & ~is_input & (outlived | free_bwd)] = code["activation"]
+    cat[is_input] = code["input"]
     if tensors is not None and len(tensors):
         role = _known_roles(a, tensors)
-        cat = np.where(role != "", role, cat)
-    return pd.Categorical(cat, categories=CATEGORIES)
+        cat = np.where(role != _NO_ROLE, role, cat)
+    return pd.Categorical.from_codes(cat, categories=CATEGORIES)
+
+
+_NO_ROLE = -2
+"""``_known_roles``'s code of a block without one (-1 is a role outside ``CATEGORIES``: missing)."""
 
 
 def _known_roles(a: pd.DataFrame, tensors: pd.DataFrame) -> np.ndarray:
-    """The Python-known role of each allocation alive at a boundary where its address had one."""
-    out = np.full(len(a), "", dtype=object)
+    """The Python-known role of each allocation alive at a boundary where its address had one,
+    as its code in ``CATEGORIES`` (``_NO_ROLE``: none)."""
+    out = np.full(len(a), _NO_ROLE, dtype=np.int8)
     left = a[["rank", "device", "addr", "alloc_ts", "free_ts"]].reset_index(names="i")
     right = tensors[["rank", "device", "addr", "ts", "category"]].copy()
+    # only blocks at an address a tensor had can match: the merge then reads a few rows, not every block
+    left = left[np.isin(left["addr"].to_numpy(), right["addr"].to_numpy())]
     for df in (left, right):
         df["device"] = df["device"].astype(str)
     m = left.merge(right, on=["rank", "device", "addr"], how="inner")
@@ -179,18 +220,42 @@ def _known_roles(a: pd.DataFrame, tensors: pd.DataFrame) -> np.ndarray:
     if len(m):
         order = {c: i for i, c in enumerate(CATEGORIES)}
         m = m.assign(o=m["category"].astype(str).map(order)).sort_values(["i", "o"]).drop_duplicates("i")
-        out[m["i"].to_numpy()] = m["category"].astype(str).to_numpy()
+        role = m["category"].astype(str)
+        codes = pd.Categorical(role, categories=CATEGORIES).codes
+        out[m["i"].to_numpy()] = np.where(role.to_numpy(object) == "", _NO_ROLE, codes)
     return out
 
 
 # ---------------------------------------------------------------- live memory over time
 def _deltas(allocs: pd.DataFrame) -> pd.DataFrame:
-    """+bytes at each allocation, -bytes at each free, time-ordered per rank and device."""
-    made = allocs[["rank", "device", "alloc_ts", "bytes", "category"]].rename(columns={"alloc_ts": "ts"})
-    gone = allocs[allocs["free_ts"] != NEVER][["rank", "device", "free_ts", "bytes", "category"]]
-    gone = gone.rename(columns={"free_ts": "ts"}).assign(bytes=lambda d: -d["bytes"])
-    d = pd.concat([made, gone], ignore_index=True)
-    return d.sort_values(["rank", "device", "ts", "bytes"], ascending=[True, True, True, False], ignore_index=True)
+    """+bytes at each allocation, -bytes at each free, time-ordered per rank and device (equal
+    times: allocations first, larger first; then row order). Sorted as numpy arrays: pandas'
+    four-column sort of a concatenated frame took most of the timeline's time."""
+    gone = np.flatnonzero(allocs["free_ts"].to_numpy(np.int64) != NEVER)
+    rows = np.r_[np.arange(len(allocs)), gone]
+    ts = np.r_[allocs["alloc_ts"].to_numpy(np.int64), allocs["free_ts"].to_numpy(np.int64)[gone]]
+    size = allocs["bytes"].to_numpy(np.int64)
+    size = np.r_[size, -size[gone]]
+    device = pd.Categorical(allocs["device"])   # sorted by its categories' order, missing last
+    dev = np.where(device.codes < 0, len(device.categories), device.codes)[rows]
+    order = np.lexsort((-size, ts, dev, allocs["rank"].to_numpy()[rows]))
+    at = rows[order]
+    return pd.DataFrame({"rank": allocs["rank"].to_numpy()[at], "device": allocs["device"].array[at],
+                         "ts": ts[order], "bytes": size[order], "category": allocs["category"].array[at]})
+
+
+def _extremes(total: np.ndarray, max_points: int) -> np.ndarray:
+    """Rows to keep of a timeline longer than ``max_points``: in each of ``max_points // 2 - 1``
+    equal buckets the first minimum and first maximum of ``total``, and the first and last row."""
+    half = max(max_points // 2 - 1, 1)
+    bucket = np.minimum(np.arange(len(total)) * half // len(total), half - 1)  # non-decreasing, none empty
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    keep = np.zeros(len(total), dtype=bool)
+    for extreme in (np.minimum, np.maximum):
+        at = np.flatnonzero(total == extreme.reduceat(total, starts)[bucket])  # every row equal to its bucket's
+        keep[at[np.r_[True, bucket[at][1:] != bucket[at][:-1]]]] = True  # the first of them per bucket
+    keep[[0, -1]] = True
+    return np.flatnonzero(keep)
 
 
 def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
@@ -208,16 +273,16 @@ def timeline(allocs: pd.DataFrame, max_points: int = 4000) -> pd.DataFrame:
         delta = g["bytes"].to_numpy(np.int64)
         ts = g["ts"].to_numpy(np.int64)
         settled = np.r_[ts[1:] != ts[:-1], True]  # simultaneous events: the state after all of them
-        per = pd.DataFrame({c: np.cumsum(np.where(codes == i, delta, 0))[settled] for i, c in enumerate(CATEGORIES)},
-                           index=pd.Index(ts[settled], name="ts"))
-        per["total"] = per[list(CATEGORIES)].sum(axis=1)
+        live = [np.cumsum(np.where(codes == i, delta, 0))[settled] for i in range(len(CATEGORIES))]
+        total = live[0].copy()
+        for c in live[1:]:
+            total += c
+        # rows chosen before the frame is built: a frame of every event took 0.1 s at 400k events
+        rows = _extremes(total, max_points) if len(total) > max_points else slice(None)
+        per = pd.DataFrame({c: live[i][rows] for i, c in enumerate(CATEGORIES)},
+                           index=pd.Index(ts[settled][rows], name="ts"))
+        per["total"] = total[rows]
         per.columns.name = "category"
-        if len(per) > max_points:
-            half = max(max_points // 2 - 1, 1)
-            buckets = pd.Series(np.minimum(np.arange(len(per)) * half // len(per), half - 1))
-            tot = pd.Series(per["total"].to_numpy())
-            keep = np.union1d(tot.groupby(buckets).idxmin().to_numpy(), tot.groupby(buckets).idxmax().to_numpy())
-            per = per.iloc[np.union1d(keep, [0, len(per) - 1])]  # and the first and last state
         per = per.reset_index().assign(rank=rank, device=device)
         parts.append(per[cols])
     return pd.concat(parts, ignore_index=True)
@@ -287,7 +352,7 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         ts = g["ts"].to_numpy()
         settled = np.r_[ts[1:] != ts[:-1], True]  # the state after all events of one instant, as timeline()
         live, ts = live[settled], ts[settled]
-        mine = allocs[(allocs["rank"] == rank) & (allocs["device"].astype(str) == str(device))]
+        mine = allocs[(allocs["rank"] == rank) & _where(allocs["device"], lambda v: v == str(device))]
         # allocations by time made: a step's are one slice of them (no pass over all per step)
         by_made = np.argsort(mine["alloc_ts"].to_numpy(), kind="stable")
         made_ts = mine["alloc_ts"].to_numpy()[by_made]
