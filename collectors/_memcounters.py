@@ -95,6 +95,7 @@ class CounterSampler:
     def __init__(self) -> None:
         self._counters: Counters | None = None
         self._backend = ""  # the backend whose counters were looked for ("": none yet)
+        self._backend_name: Callable[[], str] | None = None  # torch's, looked up once
         self._figures: dict[str, str] = {}  # device -> FROM_EVENTS or FROM_COUNTERS
 
     def rows(self, step: int, ts: int, tracked: list[tuple]) -> tuple[list[tuple], list[tuple]]:
@@ -129,10 +130,14 @@ class CounterSampler:
         return [r for r in tracked if r[2] not in mine] + counted, decided
 
     def _find(self) -> Counters | None:
-        """Looked for once, when the backend is first registered (under ``record``, after capture began)."""
-        import torch
+        """Looked for once, when the backend is first registered (under ``record``, after capture
+        began). Its name is asked at every boundary; torch's function to ask it is found once."""
+        name = self._backend_name
+        if name is None:
+            import torch
 
-        backend = torch._C._get_privateuse1_backend_name()
+            name = self._backend_name = torch._C._get_privateuse1_backend_name
+        backend = name()
         if backend != self._backend:
             self._backend = backend
             self._counters = find_counters()

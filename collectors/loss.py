@@ -3,9 +3,11 @@
 Practically every training loop calls ``loss.backward()`` (Hugging Face's Trainer and Accelerate,
 Lightning, a GradScaler's ``scaler.scale(loss).backward()``: there the scaled loss), and
 ``Tensor.backward`` calls ``torch.autograd.backward``, which this collector wraps. A one-element
-root is handed to the Recorder detached from its graph (so holding it keeps nothing of the graph
-alive) and read at a step boundary, never inside the step (neuron_prof.capture.scalars). A step with
-gradient accumulation has one ``loss`` row per ``backward()``.
+root on the host is read as it is handed over (a host tensor's value is there already: reading it
+waits for nothing, and nothing of it is kept); one on a device is handed to the Recorder detached
+from its graph (so holding it keeps nothing of the graph alive) and read at a step boundary, never
+inside the step (neuron_prof.capture.scalars). A step with gradient accumulation has one ``loss``
+row per ``backward()``.
 
 Neither the wrapper nor its own work ever becomes a Dynamo frame (``skip_frames``): a training
 step compiled whole graph-breaks at ``loss.backward()`` and runs it in a resumed frame, whose
@@ -45,17 +47,27 @@ class LossCollector:
 
         def record(root: torch.Tensor) -> None:
             try:
-                # a plain tensor's .data is the detached alias made without an op (nothing an
-                # observer sees, no dispatch: the cheapest way); a subclass's (DTensor...) goes
-                # through its own dispatch, as an op of ours, not the user's
-                scalar(LOSS, root.data if type(root) is tensor else without_ops(detach, root))
+                if type(root) is not tensor:
+                    # a subclass's (DTensor...) detach goes through its own dispatch, as an op of
+                    # ours, not the user's
+                    scalar(LOSS, without_ops(detach, root))
+                elif root.is_cpu:
+                    # read now, as the boundary would (its value is there already): one item()
+                    # instead of an alias kept and read later, and no tensor held until then
+                    scalar(LOSS, float(without_ops(root.item)))
+                else:
+                    # a device's: .data is the detached alias made without an op (nothing an
+                    # observer sees, no dispatch), read at a step boundary
+                    scalar(LOSS, root.data)
             except Exception as exc:  # noqa: BLE001 - training goes on without this loss
                 lost("metrics", exc)
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
             # the one-element tensor backward() differentiates, if that is what it was called on
-            root = tensors[0] if type(tensors) in (list, tuple) and len(tensors) == 1 else tensors
+            # (Tensor.backward hands over the tensor itself: the first test)
+            root = tensors if type(tensors) is tensor else (
+                tensors[0] if type(tensors) in (list, tuple) and len(tensors) == 1 else tensors)
             if isinstance(root, tensor) and root.numel() == 1:
                 record(root)
             return original(tensors, *args, **kwargs)

@@ -121,6 +121,18 @@ def requested_bytes(message: str) -> int:
     return parse_bytes(m.group(1))
 
 
+_forks = 0  # forks this process is a child of: a file opened as /proc/self before one is the parent's
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 class ResidentMemory:
     """This process's resident set size, cheap enough for every step boundary: Linux's
     ``/proc/self/statm`` stays open and one ``pread`` (a few µs) reads it. Elsewhere there is no
@@ -128,17 +140,19 @@ class ResidentMemory:
 
     def __init__(self) -> None:
         self._fd = -1
-        self._pid = 0
+        self._forks = -1  # ``_forks`` when the file was opened (-1: not yet)
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
     def read(self) -> int | None:
-        """Resident bytes now, or None where they cannot be read (never raises)."""
+        """Resident bytes now, or None where they cannot be read (never raises). A fork is told by
+        a count the fork itself moves, not by asking the pid at every boundary (a system call)."""
         try:
-            if self._pid != os.getpid():  # first use, or a forked child: its own file
+            if self._forks != _forks:  # first use, or a forked child: its own file
                 self.close()
-                self._pid = os.getpid()
+                self._forks = _forks
                 self._fd = os.open("/proc/self/statm", os.O_RDONLY)  # no such file: not Linux
-            return int(os.pread(self._fd, 128, 0).split()[1]) * self._page if self._fd >= 0 else None
+            # the second field: resident pages (one split that stops after it)
+            return int(os.pread(self._fd, 128, 0).split(None, 2)[1]) * self._page if self._fd >= 0 else None
         except (OSError, ValueError, IndexError):
             self.close()
             return None
@@ -238,8 +252,9 @@ class MemoryCollector:
             self._walk_due = False
             self._walk_keepers(self._rec)
         held = self.tracker.held_since_last_call()
+        totals = self.tracker.totals()  # none on a host that follows no device between windows
         tracked = [(step, ts, self._device(t, i), live, peak, alloc, res)
-                   for t, i, live, peak, alloc, res in self.tracker.totals()]
+                   for t, i, live, peak, alloc, res in totals] if totals else []
         rows, decided = self._counted(step, ts, tracked)
         rss = self._resident.read()
         with self._lock:
@@ -253,8 +268,10 @@ class MemoryCollector:
                 else:
                     self._held.append([step, step])
             self._held_open = held
-            self._steps.extend(self._less_ours(rows, {r[2] for r in tracked}))
-            self._sources.extend(decided)
+            if rows:  # no row, nothing to take neuron_prof's own bytes off
+                self._steps.extend(self._less_ours(rows, tracked))
+            if decided:
+                self._sources.extend(decided)
             if rss is not None:
                 self._process.append((step, ts, rss))
         if self._window:
@@ -363,16 +380,17 @@ class MemoryCollector:
             finally:
                 self.tracker = None
 
-    def _less_ours(self, rows: list[tuple], reported: set[str]) -> list[tuple]:
+    def _less_ours(self, rows: list[tuple], tracked: list[tuple]) -> list[tuple]:
         """``rows`` with what neuron_prof alone keeps alive (``Recorder.kept_for_us``: losses not
         read yet) taken off live and allocated bytes, so that holding them is no leak of the
         user's: at the size the allocator reported for the block (CUDA's rounded one) on a device
-        that reports, else (counters) at the storage's size. That list only grows until its
-        tensors are read (then it is a new one), so each tensor is measured once."""
+        that reports (one of ``tracked``'s), else (counters) at the storage's size. That list only
+        grows until its tensors are read (then it is a new one), so each tensor is measured once."""
         ours = self._rec.kept_for_us() if self._rec is not None else []
         if ours is not self._ours or len(ours) < self._ours_seen:
             self._ours, self._ours_seen, self._ours_bytes = ours, 0, {}
         if len(ours) > self._ours_seen:
+            reported = {r[2] for r in tracked}
             fresh = ours[self._ours_seen:]
             self._ours_seen = len(ours)
             codes = [device_code(t.device) for t in fresh]

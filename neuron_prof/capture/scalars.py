@@ -3,20 +3,23 @@
 
 A value handed over as a tensor is not read when it is handed over: ``loss.item()`` in a hook
 would make an asynchronous device drain its queue at every ``backward()``. A tensor on the host is
-read at the boundary of its step. A tensor on a device is kept (detached: a few bytes each) and
-read in a batch, ``DEVICE_READ_BATCH`` steps' worth at a time, or once the oldest has waited
-``DEVICE_READ_AGE_S``, and at the end of capture: a read of a device value waits for the device's
-queue, so it is paid once per batch (the first read waits, the others find their values ready),
-at a step boundary, never inside a step. The rows of a batch are written late, so a ``kill -9``
-can lose that many steps of a device's loss (and the session writes scalars about once a second:
-a kill -9 loses the last second's). Reading is neuron_prof's own work: PyTorch's RecordFunction
-is off on the thread meanwhile, so it is no op of the user's.
+read at the boundary of its step (the loss collector hands a host loss over read, as a float). A
+tensor on a device is kept (detached: a few bytes each) and read in a batch, ``DEVICE_READ_BATCH``
+steps' worth at a time, or once the oldest has waited ``DEVICE_READ_AGE_S``, and at the end of
+capture: a read of a device value waits for the device's queue, so it is paid once per batch (the
+first read waits, the others find their values ready), at a step boundary, never inside a step.
+The rows of a batch are written late, so a ``kill -9`` can lose that many steps of a device's loss
+(and the session writes scalars about once a second: a kill -9 loses the last second's). Reading
+is neuron_prof's own work: PyTorch's RecordFunction is off on the thread meanwhile, so it is no op
+of the user's.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,28 @@ from neuron_prof.recording.torchhooks import without_ops
 METRIC_ROW = row_dtype(TABLES["metrics"])
 DEVICE_READ_BATCH = 64
 DEVICE_READ_AGE_S = 30.0
+
+
+_thread = threading.local()  # this thread's OS id, once asked
+
+
+def _forget_thread_ids() -> None:
+    global _thread
+    _thread = threading.local()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child's thread has an id of its own
+    os.register_at_fork(after_in_child=_forget_thread_ids)
+
+
+def _native_thread_id() -> int:
+    """``threading.get_native_id()``, asked once per thread: a value is handed over at every
+    ``backward()``, and the system call costs more than the rest of the hand-over."""
+    try:
+        return _thread.tid
+    except AttributeError:
+        tid = _thread.tid = threading.get_native_id()
+        return tid
 
 
 def _is_tensor(value: Any) -> bool:
@@ -67,7 +92,9 @@ class ScalarBuffer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._new: list[tuple[int, int, int, Any]] = []  # (ts, tid, name id, float or tensor)
+        # (ts, tid, name id, float or tensor): appended without the lock (a deque's append and
+        # popleft are atomic), so a host value's hand-over takes none
+        self._new: deque[tuple[int, int, int, Any]] = deque()
         self._on_device: list[tuple[int, int, int, Any]] = []  # device tensors, oldest first
         self._unsure: list[Any] = []  # device tensors waiting that the user may still hold
         self._ours: list[Any] = []  # device tensors waiting that nothing but this buffer keeps alive
@@ -94,12 +121,13 @@ class ScalarBuffer:
         return self._ours
 
     def add(self, name_id: int, value: Any) -> None:
-        row = (time.monotonic_ns(), threading.get_native_id(), name_id, value)
-        mine = not isinstance(value, float) and not value.is_cpu and type(value) is sys.modules["torch"].Tensor
-        with self._lock:
+        row = (time.monotonic_ns(), _native_thread_id(), name_id, value)
+        if isinstance(value, float) or value.is_cpu or type(value) is not sys.modules["torch"].Tensor:
             self._new.append(row)
-            if mine:  # a plain device tensor: ours_alone asks about it
-                self._unsure.append(value)
+            return
+        with self._lock:  # a plain device tensor: ours_alone asks about it
+            self._new.append(row)
+            self._unsure.append(value)
 
     def device_due(self) -> bool:
         """The device values waiting are due to be read (at a step boundary)."""
@@ -112,7 +140,8 @@ class ScalarBuffer:
         (``final``: every value). None when there are none. ``host_only``: off the training
         thread (always-on capture's background writer): device values wait for a step boundary."""
         with self._lock:
-            new, self._new = self._new, []
+            pop = self._new.popleft
+            new = [pop() for _ in range(len(self._new))]  # what came meanwhile waits for the next
         ready = []
         for row in new:
             value = row[3]
@@ -124,5 +153,5 @@ class ScalarBuffer:
             self._ours, self._unsure = [], []  # read now: released below, with the rows
         if not ready:
             return None
-        values = _read(ready) if all(isinstance(r[3], float) for r in ready) else without_ops(_read, ready)
+        values = ready if all(isinstance(r[3], float) for r in ready) else without_ops(_read, ready)
         return np.array(values, dtype=METRIC_ROW)
