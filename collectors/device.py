@@ -73,6 +73,7 @@ _STRING_COLUMNS = {"device_kernels": ("device", "name"), "device_enqueues": ("de
                    "fallbacks": ("device", "op", "host_op", "module"),
                    "event_enqueues": ("device", "kind", "host_op", "module"), "event_completions": ("device",),
                    "stream_waits": ("device",), "kernel_enqueues": ()}
+_UNNAMED_BACKEND = "privateuseone"  # torch's name for PrivateUse1 until a backend renames it
 _USER_PROFILER = "the job's own torch.profiler was running (Kineto serves one trace at a time)"
 
 _ext = None  # the engine extension once loaded (backend_api or a collector's install)
@@ -318,6 +319,8 @@ class DeviceCollector:
     ``stream_syncs``, ``fallbacks``, ``event_enqueues``, ``event_completions``, ``stream_waits``),
     ``device_gaps`` and, at always-on dumps, ``dump_queues``."""
 
+    flush_at_boundary = True  # a flush starts the next trace (the job's profiler gone, a device new): at the boundary
+
     name = "device"
 
     def __init__(self) -> None:
@@ -331,6 +334,7 @@ class DeviceCollector:
         self._offset = 0
         self._next_kernel = 1
         self._user_profiler = False  # the job's own torch.profiler holds Kineto
+        self._no_device_as: str | None = None  # the backend's name when it was found to have no device
         self._gap: tuple[int, str] | None = None  # a window's stretch without a session: since, why
         self._gaps: list[tuple[int, int, str]] = []
         self._unwatch = None
@@ -477,15 +481,28 @@ class DeviceCollector:
             self._user_profiler = False
 
     # ---- internals
+    def _device_kind(self):
+        """``device_activity_type()``, not asked again in a process whose PrivateUse1 backend is
+        still unnamed once it said there is no device: a window's boundaries in a CPU-only job then
+        cost one name lookup, not the profiler's query (issue 39: 8-10 us a boundary). A backend
+        that names itself later is asked about from then on."""
+        import torch
+        name = torch._C._get_privateuse1_backend_name()
+        if name == self._no_device_as:
+            return None
+        kind = device_activity_type()
+        self._no_device_as = name if kind is None and name == _UNNAMED_BACKEND else None
+        return kind
+
     def _start(self) -> None:
         if self._session is not None:
+            return
+        kind = self._device_kind()
+        if kind is None:
             return
         if self._user_profiler or _user_profiler_running():
             if self._gap is None:
                 self._gap = (time.monotonic_ns(), _USER_PROFILER)
-            return
-        kind = device_activity_type()
-        if kind is None:
             return
         if self._thread is None:
             self._thread = _ProfilerThread()
