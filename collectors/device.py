@@ -319,8 +319,6 @@ class DeviceCollector:
     ``stream_syncs``, ``fallbacks``, ``event_enqueues``, ``event_completions``, ``stream_waits``),
     ``device_gaps`` and, at always-on dumps, ``dump_queues``."""
 
-    flush_at_boundary = True  # a flush starts the next trace (the job's profiler gone, a device new): at the boundary
-
     name = "device"
 
     def __init__(self) -> None:

@@ -318,11 +318,3 @@ def gloo_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The environment torchrun gives rank ``rank`` of ``world`` on 127.0.0.1:``port``."""
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(rank)}
-
-
-def written_by_thread(tid: int) -> int:
-    """Bytes this process's thread ``tid`` handed to write() and its kin (/proc/PID/task/TID/io)."""
-    for line in Path(f"/proc/self/task/{tid}/io").read_text().splitlines():
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no wchar line")

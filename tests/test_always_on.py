@@ -17,7 +17,7 @@ from neuron_prof.reports.summary.build import summarize
 from neuron_prof.reports.summary.text import render_text
 from neuron_prof.store.run import Run
 from conftest import (SMALL_MLP, child_pid, check_trace, cli, free_port, gloo_env, kill_group, line_of,
-                      one_line_error, write_script, written_by_thread)
+                      one_line_error, write_script)
 
 pytestmark = pytest.mark.multiprocess  # a training in a process of its own (or ranks), per test or per fixture
 
@@ -327,10 +327,17 @@ def test_cpu_allocations_are_followed_in_sampled_steps_unless_asked(tmp_path, fo
         assert cpu_steps.empty
 
 
+def _written_by_thread(tid: int) -> int:
+    """Bytes this process's thread ``tid`` handed to write() and its kin (/proc/PID/task/TID/io)."""
+    for line in Path(f"/proc/self/task/{tid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar line")
+
+
 def test_a_step_boundary_writes_nothing_the_background_thread_writes_the_steps(tmp_path):
     """Always-on: the training thread's step boundaries between sampled steps make no write
-    (the kernel's own per-thread count says so); the rank's writer thread writes their rows, when
-    the background thread hands them over."""
+    (the kernel's own per-thread count says so); the background thread writes their rows."""
     import threading
     import torch
     model = torch.nn.Linear(8, 8)
@@ -339,16 +346,16 @@ def test_a_step_boundary_writes_nothing_the_background_thread_writes_the_steps(t
         for _ in range(3):  # step 1 is a sampled one: its detail goes to memory, not to disk either
             model(torch.randn(4, 8)).sum().backward()
             prof.step()
-        background = next(t for t in threading.enumerate() if t.name == "neuron_prof writer")
-        mine, its = written_by_thread(me), written_by_thread(background.native_id)
+        background = next(t for t in threading.enumerate() if t.name == "neuron_prof always-on")
+        mine, its = _written_by_thread(me), _written_by_thread(background.native_id)
         for _ in range(50):
             model(torch.randn(4, 8)).sum().backward()
             prof.step()
-        assert written_by_thread(me) == mine  # 50 boundaries, not one byte written by this thread
-        deadline = time.monotonic() + 60  # the background thread hands them over about once a second
-        while written_by_thread(background.native_id) == its and time.monotonic() < deadline:
+        assert _written_by_thread(me) == mine  # 50 boundaries, not one byte written by this thread
+        deadline = time.monotonic() + 60  # the background thread writes about once a second
+        while _written_by_thread(background.native_id) == its and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert written_by_thread(background.native_id) > its
+        assert _written_by_thread(background.native_id) > its
     steps = Run(tmp_path / "run").steps
     assert len(steps) == 54 and steps["complete"].sum() == 53
 

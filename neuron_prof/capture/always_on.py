@@ -159,17 +159,11 @@ def traceback_frames(exc: BaseException, limit: int = 64) -> list[Frame]:
 
 
 def thread_stacks() -> list[tuple[int, list[Frame]]]:
-    """Every Python thread's (OS tid, stack), neuron_prof's own threads (the watchdog's, the
-    rank's writer: named "neuron_prof ...") left out."""
-    threads = {t.ident: t for t in threading.enumerate()}
-    ours = {ident for ident, t in threads.items() if t.name.startswith(OWN_THREAD_PREFIX)}
-    ours.add(threading.get_ident())
-    return [(threads[ident].native_id or 0 if ident in threads else 0, frames_of(frame))
-            for ident, frame in sys._current_frames().items() if ident not in ours]
-
-
-OWN_THREAD_PREFIX = "neuron_prof "
-"""The start of the name of every thread neuron_prof starts: a dump's stacks leave them out."""
+    """Every Python thread's (OS tid, stack), the watchdog's own left out."""
+    by_ident = {t.ident: t.native_id for t in threading.enumerate()}
+    me = threading.get_ident()
+    return [(by_ident.get(ident) or 0, frames_of(frame))
+            for ident, frame in sys._current_frames().items() if ident != me]
 
 
 class Triggers:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -39,16 +38,6 @@ DEVICE_TABLES = ("device_enqueues", "queue_flushes", "device_kernels", "kernel_e
 DETAIL_TABLES = (*EVENT_TABLES, "memory_events", "memory_tensors", *DEVICE_TABLES)
 """Tables written only while a window is on: what a budget cut stops (step rows, per-step memory
 and compiles go on)."""
-
-
-@dataclass(frozen=True)
-class Flush:
-    """What one flush writes: the interner's new rows (``Interner.take_new``), the files first
-    named, and each table's pending batches."""
-
-    interned: dict[str, dict[str, Any]]
-    files: list[tuple[int, str]]
-    tables: dict[str, list[Mapping[str, Any]]]
 
 
 class CaptureBuffer:
@@ -82,44 +71,26 @@ class CaptureBuffer:
                 self.pending.pop(t, None)
             self.keep_from = time.monotonic_ns()
 
-    def take(self, interner: Interner, final: bool, until: int | None = None) -> "Flush":
-        """Everything pending, and the strings, frames, stacks and files interned since the last
-        flush, handed over for one write (on the training thread, under the session's lock: a few
-        swaps, the writing is ``write``'s). Scalars are held back to go to disk about once a
-        second, in one write (a journal write per step cost 25-35 us at the boundary; a kill -9
-        can lose the last second's scalars). ``until``: detail rows that began at this time or
-        later stay pending (a flush handed over at a step boundary and run later, when the
-        collectors hold some of the next step already: each step's rows go with its own flush)."""
-        pending, self.pending = self.pending, defaultdict(list)
-        if until is not None:
-            for table in DETAIL_TABLES:
-                if table in pending:
-                    pending[table] = self._hold_back(table, pending[table], until)
-        metrics = pending.get("metrics")
-        if metrics and not final and time.monotonic_ns() - self.metrics_written < IDLE_FLUSH_INTERVAL_NS:
-            self.pending["metrics"] = pending.pop("metrics")
-        elif metrics:
-            self.metrics_written = time.monotonic_ns()
-        return Flush(interned=interner.take_new(), files=interner.take_new_files(), tables=pending)
-
-    def write(self, writer: RankWriter, flush: "Flush", step_num: int, final: bool) -> None:
-        """``flush`` (see ``take``) to ``writer``, with the size and hash of each file first named,
-        then a commit, a compaction, or (``final``) the rank's close. Runs on the rank's writing
-        thread (``flushing.WriteBehind``) but at close. Once the budget is cut, the detail tables of
-        a later step are left out: the training thread learns of the cut a step late at most, and
-        what it recorded in that step is not written, as if detail had stopped at the cut."""
-        for table, rows in flush.interned.items():
+    def write(self, writer: RankWriter, interner: Interner, step_num: int, final: bool) -> None:
+        """Everything pending (and the strings, frames and stacks interned since the last
+        write, with the size and hash of each file first named) to ``writer``, then a commit, a compaction, or (``final``) the rank's close."""
+        for table, rows in interner.take_new().items():
             writer.append(table, rows)
-        if flush.files:  # once per file: off the ops' path
-            writer.append("source_files", source_rows(flush.files))
+        files = interner.take_new_files()
+        if files:  # once per file, at a flush: off the ops' path
+            writer.append("source_files", source_rows(files))
+        pending, self.pending = self.pending, defaultdict(list)
+        metrics = pending.pop("metrics", None)
+        if metrics and not final and time.monotonic_ns() - self.metrics_written < IDLE_FLUSH_INTERVAL_NS:
+            # scalars go to disk about once a second, in one write: a journal write per step cost
+            # 25-35 us at the boundary (a kill -9 can lose the last second's scalars)
+            self.pending["metrics"] = metrics
+        elif metrics:
+            writer.append("metrics", np.concatenate(metrics))
+            self.metrics_written = time.monotonic_ns()
         # one pass, in the order the rows came: every table is committed together by the
         # manifest line that follows, so the order of their writes does not matter
-        for table, batches in flush.tables.items():
-            if table == "metrics":
-                writer.append(table, np.concatenate(batches))
-                continue
-            if self.cut is not None and table in DETAIL_TABLES:
-                continue
+        for table, batches in pending.items():
             for cols in batches:
                 writer.append(table, cols)
             if table in EVENT_TABLES:
@@ -140,21 +111,6 @@ class CaptureBuffer:
         else:
             writer.commit(step_num, counters)
         self.last_commit = now
-
-    def _hold_back(self, table: str, batches: list[Mapping[str, Any]], until: int) -> list[Mapping[str, Any]]:
-        """The rows of ``batches`` that began before ``until``; the others go back to pending."""
-        before = []
-        for cols in batches:
-            ts = np.asarray(cols["ts"])
-            if not len(ts) or ts.max() < until:
-                before.append(cols)
-                continue
-            self.pending[table].append(batch_since(cols, until))
-            early = ts < until
-            if early.any():
-                before.append(cols[early] if isinstance(cols, np.ndarray) else
-                              {k: np.asarray(v)[early] for k, v in cols.items()})
-        return before
 
     def _budget_cut(self, writer: RankWriter, step_num: int, now: int) -> dict[str, Any] | None:
         """Whether this flush used up the rank's budget: ``max_bytes`` of files (every table, the

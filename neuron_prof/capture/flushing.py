@@ -6,12 +6,9 @@ write the rank at all (``ownership``), is the session's to decide.
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
-import threading
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,8 +20,6 @@ from neuron_prof.capture.schedule import Schedule
 from neuron_prof.store.schema import RUN_META, SCHEMA_VERSION, TABLES, row_dtype
 from neuron_prof.store.step_ring import StepRing
 from neuron_prof.store.writer import RankWriter, load_json, update_run_meta
-
-log = logging.getLogger("neuron_prof")
 
 STEP_ROW = row_dtype(TABLES["steps"])
 StepRow = tuple[int, int, int, bool, bool]  # step, start, duration, active (its detail on disk), complete
@@ -122,74 +117,3 @@ def open_writer(origin: RankOrigin, rank: int, world: int, stepless: bool, repor
             "start_time_ns": origin.start_ns + origin.clock_offset_ns, "hostname": meta["hostname"]},
             replace=rank == 0 or not existing)
     return writer
-
-
-class WriteBehind:
-    """The rank's writes and commits, in order, on a thread of their own: a step boundary hands
-    its flush over and returns (issue 39: the boundary of a detail step cost 190-460 us on the
-    training thread, most of it writing and committing). The writer is used by this thread
-    alone until ``drain`` returns. The step rows are in the step ring at the boundary itself, so a
-    kill -9 loses no ended step's time; what it can lose besides the step in flight is the
-    detail of the step just ended, in the moment its write is under way."""
-
-    def __init__(self) -> None:
-        self._jobs: deque[Callable[[], None] | None] = deque()  # None: the thread ends
-        self._cv = threading.Condition(threading.Lock())
-        self._busy = False
-        self._thread: threading.Thread | None = None
-        self._failed = False
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """``job`` runs after those submitted before it. The session drains the queue at every
-        step boundary before it submits, so what waits for the disk is one step's rows at most."""
-        with self._cv:
-            self._jobs.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="neuron_prof writer", daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def drain(self) -> None:
-        """Returns once every job submitted is done (the writer is then the caller's); at once on
-        this thread's own (a job that asks)."""
-        if self._thread is threading.current_thread() or not (self._jobs or self._busy):
-            return  # idle (read without the lock: ``_run`` is busy before it takes a job)
-        with self._cv:
-            while self._jobs or self._busy:
-                self._cv.wait()
-
-    def close(self) -> None:
-        """Every job done and the thread ended (the capture is closing: the writer is the caller's)."""
-        self.drain()
-        with self._cv:
-            thread, self._thread = self._thread, None
-            if thread is not None:
-                self._jobs.append(None)
-                self._cv.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-
-    def forget(self) -> None:
-        """In a forked child: the thread and its jobs are the parent's."""
-        self._jobs, self._cv, self._busy, self._thread = deque(), threading.Condition(threading.Lock()), False, None
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._jobs:
-                    self._cv.wait()
-                self._busy = True
-                job = self._jobs.popleft()
-                if job is None:
-                    self._busy = False
-                    return
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001 - the training goes on; the reader sees the last commit
-                if not self._failed:
-                    log.warning("neuron_prof: writing the run failed (%s: %s); training goes on", type(exc).__name__, exc)
-                self._failed = True
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from neuron_prof.capture.always_on import BACKGROUND_INTERVAL_S, Background, Triggers, exit_by_signal, traceback_frames
 from neuron_prof.capture.dumps import SampledDetail
-from neuron_prof.capture.flushing import RankOrigin, StepJournal, WriteBehind, open_writer
-from neuron_prof.capture.buffer import IDLE_FLUSH_INTERVAL_NS, CaptureBuffer, Flush
+from neuron_prof.capture.flushing import RankOrigin, StepJournal, open_writer
+from neuron_prof.capture.buffer import IDLE_FLUSH_INTERVAL_NS, CaptureBuffer
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.interner import Interner
 from neuron_prof.capture.ondemand import ControlChannel
@@ -82,7 +82,6 @@ class Session:
         self.collectors = _make_collectors(options.collectors)
         self._on_step = [c for c in self.collectors if hasattr(c, "on_step")]
         self._excluders = [c for c in self.collectors if hasattr(c, "exclude")]
-        self._at_boundary = [c for c in self.collectors if getattr(c, "flush_at_boundary", False)]
         self.step_num = 0
         self._interner = Interner()
         self._buffer = CaptureBuffer(options.max_events, options.max_bytes)
@@ -95,7 +94,6 @@ class Session:
         self._started = False
         self._closed = False
         self._journal = StepJournal()
-        self._write_behind = WriteBehind()  # the writer's calls, off the training thread
         # always-on (neuron_prof.capture.always_on): sampled steps' detail goes to a ring, written by dumps;
         # steps asked for on demand (capture_next) go to disk like a scheduled window's
         self.always_on = always_on = options.always_on()
@@ -106,11 +104,7 @@ class Session:
         self._channel: ControlChannel | None = None  # on-demand requests (neuron-prof trigger PID)
         self._deferred: tuple[str, list[Frame], int | None] | None = None
         ref = weakref.ref(self)
-        # a fork (a DataLoader's workers, often right after a step boundary) waits for the flush
-        # under way: the child must not inherit a lock the writer thread held (ours, a collector's,
-        # the op engine's)
-        os.register_at_fork(before=lambda: (s := ref()) is not None and s._write_behind.drain(),
-                            after_in_child=lambda: (s := ref()) is not None and s._forked())
+        os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forked())
 
     # ---- Recorder protocol
     def intern(self, s: str) -> int:
@@ -162,7 +156,6 @@ class Session:
         memory-mapped ring). The folder is made now if no flush has made it yet, with a first
         commit, so a process killed before its first step still leaves a readable rank. None
         when this process may not write the rank (another owns it)."""
-        self._write_behind.drain()  # the writer is ours below (a boundary's flush takes the lock: not under it)
         with self._lock:
             if self._closed:
                 return None
@@ -220,18 +213,13 @@ class Session:
         if self.step_scalars or scalars:
             for name, value in {**self.step_scalars, **(scalars or {})}.items():
                 self.scalar(name, value)
-        # the last boundary's flush, if still under way, ends first: it takes the lock, and what
-        # waits for the disk stays one step's rows
-        self._write_behind.drain()
         with self._lock:
             now = time.monotonic_ns()
             if self.step_num == 0 and self._origin_ns is not None:
                 self._split_startup()
             action = self._windows.action(self.step_num)
             self._append_step(now, complete=True, action=action)
-            later = (self._detail is None and action is Action.RECORD and self._writer is not None
-                     and self._windows.action(self.step_num + 1) is Action.RECORD)
-            if (self._detail is None and not later) or self._scalars.device_due():
+            if self._detail is None or self._scalars.device_due():
                 self._settle_scalars(final=False)  # always-on: host values are read by _tick
             for c in self._on_step:
                 self._guard(c, c.on_step, self.step_num, now)
@@ -245,10 +233,6 @@ class Session:
                 self._set_window(False)
             if self._detail is not None:
                 self._always_on_step_end(action, now)
-            elif later:
-                for c in self._at_boundary:
-                    self._guard(c, c.flush, self, True)
-                self._flush_later()
             elif self._flush_due(action, now):
                 self._flush(keep=action is Action.RECORD)
             self.step_num += 1
@@ -312,7 +296,6 @@ class Session:
             self._background.stop()  # its last tick ends before the final flush
         if self._channel is not None:
             self._channel.close()
-        self._write_behind.drain()  # a flush handed over at the last boundary takes the lock
         with self._lock:
             self._closed = True
             if self._triggers is not None:
@@ -364,7 +347,6 @@ class Session:
         if windows.is_on_demand(self.step_num):
             self._flush(keep=True)
             if self.step_num + 1 == windows.on_demand[1] and self._channel is not None:
-                self._write_behind.drain()  # on disk before it is announced
                 self._channel.done(list(range(*windows.on_demand)))
             return
         self._flush(keep=True, write=False)
@@ -408,7 +390,6 @@ class Session:
             self._flush(keep=True)
         finally:
             self._detail.dumping = False
-        self._write_behind.drain()  # on disk before the log says so (and before a signal's exit)
         log.warning("neuron_prof: always-on dump (%s): the detail of steps %d-%d is in %s", reason, first,
                     self.step_num, self.run_dir)
 
@@ -467,47 +448,14 @@ class Session:
                 pass
 
     def _flush(self, keep: bool, final: bool = False, write: bool = True) -> None:
-        """Collectors hand over what they hold; ``write``: it goes to disk, on the writer's thread
-        but at the final flush (else it waits, detail aside: that goes to the ring)."""
-        taken = self._hand_over(keep, final, write)
-        if taken is None:
-            return
-        (writer, flush), step, buffer = taken, self.step_num, self._buffer
-        if final:
-            self._write_behind.close()  # every earlier write is done: the writer is this thread's
-            buffer.write(writer, flush, step, final=True)
-        else:
-            self._write_behind.submit(lambda: buffer.write(writer, flush, step, final=False))
-
-    def _flush_later(self) -> None:
-        """A boundary inside a window whose next step is recorded too (the steady state of detail
-        capture): the whole flush, the collectors' hand-over and the host's scalars included, runs
-        on the writer's thread, and the boundary only hands it over (issue 39). Whatever the
-        collectors recorded of the next step by then is kept either way, so it may go with this
-        step's rows; a boundary where keeping changes (a window's edge) flushes on this thread."""
-        step, buffer, handed = self.step_num, self._buffer, time.monotonic_ns()
-
-        def flush() -> None:
-            with self._lock:
-                self._settle_scalars(final=False, host_only=True)
-                taken = self._hand_over(keep=True, until=handed)
-            if taken is not None:
-                buffer.write(*taken, step, final=False)
-
-        self._write_behind.submit(flush)
-
-    def _hand_over(self, keep: bool, final: bool = False, write: bool = True,
-                   until: int | None = None) -> tuple[RankWriter, Flush] | None:
-        """Collectors hand over what they hold (lock held); with ``write``, the rank's writer and
-        everything pending for it (None: nothing to write, or nothing this process may write;
-        ``until``: a flush handed over at a boundary, see ``CaptureBuffer.take``)."""
+        """Collectors hand over what they hold; ``write``: it goes to disk (else it waits, detail
+        aside: that goes to the ring)."""
         for c in self.collectors:
-            if until is None or c not in self._at_boundary:  # those were flushed at the boundary itself
-                self._guard(c, c.flush, self, keep)
+            self._guard(c, c.flush, self, keep)
         if self._detail is not None:
             self._detail.into_ring(self._buffer, self._windows.is_on_demand(self.step_num), self._step_start)
         if not write:
-            return None
+            return
         self._buffer.keep_or_discard_events(keep)
         if final:
             self._settle_scalars(final=True)
@@ -519,8 +467,8 @@ class Session:
             self._buffer.pending["steps"].append(steps)
         writer = self._ensure_writer(final)
         if writer is None:
-            return None  # nothing to write yet, or nothing this process may write (see _ensure_writer)
-        return writer, self._buffer.take(self._interner, final, until)
+            return  # nothing to write yet, or nothing this process may write (see _ensure_writer)
+        self._buffer.write(writer, self._interner, self.step_num, final)
 
     def _ensure_writer(self, final: bool, now: bool = False) -> RankWriter | None:
         """The rank's writer, made at the first flush that has data, once this process owns the
@@ -575,7 +523,6 @@ class Session:
         if self._background is not None:
             self._background.forget()
         self._channel = None  # the parent's announcement stays the parent's
-        self._write_behind.forget()
         forget_in_child(self)
         atexit.unregister(self._stop_at_exit)
 

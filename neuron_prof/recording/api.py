@@ -109,9 +109,7 @@ class Collector(Protocol):
         """Switch detailed capture on (warmup/active steps) or off (wait steps, between windows)."""
 
     def flush(self, rec: Recorder, keep: bool) -> None:
-        """Hand buffered events to ``rec.append`` (``keep=False``: warmup data, discard it). Called
-        from any thread, the session's lock held: inside a window the session runs it on the
-        rank's writer thread while the next step runs, unless ``flush_at_boundary``."""
+        """Hand buffered events to ``rec.append`` (``keep=False``: warmup data, discard it)."""
 
     def uninstall(self) -> None:
         """Remove every hook; the process must be as if the collector never ran."""
@@ -122,9 +120,6 @@ class Collector(Protocol):
     #   on_dump(rec, ts: int) -> None                an always-on dump at ts (any thread): append what
     #                                                 says where the job is now (collectives in flight,
     #                                                 device queues), beside the threads' stacks
-    #   flush_at_boundary: bool = True               flush at the step boundary itself, on the training
-    #                                                 thread (what flush decides belongs to the boundary:
-    #                                                 the device collector starts its next trace there)
     #   exclude(ns: int) -> None                      the session's own work at a step boundary just
     #                                                 took ns on the calling thread: ops open there
     #                                                 (torch.optim's step range) must not count it
