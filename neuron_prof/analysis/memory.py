@@ -238,7 +238,9 @@ def _deltas(allocs: pd.DataFrame) -> pd.DataFrame:
     size = np.r_[size, -size[gone]]
     device = pd.Categorical(allocs["device"])   # sorted by its categories' order, missing last
     dev = np.where(device.codes < 0, len(device.categories), device.codes)[rows]
-    order = np.lexsort((-size, ts, dev, allocs["rank"].to_numpy()[rows]))
+    # a key with one value orders nothing: one rank and device (the common case) sort two keys, not four
+    keys = [k for k in (dev, allocs["rank"].to_numpy()[rows]) if len(k) and (k != k[0]).any()]
+    order = np.lexsort((-size, ts, *keys))
     at = rows[order]
     return pd.DataFrame({"rank": allocs["rank"].to_numpy()[at], "device": allocs["device"].array[at],
                          "ts": ts[order], "bytes": size[order], "category": allocs["category"].array[at]})
@@ -337,6 +339,25 @@ PEAK_COLUMNS = ["rank", "device", "step", "ts", "bytes", "op", "source", "user_s
                 "category", "source_full"]
 
 
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``lo[i]`` to ``hi[i] - 1`` of every range (none empty) laid end to end, and where
+    each range starts among them: a pass over each step's rows without a Python loop per step."""
+    n = hi - lo
+    start = np.cumsum(n) - n
+    return np.arange(int(n.sum())) - np.repeat(start - lo, n), start
+
+
+def _arg_extreme(values: np.ndarray, start: np.ndarray, last: bool) -> np.ndarray:
+    """Per range of ``values`` (contiguous, from ``start``), the position of its first (``last``:
+    its last) maximum, as ``np.argmax`` per range would find it."""
+    if not len(start):
+        return np.empty(0, np.int64)
+    seg = np.repeat(np.arange(len(start)), np.diff(np.r_[start, len(values)]))
+    hit = np.flatnonzero(values == np.maximum.reduceat(values, start)[seg])
+    change = seg[hit][1:] != seg[hit][:-1]
+    return hit[np.r_[change, True] if last else np.r_[True, change]]
+
+
 def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Per rank, device and captured step: the highest live bytes within the step, when, and what
     caused it: the largest block made in the step and alive at the peak (its top-level op —
@@ -358,18 +379,24 @@ def peaks(allocs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         made_ts = mine["alloc_ts"].to_numpy()[by_made]
         freed_ts = mine["free_ts"].to_numpy()[by_made]
         size = mine["bytes"].to_numpy()[by_made]
-        for step, s_ts, s_dur in active.loc[active["rank"] == rank, ["step", "ts", "dur"]].itertuples(index=False):
-            lo, hi = np.searchsorted(ts, s_ts, "left"), np.searchsorted(ts, s_ts + s_dur, "right")
-            if hi <= lo:
-                continue
-            j = lo + int(np.argmax(live[lo:hi]))
-            t = int(ts[j])
-            a, b = np.searchsorted(made_ts, s_ts, "left"), np.searchsorted(made_ts, t, "right")
-            alive = np.where(freed_ts[a:b] > t, size[a:b], -1)  # made in the step, alive at its peak
-            if not len(alive) or alive.max() < 0:  # nothing made in the step (e.g. the frees at exit)
-                continue
-            made = by_made[b - 1 - int(np.argmax(alive[::-1]))]  # the largest; the latest of equals
-            rows.append((rank, device, int(step), t, int(live[j]), mine.index[made]))
+        step, s_ts, s_dur = (active.loc[active["rank"] == rank, c].to_numpy(np.int64) for c in ("step", "ts", "dur"))
+        lo, hi = np.searchsorted(ts, s_ts, "left"), np.searchsorted(ts, s_ts + s_dur, "right")
+        k = hi > lo
+        step, s_ts = step[k], s_ts[k]
+        pos, start = _ranges(lo[k], hi[k])
+        j = pos[_arg_extreme(live[pos], start, last=False)]   # the step's peak: its first highest
+        t = ts[j]
+        a, b = np.searchsorted(made_ts, s_ts, "left"), np.searchsorted(made_ts, t, "right")
+        k = b > a
+        pos, start = _ranges(a[k], b[k])
+        # made in the step, alive at its peak
+        alive = np.where(freed_ts[pos] > np.repeat(t[k], (b - a)[k]), size[pos], -1)
+        best = _arg_extreme(alive, start, last=True)   # the largest; the latest of equals
+        ok = alive[best] >= 0   # else nothing made in the step is alive then (e.g. the frees at exit)
+        made = by_made[pos[best][ok]]
+        n = len(made)
+        rows += zip([rank] * n, [device] * n, step[k][ok].tolist(), t[k][ok].tolist(), live[j][k][ok].tolist(),
+                    mine.index[made])
     if not rows:
         return pd.DataFrame(columns=PEAK_COLUMNS)
     rank, device, step, ts, live, made = zip(*rows)

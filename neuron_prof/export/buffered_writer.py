@@ -264,34 +264,42 @@ class BufferedTraceWriter:
         dur = np.concatenate([c[2] for c in chunks]) if with_dur else None
         nm = np.concatenate([c[3] for c in chunks])
         ids = np.concatenate([c[4] for c in chunks])
-        cols: dict[str, ArgColumn] = {}
-        keys = {}
+        return EventTable(tr, ts, dur, nm, ids), self._arg_columns(chunks, len(ts))
+
+    def _arg_columns(self, chunks, n: int) -> dict[str, ArgColumn]:
+        """The chunks' annotations as columns of all ``n`` rows (absent in a chunk without the key;
+        a key of two kinds is two columns, ``key:kind``). Each column is one array written chunk by
+        chunk (a filler array per chunk without the key, then their concatenation, wrote millions of
+        rows twice)."""
+        keys: dict[tuple[str, str], None] = {}
         for c in chunks:
             for k, (kind, _) in c[5].items():
                 keys.setdefault((k, kind), None)
         multi = {k for k, _ in keys if sum(1 for kk, _ in keys if kk == k) > 1}
+        bounds = np.cumsum([0] + [len(c[1]) for c in chunks]).tolist()
+        cols: dict[str, ArgColumn] = {}
         for key, kind in keys:
             name = f"{key}:{kind}" if key in multi else key
-            vals, pres = [], []
-            for c in chunks:
-                n = len(c[1])
+            if kind == "s":
+                vals = np.full(n, -1, np.int32)
+            else:
+                vals = np.zeros(n, {"f": np.float64, "b": bool, "i": np.int64}[kind])
+            pres = np.zeros(n, bool)
+            for c, lo, hi in zip(chunks, bounds, bounds[1:]):
                 got = c[5].get(key)
                 if got is not None and got[0] == kind:
-                    v = got[1]
-                    p = v >= 0 if kind == "s" else (~np.isnan(v) if kind == "f" else np.ones(n, bool))
-                else:
-                    v = np.full(n, -1 if kind == "s" else 0, np.int32 if kind == "s" else np.int64)
-                    if kind == "f":
-                        v = v.astype(np.float64)
-                    elif kind == "b":
-                        v = v.astype(bool)
-                    p = np.zeros(n, bool)
-                vals.append(v)
-                pres.append(p)
+                    vals[lo:hi] = got[1]
+                    if kind == "s":
+                        np.greater_equal(got[1], 0, out=pres[lo:hi])
+                    elif kind == "f":
+                        np.isnan(got[1], out=pres[lo:hi])
+                        np.logical_not(pres[lo:hi], out=pres[lo:hi])
+                    else:
+                        pres[lo:hi] = True
             if name != key:
                 self.arg_keys.id(name)
-            cols[name] = ArgColumn(kind, np.concatenate(vals), np.concatenate(pres))
-        return EventTable(tr, ts, dur, nm, ids), cols
+            cols[name] = ArgColumn(kind, vals, pres)
+        return cols
 
     def _collect(self) -> list[ProcessData]:
         proc_of = np.array([t.proc for t in self.tracks] or [0], np.int32)
@@ -310,8 +318,9 @@ class BufferedTraceWriter:
         # split per process (stable: input order kept inside a process)
         def split(tr):
             p = proc_of[tr] if len(tr) else np.empty(0, np.int32)
-            order = np.argsort(narrow(p), kind="stable")
-            bounds = np.searchsorted(p[order], [x.handle for x in procs] + [len(self.tracks)])
+            one = len(procs) == 1   # one rank: its rows are every row, in order (no sort of millions)
+            order = np.arange(len(p)) if one else np.argsort(narrow(p), kind="stable")
+            bounds = np.searchsorted(p if one else p[order], [x.handle for x in procs] + [len(self.tracks)])
             return order, p, bounds
 
         def sub(tab: EventTable, args, rows):

@@ -164,12 +164,10 @@ class PerfettoTraceWriter(BufferedTraceWriter):
         order = event_order(d)
         packets = EventPackets(d, seq, uuid, kiid)
         # ---- header packets: the interned strings the events use
-        nm = np.concatenate([S.name, I.name])
-        used_names = np.flatnonzero(np.bincount(nm[nm >= 0], minlength=len(self.names)))
-        columns = annotation_columns(d)
-        used_keys = sorted({kiid[k] - 1 for k, _ in columns})
-        vals = [c.values[c.values >= 0] for t in (S, I) for k, c in t.args.items() if c.kind == "s"]
-        used_vals = np.flatnonzero(np.bincount(np.concatenate(vals), minlength=len(self.arg_values))) if vals else []
+        used_names = _used_ids([S.name, I.name], len(self.names))
+        used_keys = sorted({kiid[k] - 1 for k, _ in annotation_columns(d)})
+        used_vals = _used_ids([c.values for t in (S, I) for c in t.args.values() if c.kind == "s"],
+                              len(self.arg_values))
         for b in self._header(d, seq, used_names, used_keys, used_vals):
             f.write(b)
         CH = self.chunk_events
@@ -188,6 +186,16 @@ class PerfettoTraceWriter(BufferedTraceWriter):
         else:
             for c0 in starts:
                 f.write(enc(c0))
+
+
+def _used_ids(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """The ids (below ``n``; -1: none) that occur in ``columns``, ascending: marked in place, not
+    concatenated and counted (a copy of millions of ids, then another as int64, cost more than the
+    marking)."""
+    seen = np.zeros(n + 1, bool)   # the last: where -1 marks
+    for ids in columns:
+        seen[ids] = True
+    return np.flatnonzero(seen[:-1])
 
 
 def _last_ts(procs: list[ProcessData]) -> int:
