@@ -1,7 +1,7 @@
 """Step-time overhead, read against the floor: nothing, a do-nothing op observer, torch.profiler and
 neuron_prof's modes, side by side in one run.
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 9] [--steps 40] [--widths 512,64] [--json F]
+    .venv/bin/python benchmarks/overhead.py [--rounds 9] [--steps 100] [--widths 512,64] [--json F]
 
 Two 4-layer MLPs (Linear + GELU, batch 64, AdamW, one intra-op thread): 512 wide (compute-bound)
 and 64 wide (launch-bound: per-op cost dominates). Modes run interleaved (round-robin, the order
@@ -38,12 +38,13 @@ from its counters, for a device whose allocator reports (what such a backend now
 bare ``torch.neuron.memory_stats(0)`` under them, interleaved, µs a boundary; and in this process,
 with no PrivateUse1 backend, what every other job pays.
 
-Then the targets of issue 24, each with the figures it is read from and "met" or "NOT met":
-neuron_prof full's overhead at most half of torch.profiler full's and at most twice the
-observer+inputs one's; always-on at most 1.02x on the 512-wide model, 1.03x on the 64-wide. One
-more line reads the full-capture hooks' overhead against the tighter of full capture's two limits:
-at or above 1, no recorder that needs those hooks can meet them.
-``--json`` writes every figure and check.
+Then the targets of issue 39, each with the figures it is read from and "met" or "NOT met":
+neuron_prof full's overhead at most 0.8 of torch.profiler full's; its step boundary
+(``prof.step()``, median) at most 50 µs on the training thread; always-on at most 1.02x on the
+512-wide model, 1.03x on the 64-wide, read from MEAN step times (every step of every loop, so the
+sampled detailed step, one in 100, counts: use --steps 100 or a multiple). One more line reads the
+full-capture hooks' overhead against full capture's limit: at or above 1, no recorder that needs
+those hooks can meet it. ``--json`` writes every figure and check.
 """
 from __future__ import annotations
 
@@ -75,7 +76,9 @@ NEURON_PROF = {"neuron_prof eager": {"collectors": ["eager", "compiler"]}, "neur
 TORCH_PROFILER = {"torch.profiler cpu": {},
                   "torch.profiler full": {"record_shapes": True, "with_stack": True, "profile_memory": True}}
 OBSERVER_INPUTS = {"observer": False, "observer+inputs": True}
-ALWAYS_ON_LIMIT = {512: 1.02, 64: 1.03}  # issue 24's ratio targets, by model width
+ALWAYS_ON_LIMIT = {512: 1.02, 64: 1.03}  # issue 39's ratio targets (mean step times), by model width
+FULL_VS_TORCH_PROFILER = 0.8  # issue 39: full capture's overhead / torch.profiler full's, at most
+BOUNDARY_LIMIT_US = 50.0  # issue 39: full capture's prof.step() on the training thread, at most
 _HERE = Path(__file__).resolve().parent
 
 
@@ -142,11 +145,13 @@ class ModeFigures:
     us_per_op: float  # the overhead outside prof.step(), per op: (step - prof.step()), less none's, / ops per step
     end_to_end_ms_per_step: float
     end_to_end_ratio: float
+    mean_step_ms: float  # every step of every loop: a sampled step counts at its share
+    mean_ratio: float
 
 
 @dataclass(frozen=True)
 class Check:
-    """One of issue 24's targets, read from one run: ``value`` at most ``limit``."""
+    """One of issue 39's targets, read from one run: ``value`` at most ``limit``."""
 
     target: str
     value: float
@@ -242,9 +247,11 @@ def measure(width: int, rounds: int, steps: int, tmp: Path) -> tuple[dict[str, M
     step_ms = {m: statistics.median(v) * 1e3 for m, v in times.items()}
     bound_us = {m: statistics.median(v) * 1e6 for m, v in bounds.items()}
     e2e_ms = {m: statistics.median(v) * 1e3 for m, v in e2e.items()}
+    mean_ms = {m: statistics.fmean(v) * 1e3 for m, v in times.items()}
     return {m: ModeFigures(step_ms=step_ms[m], ratio=step_ms[m] / step_ms["none"], step_boundary_us=bound_us[m],
                            us_per_op=((step_ms[m] - step_ms["none"]) * 1e3 - (bound_us[m] - bound_us["none"])) / n_ops,
-                           end_to_end_ms_per_step=e2e_ms[m], end_to_end_ratio=e2e_ms[m] / e2e_ms["none"])
+                           end_to_end_ms_per_step=e2e_ms[m], end_to_end_ratio=e2e_ms[m] / e2e_ms["none"],
+                           mean_step_ms=mean_ms[m], mean_ratio=mean_ms[m] / mean_ms["none"])
             for m in MODES}, n_ops
 
 
@@ -255,25 +262,26 @@ def _share(a: float, b: float) -> float:
 
 
 def checks(width: int, fig: dict[str, ModeFigures]) -> list[Check]:
-    """Issue 24's targets on one model."""
+    """Issue 39's targets on one model."""
     over = {m: f.step_ms - fig["none"].step_ms for m, f in fig.items()}
-    full, tp, floor = over["neuron_prof full"], over["torch.profiler full"], over["observer+inputs"]
+    full, tp = over["neuron_prof full"], over["torch.profiler full"]
+    limit = FULL_VS_TORCH_PROFILER * tp
+    hooks = over["full-capture hooks"]
     found = [
-        Check("neuron_prof full's overhead / torch.profiler full's", _share(full, tp), 0.5,
+        Check("neuron_prof full's overhead / torch.profiler full's", _share(full, tp), FULL_VS_TORCH_PROFILER,
               f"{full:.3f} / {tp:.3f} ms"),
-        Check("neuron_prof full's overhead / observer+inputs'", _share(full, floor), 2.0,
-              f"{full:.3f} / {floor:.3f} ms"),
+        Check("neuron_prof full's prof.step() (us)", fig["neuron_prof full"].step_boundary_us, BOUNDARY_LIMIT_US,
+              "median, on the training thread"),
+        # the floor under full capture against its limit: what the target leaves for the recording
+        # itself (not a target: a limit below the floor cannot be met by any recorder)
+        Check("full-capture hooks' overhead (no recording) / full capture's limit", _share(hooks, limit), 1.0,
+              f"{hooks:.3f} / {limit:.3f} ms, leaving {limit - hooks:.3f} ms a step to record",
+              ("the limit is above the floor", "the limit is BELOW the floor: no recorder can meet it")),
     ]
-    # the floor under full capture, against the tighter of its two limits: what the targets leave
-    # for the recording itself (not a target: a limit below the floor cannot be met by any recorder)
-    hooks, limit = over["full-capture hooks"], min(0.5 * tp, 2.0 * floor)
-    found.append(Check("full-capture hooks' overhead (no recording) / full capture's limit", _share(hooks, limit),
-                       1.0, f"{hooks:.3f} / {limit:.3f} ms, leaving {limit - hooks:.3f} ms a step to record",
-                       ("the limit is above the floor", "the limit is BELOW the floor: no recorder can meet it")))
     if width in ALWAYS_ON_LIMIT:
         on = fig["neuron_prof always-on"]
-        found.append(Check("neuron_prof always-on's step / none's", on.ratio, ALWAYS_ON_LIMIT[width],
-                           f"{on.step_ms:.3f} / {fig['none'].step_ms:.3f} ms"))
+        found.append(Check("neuron_prof always-on's mean step / none's", on.mean_ratio, ALWAYS_ON_LIMIT[width],
+                           f"{on.mean_step_ms:.3f} / {fig['none'].mean_step_ms:.3f} ms"))
     return found
 
 
@@ -311,7 +319,7 @@ def counter_reads(rounds: int) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=100, help="steps per loop (always-on samples one in 100)")
     p.add_argument("--widths", default="512,64")
     p.add_argument("--json", type=Path, help="also write every figure and check here")
     p.add_argument("--counter-reads", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)  # the child's part
@@ -334,11 +342,11 @@ def main() -> None:
                                                   "met": c.met} for c in found]}
             print(f"MLP {width}-wide (4 x Linear+GELU, batch 64, AdamW, 1 thread), median of "
                   f"{args.rounds}x{args.steps} steps, {n_ops:.0f} ops per step")
-            print(f"  {'mode':<24}{'step ms':>9}{'ratio':>8}{'prof.step() us':>16}{'us/op':>8}{'e2e ms/step':>13}"
-                  f"{'ratio':>8}")
+            print(f"  {'mode':<24}{'step ms':>9}{'ratio':>8}{'mean ratio':>11}{'prof.step() us':>16}{'us/op':>8}"
+                  f"{'e2e ms/step':>13}{'ratio':>8}")
             for m, f in fig.items():
-                print(f"  {m:<24}{f.step_ms:>9.3f}{f.ratio:>8.3f}{f.step_boundary_us:>16.1f}{f.us_per_op:>8.2f}"
-                      f"{f.end_to_end_ms_per_step:>13.3f}{f.end_to_end_ratio:>8.2f}")
+                print(f"  {m:<24}{f.step_ms:>9.3f}{f.ratio:>8.3f}{f.mean_ratio:>11.3f}{f.step_boundary_us:>16.1f}"
+                      f"{f.us_per_op:>8.2f}{f.end_to_end_ms_per_step:>13.3f}{f.end_to_end_ratio:>8.2f}")
             for c in found:
                 print(f"  {c.line()}")
     child = subprocess.run([sys.executable, __file__, "--counter-reads", str(args.rounds)], capture_output=True,
