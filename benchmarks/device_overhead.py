@@ -20,14 +20,21 @@ AdamW) on the device, the loss read every step (a sync point), each kernel costi
 the device.
 
     .venv/bin/python benchmarks/device_overhead.py [--rounds 7] [--steps 40] [--launch-us 20]
+
+``--split`` times the device collector's parts on one session of ``--steps`` steps instead (median
+of ``--rounds``): Kineto's stop and save, the trace's parse (``json`` with exact decimals as
+before, orjson as now) and its device tables.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
 import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import torch
@@ -97,16 +104,60 @@ def run_once(mode: str, steps: int, tmp: Path, parts) -> tuple[float, float, int
     return step, end_to_end, held, _traced(True)
 
 
+def reading_split(steps: int, rounds: int, parts) -> None:
+    """Median seconds of each part of reading one ``steps``-step device session, as the device
+    collector does: Kineto's stop and save, the parse, the device tables (garbage collection
+    paused around the last two, as in the collector)."""
+    import torch._C._autograd as autograd
+
+    from neuron_prof.backends.device_activity import device_tables, gc_paused, read_kineto_json
+    from neuron_prof.collectors import device
+
+    thread, kind = device._ProfilerThread(), device.device_activity_type()
+    times: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        for _ in range(rounds):
+            device._Kineto(thread, *kind)
+            train(*parts, steps)
+            torch.neuron.synchronize()
+            t0 = time.perf_counter()
+            result = thread.call(autograd._disable_profiler)
+            t1 = time.perf_counter()
+            result.save(path)
+            t2 = time.perf_counter()
+            data = Path(path).read_bytes()
+            with gc_paused():
+                t3 = time.perf_counter()
+                json.loads(data, parse_float=Decimal)
+                t4 = time.perf_counter()
+                doc = read_kineto_json(data)
+                t5 = time.perf_counter()
+                tables = device_tables(doc["traceEvents"], label=str)
+                t6 = time.perf_counter()
+            for part, secs in (("Kineto stop", t1 - t0), ("Kineto save", t2 - t1), ("json parse (Decimal)", t4 - t3),
+                               ("orjson parse", t5 - t4), ("device tables", t6 - t5)):
+                times.setdefault(part, []).append(secs)
+    print(f"{steps} steps: {len(doc['traceEvents'])} events, {len(data) / 1e6:.1f} MB of JSON, "
+          f"{len(tables)} device rows (medians of {rounds})")
+    for part, secs in times.items():
+        print(f"{part:22s} {statistics.median(secs):7.3f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--launch-us", type=float, default=20.0)
+    ap.add_argument("--split", action="store_true", help="time the reading's parts instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     neuron.enable(launch_us=args.launch_us)
     parts = model_and_data(torch.device("neuron:0"))
     train(*parts, 5)  # shapes cached
+    if args.split:
+        reading_split(args.steps, args.rounds, parts)
+        return
     steps: dict[str, list[float]] = {m: [] for m in MODES}
     ends: dict[str, list[float]] = {m: [] for m in MODES}
     counts: dict[str, tuple[int, int]] = {}

@@ -33,13 +33,11 @@ same for a backend written in Python. The dump's ``dump_queues`` rows are those.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import queue
 import tempfile
 import threading
 import time
-from decimal import Decimal
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -236,16 +234,13 @@ class _Saved:
     def __init__(self, path: str, started: int, stopped: int, backend: str, size: int) -> None:
         self.path, self.started, self.stopped, self.backend, self.size = path, started, stopped, backend, size
 
-    def read(self) -> tuple[list, int]:
-        """The trace's events and the ns its times count from (Kineto's ``baseTimeNanoseconds``, on
-        the Unix epoch); the file goes."""
+    def read(self) -> bytes:
+        """The trace's JSON; the file goes."""
         try:
             with open(self.path, "rb") as f:
-                doc = json.loads(f.read(), parse_float=Decimal)  # exact ns decimals
+                return f.read()
         finally:
             self.discard()
-        base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
-        return (doc.get("traceEvents") or [] if isinstance(doc, dict) else []), (base if isinstance(base, int) else 0)
 
     def discard(self) -> None:
         try:
@@ -532,20 +527,34 @@ class DeviceCollector:
 
     def _read_saved(self) -> None:
         """The saved traces, read in order, as device tables (``_pending``)."""
-        from neuron_prof.backends.device_activity import device_tables
-
         saved, self._saved = self._saved, []
         threads = _kineto_threads() if saved else {}
         for x in saved:
             try:
-                events, base = x.read()
-                tables = device_tables(events, label=_labeler(x.backend), shift_ns=base - self._offset,
-                                       first_kernel_id=self._next_kernel, threads=threads)
+                tables = self._tables(x.read(), x.backend, threads)
             except Exception as exc:  # noqa: BLE001 - a trace that could not be read: its rows are lost
                 self._unreadable(x.started, x.stopped, exc)
                 continue
             self._next_kernel += len(tables.kernels)
             self._pending.append(tables)
+
+    def _tables(self, data: bytes, backend: str, threads: dict[int, int]) -> DeviceTables:
+        """A saved trace's device tables: parsed with orjson, and again with decimals where a time
+        is past what a double holds to the nanosecond (``InexactTime``); no garbage collection
+        meanwhile (``gc_paused``)."""
+        from neuron_prof.backends.device_activity import InexactTime, device_tables, gc_paused, read_kineto_json
+
+        def tables(doc) -> DeviceTables:
+            base = doc.get("baseTimeNanoseconds") if isinstance(doc, dict) else None
+            events = doc.get("traceEvents") or [] if isinstance(doc, dict) else []
+            return device_tables(events, label=_labeler(backend), shift_ns=(base if isinstance(base, int) else 0)
+                                 - self._offset, first_kernel_id=self._next_kernel, threads=threads)
+
+        with gc_paused():
+            try:
+                return tables(read_kineto_json(data))
+            except InexactTime:
+                return tables(read_kineto_json(data, exact=True))
 
     def _unreadable(self, started: int, stopped: int, exc: BaseException) -> None:
         """What a trace held is not known: the stretch it covered is a gap, the error its first

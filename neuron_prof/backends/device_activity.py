@@ -34,16 +34,26 @@ the host op and line it ran under are joined at read time (``neuron_prof.store.r
 imported trace, whose runtime calls name nothing else.
 
 Times are the trace's (``ts``/``dur`` in microseconds with nanosecond decimals, read exactly) plus
-``shift_ns``: a capture puts them on the run clock, an import keeps the trace's.
+``shift_ns``: a capture puts them on the run clock, an import keeps the trace's. A capture parses
+its traces with orjson (:func:`read_kineto_json`), whose numbers are doubles: a time Kineto wrote
+(three decimals) is exact through a double below ``EXACT_FLOAT_US``; a trace with a later time is
+parsed again with decimals.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import itertools
+import json
+import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
+import orjson
 import pandas as pd
 
 METADATA = {
@@ -68,6 +78,7 @@ HOST_CATEGORIES = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privat
 WORK_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 MARK_CATEGORIES = ("gpu_user_annotation", "cuda_sync", "cuda_event")
 DEVICE_CATEGORIES = HOST_CATEGORIES + WORK_CATEGORIES + MARK_CATEGORIES
+_DEVICE_SET, _HOST_SET = frozenset(DEVICE_CATEGORIES), frozenset(HOST_CATEGORIES)  # one hash, not a scan
 HOST_SIDE = ("cpu_op", "user_annotation", "python_function", "cpu_instant_event", "Trace", "ac2g", "fwdbwd",
              "overhead")
 """Categories that are no device activity (the host's ops, spans, flows): never counted as left out."""
@@ -136,10 +147,55 @@ def with_host_context(df: pd.DataFrame) -> pd.DataFrame:
                         for c, v in HOST_CONTEXT.items()})
 
 
+EXACT_FLOAT_US = float(1 << 43)
+"""Below this many microseconds (~100 days) a double is within 0.49 ns of the three-decimal time
+it was parsed from, so that time is recovered exactly (``trace_ns``)."""
+
+
+class InexactTime(ValueError):
+    """A time parsed as a double at or above ``EXACT_FLOAT_US``: its nanoseconds are not known
+    exactly; the trace is parsed again with decimals (``read_kineto_json``)."""
+
+
+def read_kineto_json(data: bytes, *, exact: bool = False) -> Any:
+    """A saved Kineto trace's JSON, parsed with orjson (a fraction of ``json``'s time with
+    ``parse_float=Decimal`` on a capture's traces), or, ``exact`` or where orjson refuses what
+    ``json`` reads (``NaN``, an integer past 64 bits), with decimals: ``exact`` for a trace whose
+    times raised :class:`InexactTime`."""
+    if not exact:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data, parse_float=Decimal)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a trace is parsed and turned into tables: the
+    hundreds of thousands of dicts and rows they make (none in a cycle, all freed by reference
+    counts) would otherwise set off collections that walk every object of the training process."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def trace_ns(value: Any) -> int | None:
     """A trace's microseconds (``1234.567``, as Kineto writes them: ns decimals) as integer
-    nanoseconds, exactly: a float would round the last digits of a timestamp away. None for
-    anything that is no number."""
+    nanoseconds, exactly: a float would round the last digits of a timestamp away. A double (an
+    orjson parse) is taken as a three-decimal time and recovered exactly below ``EXACT_FLOAT_US``;
+    above, :class:`InexactTime`. None for anything that is no number."""
+    kind = type(value)
+    if kind is float:
+        return _float_ns(value)
+    if kind is int:
+        return value * 1000
+    if kind is Decimal:  # json's parse_float=Decimal: no str round trip
+        return int((value * 1000).to_integral_value()) if value.is_finite() else None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -151,6 +207,18 @@ def trace_ns(value: Any) -> int | None:
     if not d.is_finite():
         return None
     return int((d * 1000).to_integral_value())
+
+
+def _float_ns(value: float) -> int | None:
+    """A double's microseconds as the integer ns of the three-decimal time it was parsed from:
+    its whole microseconds exactly, its fraction (exact too) times 1000 rounded; it is within
+    0.49 ns of that time below ``EXACT_FLOAT_US``, so the rounding finds it."""
+    if -EXACT_FLOAT_US < value < EXACT_FLOAT_US:
+        whole = math.floor(value)
+        return whole * 1000 + round((value - whole) * 1000)
+    if math.isfinite(value):
+        raise InexactTime(f"a time of {value!r} us is past what a double holds to the nanosecond")
+    return None
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -169,15 +237,26 @@ def _ids(value: Any) -> list[int]:
     return [one] if one > 0 else []
 
 
+@functools.lru_cache(maxsize=4096)
 def wait_reason(name: str) -> str | None:
-    """Why a host call named ``name`` waited for the device, if it is a call that waits."""
+    """Why a host call named ``name`` waited for the device, if it is a call that waits (cached:
+    a trace repeats a few names thousands of times)."""
     for pattern, reason in _WAIT_CALLS:
         if pattern.search(name):
             return reason
     return None
 
 
-@dataclass
+@functools.lru_cache(maxsize=4096)
+def _event_call(name: str) -> str | None:
+    """``record`` or ``wait`` for a host call that records an event or makes a stream wait on
+    one, None for any other (cached as ``wait_reason``)."""
+    if _EVENT_RECORD.search(name):
+        return "record"
+    return "wait" if _STREAM_WAIT.search(name) else None
+
+
+@dataclass(slots=True)
 class _Activity:
     cat: str
     name: str
@@ -199,33 +278,37 @@ def _activities(events: Iterable[Mapping[str, Any]], shift_ns: int, left_out: di
     flows: dict[tuple[Any, Any, int], tuple[int, bool]] = {}
     out: list[_Activity] = []
     for e in events:
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):  # a dict skips the slow ABC check
             continue
-        ph, cat = e.get("ph"), e.get("cat")
-        if ph in ("s", "f") and cat == "ac2g":
-            ts = trace_ns(e.get("ts"))
-            if ts is not None:
-                flows[(e.get("pid"), e.get("tid"), ts)] = (_int(e.get("id"), 0), ph == "s")
+        get = e.get
+        ph, cat = get("ph"), get("cat")
+        if ph != "X":
+            if (ph == "s" or ph == "f") and cat == "ac2g":
+                ts = trace_ns(get("ts"))
+                if ts is not None:
+                    flows[(get("pid"), get("tid"), ts)] = (_int(get("id"), 0), ph == "s")
             continue
-        if ph != "X" or not isinstance(cat, str):
+        if not isinstance(cat, str):
             continue
-        if cat not in DEVICE_CATEGORIES:
+        if cat not in _DEVICE_SET:
             if cat not in HOST_SIDE:
                 left_out[f"{cat} events (an activity kind neuron_prof does not read)"] = \
                     left_out.get(f"{cat} events (an activity kind neuron_prof does not read)", 0) + 1
             continue
-        ts, dur = trace_ns(e.get("ts")), trace_ns(e.get("dur", 0))
-        name = e.get("name")
-        pid, tid = e.get("pid"), e.get("tid")
+        ts, dur = trace_ns(get("ts")), trace_ns(get("dur", 0))
+        name = get("name")
+        pid, tid = get("pid"), get("tid")
         if ts is None or dur is None or not isinstance(name, str) or not isinstance(pid, int) or not isinstance(tid, int):
             key = f"{cat} events without a name, a numeric pid and tid, or a time"
             left_out[key] = left_out.get(key, 0) + 1
             continue
-        args = e.get("args") if isinstance(e.get("args"), Mapping) else {}
+        args = get("args")
+        if type(args) is not dict and not isinstance(args, Mapping):
+            args = {}
         if cat == "gpu_user_annotation":  # Kineto writes these 1 ns early and 2 ns long (to draw them)
             ts, dur = ts + 1, max(dur - 2, 0)
         out.append(_Activity(cat, name, ts + shift_ns, max(dur, 0), pid,
-                             threads.get(tid, tid) if cat in HOST_CATEGORIES else tid, args,
+                             threads.get(tid, tid) if cat in _HOST_SET else tid, args,
                              _int(args.get("correlation"), 0), False))
     for a in out:  # flows name their slice by its track and start
         bound = flows.get((a.pid, a.tid, a.ts - shift_ns - (1 if a.cat == "gpu_user_annotation" else 0)))
@@ -252,12 +335,13 @@ def device_tables(events: Iterable[Mapping[str, Any]], *, label: Callable[[int],
     marks = [a for a in acts if a.cat in MARK_CATEGORIES]
     # what each correlation id launched: a kernel, a copy, or a device mark (event record or wait)
     launched: dict[int, _Activity] = {}
-    queued: set[int] = set()  # launches a kernel ran, its first and the ones it lists
     for a in work:
         if a.correlation:
             launched.setdefault(a.correlation, a)
-        if a.cat == "kernel":
-            queued.update(_ids(a.args.get("queued ops")) or ([a.correlation] if a.correlation else []))
+    kernels = [a for a in work if a.cat == "kernel"]
+    listed = [_ids(a.args.get("queued ops")) for a in kernels]  # read once: queued, links, n_ops
+    ran = [ops or ([a.correlation] if a.correlation else []) for a, ops in zip(kernels, listed)]
+    queued: set[int] = set().union(*ran)  # launches a kernel ran, its first and the ones it lists
     marked = {a.correlation: a for a in marks if a.correlation}
     devices = {a.pid for a in work}
     only = next(iter(devices)) if len(devices) == 1 else -1
@@ -267,22 +351,18 @@ def device_tables(events: Iterable[Mapping[str, Any]], *, label: Callable[[int],
             return _int(a.args["device"], -1)
         return linked.pid if linked is not None else only
 
-    kernels = [a for a in work if a.cat == "kernel"]
     kernel_ids = np.arange(first_kernel_id, first_kernel_id + len(kernels), dtype=np.int64)
-    links_k, links_e = [], []
-    for kid, a in zip(kernel_ids.tolist(), kernels):
-        for cid in _ids(a.args.get("queued ops")) or ([a.correlation] if a.correlation else []):
-            links_k.append(kid)
-            links_e.append(cid)
+    n_ran = np.array([len(r) for r in ran], np.int64)
     kernel_df = pd.DataFrame({
         "ts": np.array([a.ts for a in kernels], np.int64), "dur": np.array([a.dur for a in kernels], np.int64),
         "tid": np.zeros(len(kernels), np.int64), "id": kernel_ids,
         "device": np.array([label(_int(a.args.get("device"), a.pid)) for a in kernels], dtype=object),
         "stream": np.array([_int(a.args.get("stream"), a.tid) for a in kernels], np.int32),
         "name": np.array([a.name for a in kernels], dtype=object),
-        "n_ops": np.array([len(_ids(a.args.get("queued ops"))) or 1 for a in kernels], np.int32)},
+        "n_ops": np.array([len(ops) or 1 for ops in listed], np.int32)},
         columns=KERNEL_COLUMNS)
-    links = pd.DataFrame({"kernel": np.array(links_k, np.int64), "enqueue": np.array(links_e, np.int64)})
+    links = pd.DataFrame({"kernel": np.repeat(kernel_ids, n_ran),
+                          "enqueue": np.fromiter(itertools.chain.from_iterable(ran), np.int64, int(n_ran.sum()))})
 
     enq, waits, fallbacks, event_calls, other = [], [], [], [], {}
     copy_host: dict[int, _Activity] = {}
@@ -292,7 +372,7 @@ def device_tables(events: Iterable[Mapping[str, Any]], *, label: Callable[[int],
             fallbacks.append(a)
         elif "wait reason" in a.args or wait_reason(a.name):
             waits.append(a)
-        elif _EVENT_RECORD.search(a.name) or _STREAM_WAIT.search(a.name):
+        elif _event_call(a.name):
             event_calls.append(a)
         elif target is not None and target.cat != "kernel":
             copy_host[a.correlation] = a
@@ -304,14 +384,12 @@ def device_tables(events: Iterable[Mapping[str, Any]], *, label: Callable[[int],
         names = ", ".join(sorted(other, key=lambda n: -other[n])[:3])
         left_out[f"other runtime calls ({names}{', ...' if len(other) > 3 else ''})"] = sum(other.values())
 
-    def launch_of(a: _Activity) -> _Activity | None:
-        return launched.get(a.correlation) if a.correlation else None
-
+    enq_work = [launched.get(a.correlation) if a.correlation else None for a in enq]
     enqueue_df = pd.DataFrame({
         "ts": np.array([a.ts for a in enq], np.int64), "tid": np.array([a.tid for a in enq], np.int64),
         "id": np.array([a.correlation for a in enq], np.int64),
-        "device": np.array([label(device_of(a, launch_of(a))) for a in enq], dtype=object),
-        "stream": np.array([_int(a.args.get("stream"), launch_of(a).tid if launch_of(a) else -1) for a in enq],
+        "device": np.array([label(device_of(a, w)) for a, w in zip(enq, enq_work)], dtype=object),
+        "stream": np.array([_int(a.args.get("stream"), w.tid if w else -1) for a, w in zip(enq, enq_work)],
                            np.int32),
         "op": np.array([str(a.args.get("op", a.name)) for a in enq], dtype=object),
         "queue_depth": np.array([_int(a.args.get("queue depth"), -1) for a in enq], np.int32)},
@@ -357,7 +435,7 @@ def device_tables(events: Iterable[Mapping[str, Any]], *, label: Callable[[int],
                            np.int32),
         "event": np.array([_int(a.args.get("event"), _mark_event(m)) for a, m in zip(event_calls, call_marks)],
                           np.int64),
-        "kind": np.array(["record" if _EVENT_RECORD.search(a.name) else "wait" for a in event_calls], dtype=object)},
+        "kind": np.array([_event_call(a.name) for a in event_calls], dtype=object)},
         columns=EVENT_CALL_COLUMNS)
 
     done = [a for a in marks if (a.cat == "gpu_user_annotation" and a.name == "Event Record") or a.cat == "cuda_event"]
