@@ -571,6 +571,8 @@ class DeviceCollector:
     def _append(self, rec: Recorder, tables: DeviceTables) -> None:
         """``tables``' rows of this window (a late kernel of an earlier trace, or a warmup step's
         row, is dropped), strings interned."""
+        import pandas as pd  # loaded with the tables already (device_activity): never in a CPU-only process
+
         since = max(self._window_start, self._discard_before)
         kept: np.ndarray | None = None  # the kernels kept: their links to launches go with them
         for table, df in tables.tables().items():
@@ -584,13 +586,24 @@ class DeviceCollector:
                 continue
             cols = {c: df[c].to_numpy() for c in df.columns}
             for c in _STRING_COLUMNS[table]:
-                cols[c] = np.array([rec.intern(str(v)) for v in cols[c]], np.int32)
+                cols[c] = _interned(rec, cols[c], pd)
             rec.append(table, cols)
 
     def _attach_hooks(self) -> None:
         """The hook API's queue state, kept all through an always-on capture."""
         if self._live:
             _engine_ext().device_set_live(True)
+
+
+def _interned(rec: Recorder, values: np.ndarray, pd) -> np.ndarray:
+    """``values``' string ids. A column of strings has each distinct one interned once, in the order
+    it first appears (the ids a row-by-row pass gives): a trace repeats a few names tens of
+    thousands of times, and an ``intern`` takes the session's lock. Anything else (a None, a
+    number) row by row, as ``str`` names it."""
+    if pd.api.types.infer_dtype(values, skipna=False) != "string":
+        return np.array([rec.intern(str(v)) for v in values], np.int32)
+    codes, distinct = pd.factorize(values)
+    return np.array([rec.intern(v) for v in distinct], np.int32)[codes]
 
 
 def _kineto_threads() -> dict[int, int]:
