@@ -139,3 +139,27 @@ def test_import_and_export_show_progress_on_a_terminal(traced, tmp_path):
     check_trace(tmp_path / "t.pftrace")
     piped = cli("import", root / "trace.json", "-o", tmp_path / "again", env={"CI": ""})
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_a_trace_of_the_device_alone_reports_its_kernels(tmp_path):
+    """A trace with device activity and the runtime calls that launched it but no CPU op (a
+    device-only torch.profiler trace): the kernels are the run's and every reader works; no host
+    op is there to name them (it raised an IndexError before)."""
+    events = []
+    for i in range(3):
+        t = 1000.0 + 100 * i
+        events += [{"ph": "X", "cat": "privateuse1_runtime", "name": "launchKernel", "pid": 1, "tid": 1, "ts": t,
+                    "dur": 5.0, "args": {"correlation": i + 1}},
+                   {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": t + 10, "dur": 20.0,
+                    "args": {"device": 0, "stream": 7, "correlation": i + 1}}]
+    trace = tmp_path / "device.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert cli("import", trace, "-o", tmp_path / "run").returncode == 0
+    run = neuron_prof.load(tmp_path / "run")
+    assert run.ops.empty and list(run.device_kernels["name"].astype(str)) == ["k0", "k1", "k2"]
+    assert set(run.device_enqueues["host_op"].astype(str)) == {""}
+    for args in (("report", tmp_path / "run"), ("report", tmp_path / "run", "--json"),
+                 ("export", tmp_path / "run", "-o", tmp_path / "t.perfetto-trace")):
+        done = cli(*args)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    check_trace(tmp_path / "t.perfetto-trace")

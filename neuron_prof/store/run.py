@@ -373,10 +373,12 @@ def _with_host_context(run: Run, df: pd.DataFrame, at: str) -> pd.DataFrame:
         df[col] = _take_categories(df[col], rows, ops[src], pos)
     for col in ("stack", "bwd"):
         values = df[col].to_numpy().copy()
-        values[rows] = np.where(pos >= 0, ops[col].to_numpy()[np.maximum(pos, 0)], values[rows])
+        if len(ops):  # a trace of the device alone has no host op to take them from
+            values[rows] = np.where(pos >= 0, ops[col].to_numpy()[np.maximum(pos, 0)], values[rows])
         df[col] = values
     # the line: the op's, or where it has none, the backward() call's on autograd's device thread
-    lined = np.where(pos >= 0, ops["stack"].to_numpy()[np.maximum(pos, 0)], 0) != 0
+    lined = (np.where(pos >= 0, ops["stack"].to_numpy()[np.maximum(pos, 0)], 0) != 0) if len(ops) else \
+        np.zeros(len(rows), bool)
     issued = _backward_lines(run, rank, tid, t) if not lined.all() else np.full(len(rows), -1)
     issued[lined] = -1
     coll = run.collectives
