@@ -479,8 +479,7 @@ class DeviceCollector:
         still unnamed once it said there is no device: a window's boundaries in a CPU-only job then
         cost one name lookup, not the profiler's query (issue 39: 8-10 us a boundary). A backend
         that names itself later is asked about from then on."""
-        import torch
-        name = torch._C._get_privateuse1_backend_name()
+        name = _backend_name()
         if name == self._no_device_as:
             return None
         kind = device_activity_type()
@@ -571,8 +570,6 @@ class DeviceCollector:
     def _append(self, rec: Recorder, tables: DeviceTables) -> None:
         """``tables``' rows of this window (a late kernel of an earlier trace, or a warmup step's
         row, is dropped), strings interned."""
-        import pandas as pd  # loaded with the tables already (device_activity): never in a CPU-only process
-
         since = max(self._window_start, self._discard_before)
         kept: np.ndarray | None = None  # the kernels kept: their links to launches go with them
         for table, df in tables.tables().items():
@@ -586,7 +583,7 @@ class DeviceCollector:
                 continue
             cols = {c: df[c].to_numpy() for c in df.columns}
             for c in _STRING_COLUMNS[table]:
-                cols[c] = _interned(rec, cols[c], pd)
+                cols[c] = _interned(rec, cols[c])
             rec.append(table, cols)
 
     def _attach_hooks(self) -> None:
@@ -595,11 +592,13 @@ class DeviceCollector:
             _engine_ext().device_set_live(True)
 
 
-def _interned(rec: Recorder, values: np.ndarray, pd) -> np.ndarray:
+def _interned(rec: Recorder, values: np.ndarray) -> np.ndarray:
     """``values``' string ids. A column of strings has each distinct one interned once, in the order
     it first appears (the ids a row-by-row pass gives): a trace repeats a few names tens of
     thousands of times, and an ``intern`` takes the session's lock. Anything else (a None, a
     number) row by row, as ``str`` names it."""
+    import pandas as pd  # loaded with the tables already (device_activity): never in a CPU-only process
+
     if pd.api.types.infer_dtype(values, skipna=False) != "string":
         return np.array([rec.intern(str(v)) for v in values], np.int32)
     codes, distinct = pd.factorize(values)

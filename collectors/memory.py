@@ -58,6 +58,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from neuron_prof import forks
 from neuron_prof.collectors._hookguard import HookGuard
 from neuron_prof.collectors._keepers import walk
 from neuron_prof.collectors._memcounters import CounterSampler
@@ -121,18 +122,6 @@ def requested_bytes(message: str) -> int:
     return parse_bytes(m.group(1))
 
 
-_forks = 0  # forks this process is a child of: a file opened as /proc/self before one is the parent's
-
-
-def _forked() -> None:
-    global _forks
-    _forks += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
-
-
 class ResidentMemory:
     """This process's resident set size, cheap enough for every step boundary: Linux's
     ``/proc/self/statm`` stays open and one ``pread`` (a few µs) reads it. Elsewhere there is no
@@ -140,16 +129,17 @@ class ResidentMemory:
 
     def __init__(self) -> None:
         self._fd = -1
-        self._forks = -1  # ``_forks`` when the file was opened (-1: not yet)
+        self._forks = -1  # ``forks.generation()`` when the file was opened (-1: not yet): a file
+        # opened as /proc/self before a fork is the parent's
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
     def read(self) -> int | None:
         """Resident bytes now, or None where they cannot be read (never raises). A fork is told by
         a count the fork itself moves, not by asking the pid at every boundary (a system call)."""
         try:
-            if self._forks != _forks:  # first use, or a forked child: its own file
+            if self._forks != forks.generation():  # first use, or a forked child: its own file
                 self.close()
-                self._forks = _forks
+                self._forks = forks.generation()
                 self._fd = os.open("/proc/self/statm", os.O_RDONLY)  # no such file: not Linux
             # the second field: resident pages (one split that stops after it)
             return int(os.pread(self._fd, 128, 0).split(None, 2)[1]) * self._page if self._fd >= 0 else None

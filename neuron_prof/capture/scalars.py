@@ -15,7 +15,6 @@ of the user's.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from neuron_prof import forks
 from neuron_prof.errors import NeuronProfError
 from neuron_prof.store.schema import TABLES, row_dtype
 from neuron_prof.recording.torchhooks import without_ops
@@ -33,26 +33,18 @@ DEVICE_READ_BATCH = 64
 DEVICE_READ_AGE_S = 30.0
 
 
-_thread = threading.local()  # this thread's OS id, once asked
-
-
-def _forget_thread_ids() -> None:
-    global _thread
-    _thread = threading.local()
-
-
-if hasattr(os, "register_at_fork"):  # a forked child's thread has an id of its own
-    os.register_at_fork(after_in_child=_forget_thread_ids)
+_thread = threading.local()  # this thread's OS id, once asked (per fork: a forked child's thread has an id of its own)
 
 
 def _native_thread_id() -> int:
     """``threading.get_native_id()``, asked once per thread: a value is handed over at every
     ``backward()``, and the system call costs more than the rest of the hand-over."""
-    try:
-        return _thread.tid
-    except AttributeError:
-        tid = _thread.tid = threading.get_native_id()
-        return tid
+    known = getattr(_thread, "known", None)
+    if known is not None and known[0] == forks.generation():
+        return known[1]
+    tid = threading.get_native_id()
+    _thread.known = (forks.generation(), tid)
+    return tid
 
 
 def _is_tensor(value: Any) -> bool:
