@@ -208,8 +208,10 @@ def test_the_slow_device_is_the_straggler_on_device_time(tmp_path):
     all-reduce at once (the queue is asynchronous), but its device reaches each one last, about
     160 ms a step after rank 0's. Margin: the launch cost is a sleep, the same on a busy machine,
     and the scheduling jitter of a step there is ~10 ms, so the order holds by >10x. The
-    device-time analysis names rank 1 in every steady step, each collective's last kernel is rank
-    1's, and rank 0's kernels wait for it."""
+    device-time analysis names rank 1 in every steady step, each steady collective's last kernel
+    is rank 1's, and rank 0's kernels wait for it. Step 0 is left out of the order: its one-time
+    costs (first launches, the capture's start) are not bounded by the margin, and on a busy
+    machine rank 0 once reached step 0's all-reduce 20 ms after rank 1."""
     from neuron_prof.reports.summary.build import summarize
 
     run_dir = tmp_path / "run"
@@ -217,9 +219,12 @@ def test_the_slow_device_is_the_straggler_on_device_time(tmp_path):
     run = load(run_dir)
     found = analyze(run).device_collectives
     reduce = found.matched[found.matched["op"] == "all_reduce"]
-    assert len(reduce) >= 4 and (reduce["last_rank"] == 1).all(), reduce[["seq", "last_rank", "wait_ns"]]
+    steady_reduce = reduce[reduce["step"] > 0]
+    assert len(steady_reduce) >= 4 and (steady_reduce["last_rank"] == 1).all(), \
+        reduce[["step", "seq", "last_rank", "wait_ns"]]
     waits = found.waits
-    assert (waits.loc[(waits["rank"] == 0) & (waits["op"].astype(str) == "all_reduce"), "wait_ns"] > 0).all()
+    assert (waits.loc[(waits["rank"] == 0) & (waits["op"].astype(str) == "all_reduce") & (waits["step"] > 0),
+                      "wait_ns"] > 0).all()
     device = summarize(run).device
     named = [s for s in device.stragglers if s.steps]
     steady = set(run.steps.loc[run.steps["rank"] == 1, "step"]) - {0}
