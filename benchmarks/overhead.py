@@ -81,8 +81,9 @@ import neuron_prof
 from neuron_prof.collectors._memcounters import CounterSampler
 
 NONE_AGAIN = "none, again"
-MODES = ("none", NONE_AGAIN, "observer", "observer+inputs", "full-capture hooks", "torch.profiler cpu", "torch.profiler full",
-         "neuron_prof eager", "neuron_prof full", "neuron_prof always-on", "always-on, CPU memory")
+MODES = ("none", NONE_AGAIN, "observer", "observer+inputs", "full-capture hooks", "torch.profiler cpu",
+         "torch.profiler full", "neuron_prof eager", "neuron_prof full", "neuron_prof always-on",
+         "always-on, CPU memory")
 NEURON_PROF = {"neuron_prof eager": {"collectors": ["eager", "compiler"]}, "neuron_prof full": {},
                "neuron_prof always-on": {"mode": "always-on"},
                "always-on, CPU memory": {"mode": "always-on", "follow_cpu_memory": True}}
@@ -290,10 +291,10 @@ def measure(width: int, rounds: int, steps: int, tmp: Path,
             for m in modes}, n_ops
 
 
-def collector_split(width: int, rounds: int, steps: int, tmp: Path) -> None:
+def collector_split(width: int, rounds: int, steps: int, tmp: Path) -> dict[str, ModeFigures]:
     """``--split``: full capture with one collector, or a few, at a time (``SPLIT``), beside the
     floor and torch.profiler full: which collector a step's overhead comes from, and how much of
-    it is ``prof.step()`` (the boundary) rather than the step's own ops."""
+    it is ``prof.step()`` (the boundary) rather than the step's own ops. Printed, and returned."""
     fig, _ = measure(width, rounds, steps, tmp, modes=("none", NONE_AGAIN, "full-capture hooks", "torch.profiler full",
                                                        "neuron_prof full", *SPLIT))
     print(f"MLP {width}-wide, median of {rounds}x{steps} steps; noise floor {noise_floor(fig)[0]:.3f}")
@@ -302,6 +303,7 @@ def collector_split(width: int, rounds: int, steps: int, tmp: Path) -> None:
     for m, f in fig.items():
         outside = (f.step_ms - f.step_boundary_us / 1e3) / none
         print(f"  {m:<44}{f.ratio:>7.3f}{f.step_boundary_us:>16.1f}{outside:>21.3f}")
+    return fig
 
 
 def _finite(value: float) -> float | None:
@@ -409,8 +411,12 @@ def main() -> None:
         null_observer_extension()
         run_once("neuron_prof full", 64, 2, tmp)
         if args.split:
+            split = {}
             for width in map(int, args.widths.split(",")):
-                collector_split(width, args.rounds, args.steps, tmp)
+                fig = collector_split(width, args.rounds, args.steps, tmp)
+                split[f"mlp{width}"] = {m: asdict(f) for m, f in fig.items()}
+            if args.json:
+                args.json.write_text(json.dumps({"rounds": args.rounds, "steps": args.steps, "split": split}, indent=2))
             return
         for width in map(int, args.widths.split(",")):
             fig, n_ops = measure(width, args.rounds, args.steps, tmp)
