@@ -373,12 +373,10 @@ def _with_host_context(run: Run, df: pd.DataFrame, at: str) -> pd.DataFrame:
         df[col] = _take_categories(df[col], rows, ops[src], pos)
     for col in ("stack", "bwd"):
         values = df[col].to_numpy().copy()
-        if len(ops):  # a trace of the device alone has no host op to take them from
-            values[rows] = np.where(pos >= 0, ops[col].to_numpy()[np.maximum(pos, 0)], values[rows])
+        values[rows] = _taken(ops[col].to_numpy(), pos, values[rows])
         df[col] = values
     # the line: the op's, or where it has none, the backward() call's on autograd's device thread
-    lined = (np.where(pos >= 0, ops["stack"].to_numpy()[np.maximum(pos, 0)], 0) != 0) if len(ops) else \
-        np.zeros(len(rows), bool)
+    lined = _taken(ops["stack"].to_numpy(), pos, np.zeros(len(rows), ops["stack"].dtype)) != 0
     issued = _backward_lines(run, rank, tid, t) if not lined.all() else np.full(len(rows), -1)
     issued[lined] = -1
     coll = run.collectives
@@ -402,6 +400,15 @@ def _backward_lines(run: Run, rank: np.ndarray, tid: np.ndarray, t: np.ndarray) 
     order = np.lexsort((ts, key))
     pos = last_at_or_before(key[order], ts[order], thread_key(rank, tid), t)
     return np.where(pos >= 0, keep[order][np.maximum(pos, 0)], -1)
+
+
+def _taken(values: np.ndarray, pos: np.ndarray, default: np.ndarray) -> np.ndarray:
+    """``values[pos]`` where ``pos >= 0``, ``default`` elsewhere: only positions that exist are
+    read, so a run without host ops (a trace of the device alone) gives ``default``."""
+    out = default.copy()
+    hit = pos >= 0
+    out[hit] = values[pos[hit]]
+    return out
 
 
 def _take_categories(dst: pd.Series, rows: np.ndarray, src: pd.Series, pos: np.ndarray) -> pd.Categorical:
