@@ -129,6 +129,11 @@ class CounterSampler:
         mine = {r[2] for r in counted}  # a report that came after the decision does not add a second row
         return [r for r in tracked if r[2] not in mine] + counted, decided
 
+    def reading(self) -> bool:
+        """Whether a boundary reads any counters now (no backend offering them: ``rows`` passes the
+        tracker's rows through)."""
+        return self._find() is not None
+
     def _find(self) -> Counters | None:
         """Looked for once, when the backend is first registered (under ``record``, after capture
         began). Its name is asked at every boundary; torch's function to ask it is found once."""

@@ -243,10 +243,17 @@ class MemoryCollector:
             self._walk_keepers(self._rec)
         held = self.tracker.held_since_last_call()
         totals = self.tracker.totals()  # none on a host that follows no device between windows
+        rss = self._resident.read()
+        counters = self._counters
+        if not (held or self._held_open or totals or self._window or (counters is not None and counters.reading())):
+            # the resident memory alone: most boundaries of an always-on capture on a host
+            if rss is not None:
+                with self._lock:
+                    self._process.append((step, ts, rss))
+            return
         tracked = [(step, ts, self._device(t, i), live, peak, alloc, res)
                    for t, i, live, peak, alloc, res in totals] if totals else []
         rows, decided = self._counted(step, ts, tracked)
-        rss = self._resident.read()
         with self._lock:
             if held:  # only the rows read from a backend's counters are true (the module docstring)
                 spoiled = {id(r) for r in tracked}

@@ -327,6 +327,32 @@ def test_cpu_allocations_are_followed_in_sampled_steps_unless_asked(tmp_path, fo
         assert cpu_steps.empty
 
 
+def test_steps_between_samples_end_quickly_and_still_open_every_window(tmp_path):
+    """Between sampled steps a boundary takes the short way (``Session._quiet_step``), up to the
+    step before the next sampled one, whose end must turn the window on; ``capture_next`` in such
+    a step must still begin its window at the next boundary. Every step keeps its row, resident
+    memory and contiguous time; the detail is exactly that of the sampled and requested steps."""
+    import torch
+    model = torch.nn.Linear(8, 8)
+    with neuron_prof.profile(tmp_path / "run", mode="always-on", detail_every=5, ring_steps=100,
+                             collectors=["eager", "memory"], hang_timeout_s=None) as prof:
+        for i in range(24):  # sampled: 1, 6, 11, 16, 21; steps 2-4, 7-9, ... end the short way
+            model(torch.randn(4, 8)).sum().backward()
+            if i == 12:
+                prof.capture_next(2)  # in a short-way step: 13 and 14 on disk
+            prof.step()
+        quiet_until = prof.session._quiet_until
+        prof.dump()
+    assert quiet_until == 25  # the step before the next sampled one (26) ends the whole way
+    run = Run(tmp_path / "run")
+    steps = run.steps.sort_values("step")
+    assert list(steps["step"]) == list(range(25)) and steps["complete"].sum() == 24
+    ends = (steps["ts"] + steps["dur"]).to_numpy()[:-1]
+    assert (steps["ts"].to_numpy()[1:] >= ends).all()  # contiguous, in order
+    assert sorted(set(run.ops["step"])) == [1, 6, 11, 13, 14, 16, 21]
+    assert set(run.process_memory["step"]) >= set(range(24))
+
+
 def _written_by_thread(tid: int) -> int:
     """Bytes this process's thread ``tid`` handed to write() and its kin (/proc/PID/task/TID/io)."""
     for line in Path(f"/proc/self/task/{tid}/io").read_text().splitlines():

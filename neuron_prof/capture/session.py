@@ -103,6 +103,7 @@ class Session:
         self._background: Background | None = None
         self._channel: ControlChannel | None = None  # on-demand requests (neuron-prof trigger PID)
         self._deferred: tuple[str, list[Frame], int | None] | None = None
+        self._quiet_until = 0  # steps before this one end with _quiet_step (_quiet_horizon)
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (s := ref()) is not None and s._forked())
 
@@ -210,6 +211,9 @@ class Session:
         ``scalars``: numbers of this step (tokens, samples), with ``step_scalars`` as defaults."""
         if not self._started or self._closed:
             return
+        if self.step_num < self._quiet_until and not (self.step_scalars or scalars) and not self._scalars.device_due():
+            self._quiet_step()
+            return
         if self.step_scalars or scalars:
             for name, value in {**self.step_scalars, **(scalars or {})}.items():
                 self.scalar(name, value)
@@ -242,8 +246,44 @@ class Session:
             self._enter_step()
             if self._triggers is not None:
                 self._triggers.step_done(self._step_start)
+            self._quiet_until = self._quiet_horizon()
         if self._deferred is not None:
             self._run_deferred()
+
+    def _quiet_step(self) -> None:
+        """The end of an always-on step that changes nothing but the step rows and the per-step
+        tables (``_quiet_horizon``): what ``step`` does for such a step, without asking again
+        at every boundary what the horizon already answered (a launch-bound step pays every µs
+        of this, at every step of the job)."""
+        with self._lock:
+            now = time.monotonic_ns()
+            n = self.step_num
+            self._append_step(now, complete=True, action=Action.NONE)
+            for c in self._on_step:
+                self._guard(c, c.on_step, n, now)
+            self.step_num = n + 1
+            self._step_start = time.monotonic_ns()
+            if self._triggers is not None:
+                self._triggers.step_done(self._step_start)
+        if self._deferred is not None:
+            self._run_deferred()
+
+    def _quiet_horizon(self) -> int:
+        """Always-on: the first step whose end needs the whole boundary; steps before it, from the
+        one beginning now, end with ``_quiet_step``. Those are the steps recorded in no detail
+        and followed by one recorded in none, while the step ring has room for their rows and no
+        window, request or dump is pending. What can change the answer later (``capture_next``,
+        a signal's dump) sets the horizon back to 0; a device value due, or scalars given to
+        ``step``, take the whole boundary at that step."""
+        windows, ring = self._windows, self._journal.ring
+        if (self._detail is None or windows.on or windows.requested or ring is None or self._deferred is not None
+                or windows.on_demand[1] > self.step_num):
+            return 0
+        every = self.always_on.detail_every
+        n = self.step_num
+        sampled = n + 1 + (1 - (n + 1)) % every  # the first sampled step after this one
+        # its previous step turns the window on at its end; the ring must never lap a row
+        return min(sampled - 1, n + ring.room - len(self._journal.rows) - 1)
 
     def dump(self, reason: str = "on demand", stacks: list[tuple[int, list[Frame]]] | None = None) -> bool:
         """Always-on capture: write the detail of the last steps and of the step in flight into
@@ -268,6 +308,7 @@ class Session:
             raise NeuronProfError("capture_next() is for always-on capture: neuron_prof.profile(..., "
                                   "mode=\"always-on\"); a detail capture records every step already")
         self._windows.request(steps)
+        self._quiet_until = 0  # the next boundary begins the window
 
     def request_dump(self, reason: str, frames: list[Frame], then_exit: int | None = None) -> None:
         """A signal handler's dump. A signal that lands in the session's own work (its lock held
@@ -275,6 +316,7 @@ class Session:
         ``then_exit``: a signal to end the process with, once the run is closed."""
         if self._lock._is_owned():  # noqa: SLF001 - the RLock's own test (threading.Condition uses it)
             self._deferred = (reason, frames, then_exit)
+            self._quiet_until = 0
             return
         try:
             if self._detail is not None and self.dump(reason, [(threading.get_native_id(), frames)]):
