@@ -131,8 +131,13 @@ class CounterSampler:
 
     def reading(self) -> bool:
         """Whether a boundary reads any counters now (no backend offering them: ``rows`` passes the
-        tracker's rows through)."""
-        return self._find() is not None
+        tracker's rows through). Never raises: a backend whose probe fails answers True, so that
+        ``rows`` meets the error where its caller reports it."""
+        try:
+            return self._find() is not None
+        except Exception:  # noqa: BLE001 - rows() raises it again, to a caller that records it
+            self._backend = ""  # looked for again by rows()
+            return True
 
     def _find(self) -> Counters | None:
         """Looked for once, when the backend is first registered (under ``record``, after capture

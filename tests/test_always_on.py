@@ -353,6 +353,43 @@ def test_steps_between_samples_end_quickly_and_still_open_every_window(tmp_path)
     assert set(run.process_memory["step"]) >= set(range(24))
 
 
+BROKEN_COUNTERS = """
+import sys, types
+import torch
+import neuron_prof
+
+torch.utils.rename_privateuse1_backend("brokenmem")
+
+
+def device_count():
+    raise RuntimeError("brokenmem driver gone")
+
+
+torch._register_device_module("brokenmem", types.SimpleNamespace(device_count=device_count))
+model = torch.nn.Linear(8, 8)
+with neuron_prof.profile(sys.argv[1], mode="always-on", detail_every=100, collectors=["memory"],
+                         hang_timeout_s=None) as prof:
+    for _ in range(6):  # steps 2-5 between sampled steps: the short way
+        model(torch.randn(4, 8)).sum().backward()
+        prof.step()
+"""
+
+
+def test_a_backend_whose_memory_counters_fail_loses_them_not_the_memory_collector(tmp_path):
+    """A registered backend whose counters cannot be probed (its ``device_count`` raises) costs
+    the run those counters, named once in Capture health, at the short way between sampled steps
+    as at a full boundary: the memory collector goes on (the process's RSS at every step)."""
+    script = write_script(tmp_path / "broken_counters.py", BROKEN_COUNTERS)
+    p = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = Run(tmp_path / "run")
+    failures = run.failures
+    named = dict(zip(failures["collector"].astype(str), failures["message"].astype(str)))
+    assert named == {"memory (memory_steps)": "RuntimeError: brokenmem driver gone"}
+    assert set(run.process_memory["step"]) >= set(range(6))
+
+
 def _written_by_thread(tid: int) -> int:
     """Bytes this process's thread ``tid`` handed to write() and its kin (/proc/PID/task/TID/io)."""
     for line in Path(f"/proc/self/task/{tid}/io").read_text().splitlines():
