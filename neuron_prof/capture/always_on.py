@@ -82,6 +82,10 @@ class AlwaysOn:
         """Whether ``step`` is one of the sampled steps captured in detail into the ring."""
         return step % self.detail_every == 1 % self.detail_every
 
+    def next_sampled(self, step: int) -> int:
+        """The first sampled step after ``step``."""
+        return step + 1 + (1 - (step + 1)) % self.detail_every
+
     def __post_init__(self) -> None:
         if self.ring_steps < 1:
             raise ValueError(f"ring_steps must be >= 1, not {self.ring_steps}")

@@ -279,11 +279,10 @@ class Session:
         if (self._detail is None or windows.on or windows.requested or ring is None or self._deferred is not None
                 or windows.on_demand[1] > self.step_num):
             return 0
-        every = self.always_on.detail_every
         n = self.step_num
-        sampled = n + 1 + (1 - (n + 1)) % every  # the first sampled step after this one
-        # its previous step turns the window on at its end; the ring must never lap a row
-        return min(sampled - 1, n + ring.room - len(self._journal.rows) - 1)
+        # the step before the next sampled one turns the window on at its end; the ring must never
+        # lap a row
+        return min(self.always_on.next_sampled(n) - 1, n + ring.room - len(self._journal.rows) - 1)
 
     def dump(self, reason: str = "on demand", stacks: list[tuple[int, list[Frame]]] | None = None) -> bool:
         """Always-on capture: write the detail of the last steps and of the step in flight into
